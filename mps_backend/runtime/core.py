@@ -1,0 +1,122 @@
+"""Shared pieces of the device model: errors, dtype mapping, and the per-run kernel context.
+
+Kernels live in ``kernels/<family>.py``; each module exports ``KERNELS``, a mapping from
+union member name to ``fn(ctx: KernelContext, node: Node) -> None``. A kernel reads its
+inputs with ``ctx.get(id)``, computes with torch CPU ops following
+``shared/spec/mps-runtime-semantics.md`` (not our lowerings), and binds results with
+``ctx.set(id, tensor)``. Where MPSGraph would refuse to build or the runtime would abort,
+the kernel calls ``ctx.fail(reason)`` (raises DeviceError naming the node).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mps_backend.serialization.model import DataType, Node
+
+#: serialized dtype -> device torch dtype (semantics §3.1); absent = the runtime aborts
+DEVICE_DTYPE: dict[DataType, torch.dtype] = {
+    DataType.float16: torch.float16,
+    DataType.float32: torch.float32,
+    DataType.float64: torch.float32,  # float64 is F32 on device
+    DataType.int8: torch.int8,
+    DataType.int16: torch.int16,
+    DataType.int32: torch.int32,
+    DataType.int64: torch.int64,
+    DataType.bool: torch.bool,
+    DataType.int4: torch.int8,  # int4 constants are unpacked to int8 values in [-8, 7]
+}
+
+#: device dtypes that the binary helpers accept (semantics §3.1, last paragraph)
+BINARY_DTYPES = (torch.float16, torch.float32, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
+FLOAT_DTYPES = (torch.float16, torch.float32)
+
+
+class DeviceError(RuntimeError):
+    """What the device would do is abort, refuse to build the graph, or return NotImplemented."""
+
+    def __init__(self, reason: str, node_index: int | None = None, op: str | None = None):
+        self.reason, self.node_index, self.op = reason, node_index, op
+        where = "" if node_index is None else f"node {node_index} ({op}): "
+        super().__init__(where + reason)
+
+
+def device_dtype(dt: int) -> torch.dtype:
+    """Device dtype of a serialized dtype; raises DeviceError where the runtime aborts."""
+    try:
+        return DEVICE_DTYPE[DataType(dt)]
+    except (KeyError, ValueError):
+        name = DataType(dt).name if dt in DataType._value2member_map_ else str(dt)
+        raise DeviceError(f"Invalid MPS data type {name} (the runtime aborts in getMPSDataType)") from None
+
+
+@dataclass
+class KernelContext:
+    """Per-execution state handed to kernels. ``mode`` is 'faithful' (device bugs kept) or 'aten'."""
+
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+    mode: str = "faithful"
+    node_index: int | None = None
+    op: str | None = None
+    graph: Any = None  # serialization.model.Graph
+
+    def fail(self, reason: str) -> None:
+        raise DeviceError(reason, self.node_index, self.op)
+
+    def get(self, vid: int) -> torch.Tensor:
+        if vid == -1:
+            self.fail("value id -1 used where a tensor is required (the runtime indexes its table with -1)")
+        t = self.values.get(vid)
+        if t is None:
+            self.fail(f"value {vid} is read before it is set (nil tensor in MPSGraph)")
+        return t
+
+    def set(self, vid: int, t: torch.Tensor) -> None:
+        if t.dtype not in (torch.float16, torch.float32, torch.int8, torch.int16, torch.int32, torch.int64,
+                           torch.bool):
+            self.fail(f"kernel produced unsupported device dtype {t.dtype} for value {vid}")
+        if t.dim() == 0:
+            t = t.reshape(1)  # no rank 0 on device
+        self.values[vid] = t
+
+    @property
+    def faithful(self) -> bool:
+        return self.mode == "faithful"
+
+
+def compute(t: torch.Tensor) -> torch.Tensor:
+    """Operand for computing: f16 is widened to f32 (results are rounded back with ``to``)."""
+    return t.float() if t.dtype == torch.float16 else t
+
+
+def to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round/cast a computed result to the device dtype of the op's output."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def promote(ctx: KernelContext, a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
+    """Binary-family promotion (semantics §3.3): PyTorch's promoteTypes of the two device dtypes."""
+    for t in (a, b):
+        if t.dtype not in BINARY_DTYPES:
+            ctx.fail(f"binary op on unsupported dtype {t.dtype}")
+    return torch.promote_types(a.dtype, b.dtype)
+
+
+def same_dtype(ctx: KernelContext, *ts: torch.Tensor, what: str = "inputs") -> torch.dtype:
+    """Non-promoting ops: all operands must share a dtype, else MPSGraph fails to compile."""
+    dts = {t.dtype for t in ts}
+    if len(dts) != 1:
+        ctx.fail(f"{what} have mixed dtypes {sorted(str(d) for d in dts)}; MPSGraph does not promote here")
+    return ts[0].dtype
+
+
+def elementwise(ctx: KernelContext, fn, *ts: torch.Tensor, out_dtype: torch.dtype | None = None):
+    """Apply ``fn`` in f32 for f16 operands and round to ``out_dtype`` (default: first operand's)."""
+    out_dtype = out_dtype or ts[0].dtype
+    return to(fn(*(compute(t) for t in ts)), out_dtype)
+
+
+def node_field(node: Node, name: str):
+    return node.fields[name]

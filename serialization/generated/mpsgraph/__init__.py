@@ -1,0 +1,1 @@
+"""flatc bindings of schema.fbs; generated, do not edit."""
