@@ -79,6 +79,8 @@ class _FlatWriter:
                 raise ValueError(f"{where}: field {table}.{name} missing (every field is written explicitly)")
             v = values[name]
             if v is None:
+                if ftype == "string":
+                    continue  # an explicitly absent string (MPSDiv rounding_mode: no mode)
                 raise ValueError(f"{where}: field {table}.{name} is None")
             if ftype == "string":
                 v = self.b.CreateString(str(v))

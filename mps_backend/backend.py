@@ -1,0 +1,97 @@
+"""MPSBackend: ``preprocess`` turns one delegated edge program into one MP00 blob."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.utils import DelegateMappingBuilder
+from torch._export.utils import (get_buffer, get_lifted_tensor_constant, get_param, is_buffer,
+                                 is_lifted_tensor_constant, is_param)
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from mps_backend import compile_specs as specs
+from mps_backend.builder import GraphBuilder
+from mps_backend.operators.registry import default_registry
+from mps_backend.serialization.writer import write_blob
+
+
+class LoweringError(RuntimeError):
+    """preprocess could not lower a node (a partitioner/lowering bug: it should never happen)."""
+
+
+def _constant_tensor(ep: ExportedProgram, node: Node) -> torch.Tensor | None:
+    for is_kind, get in ((is_param, get_param), (is_buffer, get_buffer),
+                         (is_lifted_tensor_constant, get_lifted_tensor_constant)):
+        if is_kind(ep, node):
+            return get(ep, node)
+    return None
+
+
+def _flat_outputs(args) -> Iterable:
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from _flat_outputs(a)
+        else:
+            yield a
+
+
+def build_graph(ep: ExportedProgram, use_fp16: bool) -> GraphBuilder:
+    """Lower ``ep`` into a GraphBuilder: user inputs first (ids 0..n-1), then constants, nodes,
+    outputs. One pass over the graph."""
+    b = GraphBuilder(use_fp16)
+    registry = default_registry()
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    constants = {n: _constant_tensor(ep, n) for n in placeholders}
+    user_inputs = [n for n in placeholders if constants[n] is None]
+    for n in user_inputs:  # value ids 0..n-1 in forward-argument order (format contract 3)
+        val = n.meta["val"]
+        b.ids[n] = b.new_value(val.dtype, val.shape)
+    b.graph.input_ids = list(range(len(user_inputs)))
+    for n in user_inputs:  # boundary casts into the compute precision
+        if b.compute_dtype(n.meta["val"].dtype) != n.meta["val"].dtype:
+            b.current = n
+            b.ids[n] = b.cast(b.ids[n], b.compute_dtype(n.meta["val"].dtype))
+    for n in placeholders:
+        if constants[n] is not None and n.users:
+            b.ids[n] = b.constant(constants[n])
+    for node in ep.graph.nodes:
+        if node.op != "call_function":
+            continue
+        b.current = node
+        low = registry.lowering(node.target)
+        if low is None:
+            raise LoweringError(f"node {node.name} ({node.target}): no MPS lowering (partitioner bug)")
+        try:
+            low.lower(node, b)
+        except Exception as e:  # noqa: BLE001  (re-raised with the node named)
+            raise LoweringError(f"node {node.name} ({node.target}) failed to lower: {e}") from e
+    output = next(n for n in ep.graph.nodes if n.op == "output")
+    b.current = output
+    for arg in _flat_outputs(output.args[0]):
+        vid = b.id(arg)
+        declared = arg.meta["val"].dtype
+        if b.compute_dtype(declared) != declared:
+            vid = b.cast(vid, declared)
+        b.graph.output_ids.append(vid)
+    return b
+
+
+def debug_handle_map(b: GraphBuilder) -> dict:
+    mapping = DelegateMappingBuilder(generated_identifiers=False)
+    for index, origin in enumerate(b.node_origin):
+        if origin is not None and origin.meta.get("debug_handle") is not None:
+            mapping.insert_delegate_mapping_entry(nodes=origin, identifier=index)
+    return mapping.get_delegate_mapping()
+
+
+class MPSBackend(BackendDetails):
+    """The MPS delegate's ahead-of-time side; the id 'MPSBackend' is what the runtime looks up."""
+
+    @staticmethod
+    def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
+        b = build_graph(edge_program, specs.parse(compile_specs))
+        blob = write_blob(b.graph, b.constants)
+        return PreprocessResult(processed_bytes=blob, debug_handle_map=debug_handle_map(b))

@@ -1,0 +1,146 @@
+"""The ``mps-backend`` command: export | inspect | run | ops."""
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import sys
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cmd_export(args) -> int:
+    from mps_backend import models  # noqa: PLC0415
+    from mps_backend.export import export_model, verify  # noqa: PLC0415
+
+    model, inputs = models.load(args.model)
+    result = export_model(model, inputs, use_fp16=not args.fp32, progress=_say)
+    out = pathlib.Path(args.output or ("mps_demo.pte" if args.model == "demo" else "model_mps.pte"))
+    out.write_bytes(result.pte)
+    print(result.summary())
+    if result.report.on_cpu:
+        print(str(result.report).split("\n", 1)[1])
+    print(f"wrote {out}")
+    if args.verify:
+        _say("[verify] running the .pte through the emulated MPS runtime ...")
+        v = verify(result.pte, model, inputs, result.use_fp16)
+        print(v)
+        return 0 if v.ok else 1
+    return 0
+
+
+def _read_pte(path: str) -> bytes:
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise SystemExit(f"{path}: no such file")
+    return p.read_bytes()
+
+
+def cmd_inspect(args) -> int:
+    from mps_backend.serialization import MPSFormatError, read_blob  # noqa: PLC0415
+    from mps_backend.serialization.pte import delegate_blobs  # noqa: PLC0415
+
+    try:
+        delegates = delegate_blobs(_read_pte(args.file))
+    except MPSFormatError as e:
+        print(f"{args.file}: {e}", file=sys.stderr)
+        return 2
+    mps = [d for d in delegates if d.backend_id == "MPSBackend"]
+    print(f"{args.file}: {len(delegates)} delegate(s), {len(mps)} MPS")
+    status = 0
+    for d in mps:
+        print(f"\n== delegate {d.index} (MPSBackend), {len(d.blob):,} bytes")
+        try:
+            blob = read_blob(d.blob)
+        except MPSFormatError as e:
+            print(f"   malformed blob: {e}")
+            status = 2
+            continue
+        g, h = blob.graph, blob.header
+        print(f"   header: segment offset {h.segment_offset}, segment size {h.segment_size}")
+        print(f"   graph type {g.graph_type}, version {g.version!r}, {len(g.nodes)} nodes, "
+              f"{len(g.values)} values, {len(g.constant_ids)} constants "
+              f"({sum(g.values[c].constant_buffer_size for c in g.constant_ids):,} bytes)")
+        for label, ids in (("inputs", g.input_ids), ("outputs", g.output_ids)):
+            desc = ", ".join(f"{i}:{g.values[i].datatype.name}{list(g.values[i].dims)}" for i in ids)
+            print(f"   {label}: {desc}")
+        print("   nodes:")
+        for op, n in sorted(collections.Counter(n.op for n in g.nodes).items(), key=lambda kv: (-kv[1], kv[0])):
+            print(f"     {n:5d}  {op}")
+        if args.values:
+            for i, t in enumerate(g.values):
+                kind = "const" if i in set(g.constant_ids) else ""
+                print(f"     v{i}: {t.datatype.name}{list(t.dims)} {kind}")
+    return status
+
+
+def cmd_run(args) -> int:
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    from mps_backend.runtime import run_pte  # noqa: PLC0415
+
+    pte = _read_pte(args.file)
+    if args.inputs:
+        with np.load(args.inputs) as npz:
+            keys = sorted((k for k in npz.files if k.startswith("input")), key=lambda k: (len(k), k)) or npz.files
+            inputs = [torch.from_numpy(npz[k]) for k in keys]
+    else:
+        from mps_backend.runtime.emulator import program_input_specs  # noqa: PLC0415
+
+        gen = torch.Generator().manual_seed(args.seed)
+        inputs = [torch.randn(shape, generator=gen).to(dtype) if dtype.is_floating_point
+                  else torch.zeros(shape, dtype=dtype) for shape, dtype in program_input_specs(pte)]
+    outputs = run_pte(pte, inputs)
+    for i, o in enumerate(outputs):
+        f = o.float()
+        print(f"output {i}: {o.dtype} {list(o.shape)} min {f.min().item():.4g} max {f.max().item():.4g} "
+              f"mean {f.mean().item():.4g}")
+    if args.out:
+        np.savez(args.out, **{f"output_{i}": o.numpy() for i, o in enumerate(outputs)})
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_ops(args) -> int:
+    from mps_backend.operators import default_registry  # noqa: PLC0415
+
+    names = sorted(str(t) for t in default_registry().targets)
+    print("\n".join(names))
+    print(f"{len(names)} targets", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mps-backend", description="Lower PyTorch models to the ExecuTorch MPS delegate.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("export", help="export a model (default: the built-in demo) to a .pte")
+    p.add_argument("--model", default="demo", help="demo | torchvision:NAME | path/file.py:factory")
+    prec = p.add_mutually_exclusive_group()
+    prec.add_argument("--fp32", action="store_true", help="keep float32 on the device")
+    prec.add_argument("--fp16", action="store_true", help="compute in float16 (default)")
+    p.add_argument("--verify", action="store_true", help="run the .pte in the device model and compare with eager")
+    p.add_argument("-o", "--output", help="output .pte path")
+    p.set_defaults(fn=cmd_export)
+    p = sub.add_parser("inspect", help="describe the MPS delegates of a .pte")
+    p.add_argument("file")
+    p.add_argument("--values", action="store_true", help="list every value")
+    p.set_defaults(fn=cmd_inspect)
+    p = sub.add_parser("run", help="run a .pte through the emulated MPS runtime")
+    p.add_argument("file")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--inputs", help=".npz with the inputs (keys input_0, input_1, ...)")
+    src.add_argument("--random", action="store_true", help="random inputs (the default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="write outputs to this .npz")
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("ops", help="list the aten targets with an MPS lowering")
+    p.set_defaults(fn=cmd_ops)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""MPSPartitioner: tags every node the device computes correctly, in as few partitions as the
+graph allows, and remembers why each other node stays on CPU."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from executorch.exir.backend.utils import tag_constant_data
+from torch.export import ExportedProgram
+from torch.fx import Node
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from mps_backend import compile_specs as specs
+from mps_backend.backend import MPSBackend  # noqa: F401  (to_backend finds backends among BackendDetails subclasses)
+from mps_backend.operators.registry import Registry, default_registry, op_key
+
+BACKEND_ID = "MPSBackend"
+
+
+@dataclass(frozen=True)
+class CpuNode:
+    name: str
+    target: str
+    reason: str
+
+
+@dataclass
+class PartitionReport:
+    """What one ``partition()`` call decided."""
+
+    delegated: list[str] = field(default_factory=list)
+    on_cpu: list[CpuNode] = field(default_factory=list)
+    partitions: int = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.delegated) + len(self.on_cpu)
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.delegated)}/{self.total} operator nodes delegated to MPS in "
+                 f"{self.partitions} partition(s)"]
+        if self.on_cpu:
+            lines.append("left on CPU:")
+            lines += [f"  {n.name} ({n.target}): {n.reason}" for n in self.on_cpu]
+        return "\n".join(lines)
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, registry: Registry, reasons: dict[Node, str]):
+        super().__init__()
+        self.registry, self.reasons = registry, reasons
+
+    def is_node_supported(self, submodules, node: Node) -> bool:
+        reason = self.registry.check(node)
+        if reason is not None:
+            self.reasons[node] = reason
+        return reason is None
+
+
+def _target_name(target) -> str:
+    return str(getattr(op_key(target), "_name", None) or getattr(target, "__name__", target))
+
+
+class MPSPartitioner(Partitioner):
+    """Partition for the ExecuTorch MPS delegate.
+
+    ``MPSPartitioner()`` lowers in float16 (the upstream default); ``use_fp16=False`` keeps
+    float32; upstream-style ``compile_specs=[CompileSpec("use_fp16", bytes([0|1]))]`` work too.
+    """
+
+    def __init__(self, compile_specs: Sequence[CompileSpec] | None = None, *, use_fp16: bool | None = None):
+        fp16 = specs.parse(compile_specs)
+        if use_fp16 is not None:
+            if compile_specs and fp16 != use_fp16:
+                raise ValueError("use_fp16 and the use_fp16 compile spec disagree")
+            fp16 = use_fp16
+        self.use_fp16 = fp16
+        self.delegation_spec = DelegationSpec(BACKEND_ID, [specs.fp16_spec(fp16)])
+        self._report = PartitionReport()
+        super().__init__()
+
+    def report(self) -> PartitionReport:
+        """The report of the latest ``partition()`` call."""
+        return self._report
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        registry = default_registry()
+        reasons: dict[Node, str] = {}
+        gm = exported_program.graph_module
+        proposed = CapabilityBasedPartitioner(gm, _Support(registry, reasons),
+                                              allows_single_node_partition=True).propose_partitions()
+        tags: dict[str, DelegationSpec] = {}
+        delegated: set[Node] = set()
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        for p in sorted(proposed, key=lambda p: min(order[n] for n in p.nodes)):
+            tag = f"mps_{len(tags)}"
+            tags[tag] = self.delegation_spec
+            for node in p.nodes:
+                node.meta["delegation_tag"] = tag
+                delegated.add(node)
+        tag_constant_data(exported_program)
+        report = PartitionReport(partitions=len(tags))
+        for node in gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            if node in delegated:
+                report.delegated.append(node.name)
+            else:
+                reason = reasons.get(node) or registry.check(node) or "not connected to a supported region"
+                report.on_cpu.append(CpuNode(node.name, _target_name(node.target), reason))
+        self._report = report
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+    def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[torch._ops.OpOverload],
+                                                                  Callable[[Node], bool] | None]:
+        """Keep whole the ops we lower directly that the default decompositions would split."""
+        from torch._decomp import core_aten_decompositions  # noqa: PLC0415
+
+        registry = default_registry()
+        decomposed = set(core_aten_decompositions().keys())
+        keep = sorted((t for t in registry.targets if t in decomposed), key=str)
+        return keep, lambda node: registry.check(node) is None

@@ -1,0 +1,91 @@
+"""Activations: relu, gelu, hardtanh, leaky_relu, softmax.
+
+log_softmax stays on CPU: the device computes log(softmax(x)), which underflows to -inf
+where torch's fused form is finite (semantics §5.1).
+"""
+from __future__ import annotations
+
+from torch.fx import Node
+
+import torch
+
+from ._util import arg, is_float, norm_dim, rank
+from .registry import Lowering
+
+aten = torch.ops.aten
+
+
+def _float_input(node: Node):
+    return None if is_float(node.args[0]) else "activation of a non-float tensor"
+
+
+def _relu(node: Node, b) -> None:
+    x = b.id(node.args[0])
+    b.emit("MPSReLU", input1_id=x, input2_id=-1, output_id=b.out(node))
+
+
+def _gelu_check(node: Node):
+    approx = node.kwargs.get("approximate", "none")
+    if approx not in ("none", "tanh"):
+        return f"gelu approximate={approx!r} is not a torch mode"
+    return _float_input(node)
+
+
+def _gelu(node: Node, b) -> None:
+    x = b.id(node.args[0])
+    if node.kwargs.get("approximate", "none") == "none":
+        b.emit("MPSGELU", input1_id=x, output_id=b.out(node), approximate="none")
+        return
+    # The device computes x*tanh(x) for approximate='tanh' (semantics §6 #1): use the formula.
+    # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+    dt = b.dtype(node.args[0])
+    shape = b.graph.values[x].dims
+
+    def binary(op, a, c):
+        o = b.new_value(dt, shape)
+        b.emit(op, input1_id=a, input2_id=c, output_id=o, **({"alpha": 1.0} if op in ("MPSAdd", "MPSSub") else {}))
+        return o
+
+    x2 = binary("MPSMul", x, x)
+    x3 = binary("MPSMul", x2, x)
+    inner = binary("MPSAdd", x, binary("MPSMul", x3, b.scalar(0.044715, dt)))
+    scaled = binary("MPSMul", inner, b.scalar(0.7978845608028654, dt))
+    t = b.new_value(dt, shape)
+    b.emit("MPSTanh", input1_id=scaled, output_id=t)
+    one_plus = binary("MPSAdd", t, b.scalar(1.0, dt))
+    half_x = binary("MPSMul", x, b.scalar(0.5, dt))
+    out = b.out(node)
+    b.emit("MPSMul", input1_id=half_x, input2_id=one_plus, output_id=out)
+
+
+def _hardtanh(node: Node, b) -> None:
+    lo, hi = arg(node, 1, "min_val", -1.0), arg(node, 2, "max_val", 1.0)
+    b.emit("MPSHardTanh", input1_id=b.id(node.args[0]), output_id=b.out(node),
+           min_value=float(lo), max_value=float(hi))
+
+
+def _leaky_relu(node: Node, b) -> None:
+    b.emit("MPSLeakyReLU", input1_id=b.id(node.args[0]), output_id=b.out(node),
+           negative_slope=float(arg(node, 1, "negative_slope", 0.01)))
+
+
+def _softmax_check(node: Node):
+    if arg(node, 2, "half_to_float", False):
+        return "softmax with half_to_float=True: the MPS runtime aborts on it"
+    return _float_input(node)
+
+
+def _softmax(op: str):
+    def lower(node: Node, b) -> None:
+        dim = norm_dim(arg(node, 1, "dim"), rank(node.args[0]))
+        b.emit(op, input1_id=b.id(node.args[0]), output_id=b.out(node), dim=dim, half_to_float=False)
+    return lower
+
+
+LOWERINGS = [
+    Lowering((aten.relu.default,), _relu),
+    Lowering((aten.gelu.default,), _gelu, _gelu_check),
+    Lowering((aten.hardtanh.default,), _hardtanh, _float_input),
+    Lowering((aten.leaky_relu.default,), _leaky_relu, _float_input),
+    Lowering((aten._softmax.default,), _softmax("MPSSoftmax"), _softmax_check),
+]

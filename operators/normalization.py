@@ -1,0 +1,81 @@
+"""Normalization: inference batch norm -> MPSBatchNorm, layer norm -> MPSLayerNorm.
+
+The device sets batch norm's second output to the running mean and never sets the third,
+and writes the variance (not rstd) into layer norm's third output (semantics §5.13): those
+outputs may only be lowered when nothing reads them. Missing affine parameters become
+constant ones / zeros (the device dereferences id -1).
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Node
+
+from ._util import is_float, shape, val
+from .registry import Lowering
+
+aten = torch.ops.aten
+
+
+def _used_outputs(node: Node) -> set[int]:
+    used = set()
+    for user in node.users:
+        if user.target is operator.getitem:
+            if user.users:
+                used.add(user.args[1])
+        else:
+            used.update((0, 1, 2))
+    return used
+
+
+def _check(bad_outputs: dict[int, str]):
+    def check(node: Node):
+        if not is_float(node.args[0]):
+            return "normalization of a non-float tensor"
+        for index in sorted(_used_outputs(node)):
+            if index in bad_outputs:
+                return bad_outputs[index]
+        dts = {val(a).dtype for a in node.args if isinstance(a, Node)}
+        if len(dts) != 1:
+            return f"mixed dtypes {sorted(map(str, dts))}; the device does not promote here"
+        return None
+    return check
+
+
+def _param(b, node: Node | None, size: list[int], fill: float, dtype: torch.dtype) -> int:
+    if isinstance(node, Node):
+        return b.id(node)
+    return b.constant(torch.full(size, fill, dtype=torch.float32), dtype=dtype)
+
+
+def _batch_norm(node: Node, b) -> None:
+    x, weight, bias, mean, var, momentum, eps = node.args[:7]
+    c = shape(x)[1]
+    dt = b.dtype(x)
+    # outputs 1 and 2 are empty tensors in eval graphs; on the device they are [C] statistics
+    out, stat2, stat3 = b.new_value(dt, shape(x)), b.new_value(dt, [c]), b.new_value(dt, [c])
+    b.ids[node] = (out, stat2, stat3)
+    b.emit("MPSBatchNorm", input_id=b.id(x), mean_id=b.id(mean), var_id=b.id(var),
+           weight_id=_param(b, weight, [c], 1.0, dt), bias_id=_param(b, bias, [c], 0.0, dt),
+           momentum=float(momentum), epsilon=float(eps),
+           output1_id=out, output2_id=stat2, output3_id=stat3)
+
+
+def _layer_norm(node: Node, b) -> None:
+    x, normalized_shape, weight, bias, eps = node.args[:5]
+    dt = b.dtype(x)
+    ns = [int(d) for d in normalized_shape]
+    out, mean, third = b.outs(node)
+    b.emit("MPSLayerNorm", input1_id=b.id(x), normalized_shape=ns,
+           weight_id=_param(b, weight, ns, 1.0, dt), bias_id=_param(b, bias, ns, 0.0, dt),
+           eps=float(eps), output1_id=out, output2_id=mean, output3_id=third)
+
+
+LOWERINGS = [
+    Lowering((aten._native_batch_norm_legit_no_training.default,), _batch_norm,
+             _check({1: "batch norm statistics output read (the device returns the running mean there)",
+                     2: "batch norm third output read (the device never sets it)"}), generic="args"),
+    Lowering((aten.native_layer_norm.default,), _layer_norm,
+             _check({2: "layer norm rstd output read (the device returns the variance there)"})),
+]

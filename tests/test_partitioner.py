@@ -1,0 +1,156 @@
+"""MPSPartitioner / MPSBackend end to end on the demo model and small programs."""
+from __future__ import annotations
+
+import pytest
+import torch
+from executorch.exir import to_edge, to_edge_transform_and_lower
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.lowered_backend_module import get_lowered_submodules
+
+from mps_backend import MPSBackend, MPSPartitioner
+from mps_backend.backend import build_graph
+from mps_backend.demo import demo_model
+from mps_backend.serialization import DataType, read_blob
+
+
+def lower(model, inputs, partitioner=None, via="transform_and_lower"):
+    partitioner = partitioner or MPSPartitioner()
+    ep = torch.export.export(model.eval(), tuple(inputs))
+    if via == "to_backend":
+        edge = to_edge(ep).to_backend(partitioner)
+    else:
+        edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+    blobs = [m.processed_bytes for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)
+             if m.backend_id == "MPSBackend"]
+    return edge, partitioner, blobs
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return demo_model()
+
+
+@pytest.mark.parametrize("use_fp16", [False, True])
+def test_demo_is_one_delegate_with_nothing_on_cpu(demo, use_fp16):
+    edge, part, blobs = lower(*demo, MPSPartitioner(use_fp16=use_fp16))
+    report = part.report()
+    assert len(blobs) == 1 and report.partitions == 1
+    assert report.on_cpu == [], str(report)
+    assert len(report.delegated) > 40
+    cpu_ops = [n for n in edge.exported_program().graph.nodes
+               if n.op == "call_function" and "executorch_call_delegate" not in str(n.target)
+               and n.target.__name__ != "getitem"]
+    assert cpu_ops == []
+
+
+def test_to_backend_path_and_compile_specs(demo):
+    spec_part = MPSPartitioner(compile_specs=[CompileSpec("use_fp16", bytes([0]))])
+    assert spec_part.use_fp16 is False
+    _, _, blobs = lower(*demo, spec_part, via="to_backend")
+    graph = read_blob(blobs[0]).graph
+    assert all(v.datatype != DataType.float16 for v in graph.values)
+    with pytest.raises(ValueError, match="unknown MPS compile spec 'fast_math'"):
+        MPSPartitioner(compile_specs=[CompileSpec("fast_math", bytes([1]))])
+    with pytest.raises(ValueError, match="one byte"):
+        MPSPartitioner(compile_specs=[CompileSpec("use_fp16", bytes([7]))])
+    assert MPSPartitioner().use_fp16 is True
+
+
+def test_inputs_are_ids_0_to_n_in_forward_order():
+    class ThreeInputs(torch.nn.Module):
+        def forward(self, a, b, c):
+            return (c * 2 + a) - b
+
+    shapes = [(2, 3), (1, 3), (2, 1)]
+    _, _, blobs = lower(ThreeInputs(), [torch.randn(s) for s in shapes], MPSPartitioner(use_fp16=False))
+    g = read_blob(blobs[0]).graph
+    assert g.input_ids == [0, 1, 2]
+    assert [list(g.values[i].dims) for i in g.input_ids] == [list(s) for s in shapes]
+
+
+def test_fp16_graph_has_no_float32_inside_except_boundary_casts(demo):
+    _, _, blobs = lower(*demo, MPSPartitioner(use_fp16=True))
+    g = read_blob(blobs[0]).graph
+    f32 = {i for i, v in enumerate(g.values) if v.datatype == DataType.float32}
+    boundary = set(g.input_ids)
+    casts = [n for n in g.nodes if n.op == "MPSCast"]
+    boundary |= {n["output_id"] for n in casts if n["dtype"] == DataType.float32}
+    assert f32 == boundary
+    assert set(g.output_ids) <= boundary
+    assert all(g.values[c].datatype != DataType.float32 for c in g.constant_ids)
+    for n in g.nodes:  # the only consumers of the f32 inputs are the boundary casts
+        for k, v in n.fields.items():
+            if k.startswith("input") and k != "input_ids" and v in g.input_ids:
+                assert n.op == "MPSCast", n
+
+
+def test_lifted_tensor_constants_are_blob_constants_not_inputs():
+    class WithConstant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.offset = torch.arange(6.0).reshape(2, 3)  # plain attribute: a lifted tensor constant
+
+        def forward(self, x):
+            return x + self.offset
+
+    x = torch.randn(2, 3)
+    edge, _, blobs = lower(WithConstant(), [x], MPSPartitioner(use_fp16=False))
+    blob = read_blob(blobs[0])
+    g = blob.graph
+    assert g.input_ids == [0] and len(g.constant_ids) == 1
+    data = torch.frombuffer(bytearray(blob.constant_bytes(g.constant_ids[0])), dtype=torch.float32)
+    assert torch.equal(data.reshape(2, 3), torch.arange(6.0).reshape(2, 3))
+    sig = edge.exported_program().graph_signature
+    assert len(sig.user_inputs) == 1
+
+
+def test_two_lowerings_share_no_state(demo):
+    class Scaled(torch.nn.Module):
+        def forward(self, x):
+            return x * 2.0 + 1.0
+
+    x = torch.randn(4)
+    first = lower(Scaled(), [x], MPSPartitioner(use_fp16=True))[2][0]
+    lower(*demo, MPSPartitioner(use_fp16=False))  # different model and precision in between
+    lower(Scaled(), [x.long()], MPSPartitioner(use_fp16=False))  # same scalars, other dtype
+    again = lower(Scaled(), [x], MPSPartitioner(use_fp16=True))[2][0]
+    assert first == again
+    g = read_blob(again).graph
+    assert all(g.values[c].datatype == DataType.float16 for c in g.constant_ids)
+
+
+def test_same_model_gives_byte_identical_pte(demo):
+    def pte():
+        return lower(*demo, MPSPartitioner())[0].to_executorch().buffer
+
+    assert pte() == pte()
+
+
+def test_report_names_cpu_nodes_with_reasons():
+    class Mixed(torch.nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x.relu(), 0).double()
+
+    _, part, _ = lower(Mixed(), [torch.randn(5)])
+    text = str(part.report())
+    on_cpu = {n.target: n.reason for n in part.report().on_cpu}
+    assert any("cumsum" in t for t in on_cpu), text
+    assert any("float64" in r for r in on_cpu.values()), text
+    assert "left on CPU" in text
+
+
+def test_debug_handle_map_points_mps_nodes_at_source_nodes(demo):
+    ep = torch.export.export(demo[0], demo[1])
+    edge = to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner()])
+    lowered = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)][0]
+    handle_map = lowered.meta.get("debug_handle_map")
+    assert handle_map, "preprocess returned no debug_handle_map"
+    n_nodes = len(read_blob(lowered.processed_bytes).graph.nodes)
+    assert all(0 <= k < n_nodes for k in handle_map)
+    assert all(isinstance(v, tuple) and v for v in handle_map.values())
+
+
+def test_backend_class_identity():
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    assert MPSBackend.__name__ == "MPSBackend" and BackendDetails in MPSBackend.__bases__
