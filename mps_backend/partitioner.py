@@ -117,10 +117,8 @@ class MPSPartitioner(Partitioner):
 
     def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[torch._ops.OpOverload],
                                                                   Callable[[Node], bool] | None]:
-        """Keep whole the ops we lower directly that the default decompositions would split."""
-        from torch._decomp import core_aten_decompositions  # noqa: PLC0415
-
+        """Keep whole the ops we lower directly that the default decompositions would split
+        (lowerings marked ``preserve``); the filter keeps only instances we can lower."""
         registry = default_registry()
-        decomposed = set(core_aten_decompositions().keys())
-        keep = sorted((t for t in registry.targets if t in decomposed), key=str)
-        return keep, lambda node: registry.check(node) is None
+        keep = registry.preserved
+        return keep, (lambda node: registry.check(node) is None) if keep else None

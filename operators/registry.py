@@ -43,6 +43,8 @@ class Lowering:
     #: which tensors the generic checks look at: "all" (args and outputs), "outputs" only, or
     #: "args" (args and the first output: for ops whose other outputs are placeholders)
     generic: str = "all"
+    #: ask to_edge_transform_and_lower not to decompose these targets (ops_to_not_decompose)
+    preserve: bool = False
 
 
 def op_key(target: Any) -> Any:
@@ -105,6 +107,11 @@ class Registry:
     @property
     def targets(self) -> frozenset:
         return frozenset(self._table)
+
+    @property
+    def preserved(self) -> list:
+        """Targets lowered whole that the default decompositions would otherwise split."""
+        return sorted((t for t, low in self._table.items() if low.preserve), key=str)
 
     def lowering(self, target: Any) -> Lowering | None:
         return self._table.get(op_key(target))
