@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from mps_backend.serialization.model import DataType, Node
@@ -120,3 +121,37 @@ def elementwise(ctx: KernelContext, fn, *ts: torch.Tensor, out_dtype: torch.dtyp
 
 def node_field(node: Node, name: str):
     return node.fields[name]
+
+
+def wrap_dim(ctx: KernelContext, dim: int, rank: int, what: str = "dim") -> int:
+    """Axis in [-rank, rank) made non-negative (MPSGraph wraps negative axes); else the build fails."""
+    if not -rank <= dim < rank:
+        ctx.fail(f"{what} {dim} out of range for rank {rank}")
+    return dim + rank if dim < 0 else dim
+
+
+def checked(ctx: KernelContext, what: str, fn, *args, **kwargs):
+    """Run a torch op whose shape/argument errors correspond to an MPSGraph build failure."""
+    try:
+        return fn(*args, **kwargs)
+    except DeviceError:
+        raise
+    except (RuntimeError, IndexError, ValueError) as e:
+        ctx.fail(f"{what}: {e}")
+
+
+def f32(v: float) -> float:
+    """A float field as the device sees it: schema ``float`` fields are float32."""
+    return float(np.float32(v))
+
+
+def scalar_const(value: float, dtype: torch.dtype) -> torch.Tensor:
+    """MPSGraph ``constantWithScalar:(double) shape:@[@1] dataType:``: ``value`` converted to ``dtype``
+    (rounded for f16, truncated toward zero for integers, non-zero => true for Bool), shape [1]."""
+    return torch.tensor([value], dtype=torch.float64).to(dtype)
+
+
+def round_to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round an intermediate computed in f32 to the device dtype f16 and keep computing in f32
+    (for multi-op members whose intermediates are separate f16 tensors on the device)."""
+    return t.to(torch.float16).float() if dtype == torch.float16 and t.dtype == torch.float32 else t

@@ -1,0 +1,533 @@
+"""Run whole ``.pte`` files with ``MPSBackend`` delegates on Linux.
+
+ExecuTorch's own runtime (the pybindings of the installed executorch wheel) loads and
+runs the program: CPU kernels, memory planning, delegate calls. A small C++ shim
+(``shim/mps_emulator.cpp``), compiled on first use against the headers shipped in the
+wheel and linked to the wheel's ``libexecutorch.so``, registers a backend named
+``MPSBackend`` in that library's backend registry. Its ``execute()`` hands every tensor
+argument of the delegate call to a ctypes callback in this module, which splits them
+into inputs and outputs as the device runtime does (semantics §4: the first
+``len(input_ids)`` tensors are inputs, the next ``len(output_ids)`` outputs), runs the
+device-model interpreter (:func:`mps_backend.runtime.interpreter.execute`) and writes
+the results into the output buffers.
+
+Build cache: ``$MPS_BACKEND_CACHE_DIR``, else ``$XDG_CACHE_HOME/mps_backend``, else
+``~/.cache/mps_backend``; file ``emulator-<executorch version>-<hash>.so`` where the hash
+covers the shim source, the compiler command and the wheel location. The compiler is
+``$CXX``, else ``c++``, ``g++`` or ``clang++`` from ``PATH``.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+__all__ = [
+    "EmulatorBuildError",
+    "EmulatorError",
+    "InputMismatchError",
+    "build_shim",
+    "load_emulator",
+    "run_pte",
+]
+
+#: must match kAbiVersion in shim/mps_emulator.cpp
+_ABI_VERSION = 1
+_SHIM_SOURCE = Path(__file__).with_name("shim") / "mps_emulator.cpp"
+_BUILD_TIMEOUT_S = 600
+
+
+class EmulatorError(RuntimeError):
+    """The emulator could not be set up, or a program could not be loaded or run."""
+
+
+class EmulatorBuildError(EmulatorError):
+    """The C++ shim could not be compiled (no compiler, or the compiler failed)."""
+
+
+class InputMismatchError(ValueError):
+    """The inputs given to :func:`run_pte` do not match what the method expects."""
+
+
+# --------------------------------------------------------------------------------------
+# ABI shared with the shim
+
+class _Arg(ctypes.Structure):
+    """Mirror of ``struct MpsEmuArg`` in shim/mps_emulator.cpp."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_int64),
+        ("sizes", ctypes.POINTER(ctypes.c_int32)),
+        ("dim_order", ctypes.POINTER(ctypes.c_uint8)),
+        ("dim", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("arg_index", ctypes.c_int32),
+        ("list_index", ctypes.c_int32),
+    ]
+
+
+_Callback = ctypes.CFUNCTYPE(
+    ctypes.c_int32,  # 0 = ok
+    ctypes.c_int64,  # handle id (one per delegate instance)
+    ctypes.c_void_p,  # blob
+    ctypes.c_uint64,  # blob length
+    ctypes.c_int32,  # number of tensor args
+    ctypes.POINTER(_Arg),
+    ctypes.c_int32,  # number of EValues in the delegate call
+    ctypes.c_char_p,  # method name
+)
+
+#: executorch ScalarType code (same numbering as c10) -> torch dtype
+_SCALAR_TYPES: MappingProxyType[int, torch.dtype] = MappingProxyType({
+    0: torch.uint8,
+    1: torch.int8,
+    2: torch.int16,
+    3: torch.int32,
+    4: torch.int64,
+    5: torch.float16,
+    6: torch.float32,
+    7: torch.float64,
+    9: torch.complex64,
+    10: torch.complex128,
+    11: torch.bool,
+    15: torch.bfloat16,
+    27: torch.uint16,
+    28: torch.uint32,
+    29: torch.uint64,
+})
+
+
+def _torch_dtype(code: int) -> torch.dtype:
+    try:
+        return _SCALAR_TYPES[code]
+    except KeyError:
+        raise EmulatorError(f"unsupported executorch ScalarType code {code}") from None
+
+
+# --------------------------------------------------------------------------------------
+# Building the shim
+
+def _cache_dir() -> Path:
+    explicit = os.environ.get("MPS_BACKEND_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "mps_backend"
+
+
+def _find_compiler() -> str:
+    cxx = os.environ.get("CXX")
+    if cxx:
+        found = shutil.which(cxx)
+        if found is None:
+            raise EmulatorBuildError(f"$CXX is set to {cxx!r}, which is not an executable on PATH")
+        return found
+    for name in ("c++", "g++", "clang++"):
+        found = shutil.which(name)
+        if found is not None:
+            return found
+    raise EmulatorBuildError(
+        "the MPS emulator needs a C++17 compiler to build its ExecuTorch backend shim, and none "
+        "was found (looked for $CXX, c++, g++, clang++). Install one, e.g. `apt-get install g++` "
+        "(Debian/Ubuntu) or `dnf install gcc-c++` (Fedora/RHEL), or set CXX."
+    )
+
+
+def _executorch_dir() -> Path:
+    """Root of the executorch package whose pybindings this process uses."""
+    from executorch.extension.pybindings import _C  # noqa: PLC0415  (torch is imported above)
+
+    return Path(_C.__file__).resolve().parents[2]
+
+
+def _executorch_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("executorch")
+    except PackageNotFoundError:
+        from executorch.version import __version__  # noqa: PLC0415
+
+        return __version__
+
+
+def _compile_command(compiler: str, source: Path, output: Path) -> list[str]:
+    et = _executorch_dir()
+    include = et / "include"
+    libdir = et / "lib"
+    return [
+        compiler,
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        "-shared",
+        "-fvisibility=hidden",
+        "-fvisibility-inlines-hidden",
+        # the wheel's libraries use the new libstdc++ ABI (std::__cxx11 symbols)
+        "-D_GLIBCXX_USE_CXX11_ABI=1",
+        # what the wheel's executorch-config.cmake puts on its imported targets
+        "-DC10_USING_CUSTOM_GENERATED_MACROS",
+        "-DET_EVENT_TRACER_ENABLED",
+        "-isystem", str(include),
+        "-isystem", str(include / "executorch" / "runtime" / "core" / "portable_type" / "c10"),
+        str(source),
+        "-o", str(output),
+        f"-L{libdir}",
+        "-l:libexecutorch.so",
+        f"-Wl,-rpath,{libdir}",
+        "-Wl,--no-undefined",
+    ]
+
+
+def shim_path() -> Path:
+    """Where the shim for this executorch installation and shim source is (or will be) cached."""
+    source = _SHIM_SOURCE.read_bytes()
+    placeholder = _compile_command("<cxx>", Path("<src>"), Path("<out>"))
+    digest = hashlib.sha256()
+    digest.update(source)
+    digest.update("\0".join(placeholder).encode())
+    digest.update(sys.platform.encode())
+    digest.update(os.uname().machine.encode())
+    version = _executorch_version().replace("+", "_").replace("/", "_")
+    return _cache_dir() / f"emulator-{version}-{digest.hexdigest()[:16]}.so"
+
+
+def build_shim(*, force: bool = False) -> Path:
+    """Compile the shim unless a cached build exists; returns the path of the shared library.
+
+    The build writes a temporary file next to the target and renames it into place, so
+    concurrent builds (several processes, pytest-xdist) never see a partial library.
+    """
+    target = shim_path()
+    if target.exists() and not force:
+        return target
+    compiler = _find_compiler()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    command = _compile_command(compiler, _SHIM_SOURCE, tmp)
+    try:
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise EmulatorBuildError(f"building the MPS emulator shim failed: {exc}") from exc
+        if proc.returncode != 0:
+            output = (proc.stderr or proc.stdout or "").strip()
+            if len(output) > 8000:
+                output = output[:8000] + "\n[...]"
+            raise EmulatorBuildError(
+                f"building the MPS emulator shim failed (exit code {proc.returncode}).\n"
+                f"command: {' '.join(command)}\n{output}"
+            )
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+# --------------------------------------------------------------------------------------
+# The callback: one delegate call
+
+def _execute_delegate(blob: bytes, inputs: list[torch.Tensor], mode: str) -> list[torch.Tensor]:
+    """Run one MP00 blob with the device-model interpreter (imported at call time)."""
+    from mps_backend.runtime import interpreter  # noqa: PLC0415
+
+    return list(interpreter.execute(blob, inputs, mode=mode))
+
+
+def _io_counts(blob: bytes) -> tuple[int, int]:
+    """``(len(input_ids), len(output_ids))`` of an MP00 blob (the executable's feeds/targets)."""
+    from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph  # noqa: PLC0415
+
+    if len(blob) < 32 or blob[4:8] != b"MP00" or blob[28:32] != b"MP00":
+        raise EmulatorError("delegate payload is not an MP00 blob")
+    try:
+        graph = MPSGraph.GetRootAs(blob, 24)
+        return graph.InputIdsLength(), graph.OutputIdsLength()
+    except Exception as exc:  # a corrupt flatbuffer raises whatever the bindings hit
+        raise EmulatorError(f"cannot read input_ids/output_ids of the MP00 blob: {exc!r}") from exc
+
+
+def _shape(arg: _Arg) -> tuple[int, ...]:
+    return tuple(arg.sizes[i] for i in range(arg.dim))
+
+
+def _dim_order(arg: _Arg) -> tuple[int, ...]:
+    return tuple(arg.dim_order[i] for i in range(arg.dim))
+
+
+def _describe(arg: _Arg) -> str:
+    where = f"arg {arg.arg_index}" + ("" if arg.list_index < 0 else f"[{arg.list_index}]")
+    dtype = _SCALAR_TYPES.get(arg.dtype, f"ScalarType({arg.dtype})")
+    return f"{where} {dtype} {list(_shape(arg))} ({arg.nbytes} bytes)"
+
+
+def _read_input(arg: _Arg, mode: str) -> torch.Tensor:
+    """Copy a delegate input out of ExecuTorch memory.
+
+    faithful: the device reads the bytes with the logical (static) shape whatever the dim
+    order; other modes honour a non-default dim order.
+    """
+    dtype = _torch_dtype(arg.dtype)
+    shape = _shape(arg)
+    if arg.nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
+    if not arg.data:
+        raise EmulatorError(f"delegate input {_describe(arg)} has no data")
+    raw = torch.frombuffer((ctypes.c_uint8 * arg.nbytes).from_address(arg.data), dtype=torch.uint8)
+    flat = raw.clone().view(dtype)
+    order = _dim_order(arg)
+    if mode == "faithful" or order == tuple(range(len(order))):
+        return flat.reshape(shape)
+    physical = flat.reshape([shape[d] for d in order])
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return physical.permute(inverse).contiguous()
+
+
+def _write_output(arg: _Arg, value: Any, index: int, mode: str) -> None:
+    """Copy one interpreter result into the ExecuTorch output buffer (semantics §4)."""
+    if not isinstance(value, torch.Tensor):
+        raise EmulatorError(f"interpreter output {index} is {type(value).__name__}, not a tensor")
+    dtype = _torch_dtype(arg.dtype)
+    value = value.detach().cpu()
+    if value.dtype != dtype and mode != "faithful":
+        # faithful: the device blits its own dtype's bytes (reinterpretation); else convert.
+        value = value.to(dtype)
+    order = _dim_order(arg)
+    if mode != "faithful" and order != tuple(range(len(order))) and \
+            value.numel() == torch.Size(_shape(arg)).numel():
+        value = value.reshape(_shape(arg)).permute(order)
+    raw = value.contiguous().reshape(-1).view(torch.uint8)
+    if raw.numel() != arg.nbytes:
+        raise EmulatorError(
+            f"interpreter output {index} is {value.dtype} {list(value.shape)} ({raw.numel()} bytes) but "
+            f"the ExecuTorch output {_describe(arg)} needs {arg.nbytes} bytes"
+        )
+    if arg.nbytes:
+        if not arg.data:
+            raise EmulatorError(f"delegate output {_describe(arg)} has no data")
+        ctypes.memmove(arg.data, raw.data_ptr(), arg.nbytes)
+
+
+class _Emulator:
+    """The loaded shim and its callback; one per process (see :func:`load_emulator`)."""
+
+    def __init__(self, lib: ctypes.CDLL, pybindings: Any, path: Path) -> None:
+        self.lib = lib
+        self.pybindings = pybindings
+        self.path = path
+        self.state = threading.local()  # per-thread: mode of the current run, pending error
+        self.c_callback = _Callback(self._on_execute)  # kept alive as long as the process
+
+    @contextmanager
+    def session(self, mode: str) -> Iterator[threading.local]:
+        state = self.state
+        previous = getattr(state, "mode", None)
+        state.mode, state.error = mode, None
+        try:
+            yield state
+        finally:
+            state.mode = previous
+
+    def _on_execute(self, handle_id: int, blob_ptr: int, blob_len: int, n_args: int,
+                    args: Any, n_evalues: int, method_name: bytes | None) -> int:
+        # Nothing may escape: ctypes would print the exception and return 0 (= success).
+        try:
+            mode = getattr(self.state, "mode", None) or "faithful"
+            blob = ctypes.string_at(blob_ptr, blob_len)
+            descs = [args[i] for i in range(n_args)]
+            n_in, n_out = _io_counts(blob)
+            if n_in + n_out != n_args:
+                raise EmulatorError(
+                    f"MPS delegate (handle {handle_id}) got {n_args} tensor arguments "
+                    f"({n_evalues} EValues) but its blob has {n_in} input_ids and {n_out} "
+                    f"output_ids; the runtime binds the first {n_in} tensors as inputs and the "
+                    f"next {n_out} as outputs: "
+                    + ", ".join(_describe(d) for d in descs)
+                )
+            inputs = [_read_input(d, mode) for d in descs[:n_in]]
+            outputs = _execute_delegate(blob, inputs, mode)
+            if len(outputs) != n_out:
+                raise EmulatorError(
+                    f"interpreter returned {len(outputs)} outputs, the delegate call has {n_out}")
+            for k, (desc, value) in enumerate(zip(descs[n_in:], outputs)):
+                _write_output(desc, value, k, mode)
+            return 0
+        except BaseException as exc:  # noqa: BLE001  (re-raised by run_pte)
+            try:
+                self.state.error = exc
+            except BaseException:  # noqa: BLE001
+                pass
+            return 1
+
+
+@functools.cache
+def load_emulator() -> _Emulator:
+    """Build (first time on this machine) and load the shim, and register ``MPSBackend``.
+
+    After this, any ExecuTorch program loaded through the executorch pybindings in this
+    process (``executorch.runtime.Runtime`` included) runs its MPS delegates on the
+    device model.
+    """
+    # The pybindings need torch loaded first; the shim must be loaded after them so
+    # that its DT_NEEDED libexecutorch.so (SONAME libexecutorch.so) resolves to the
+    # already-loaded copy, i.e. the same backend registry.
+    from executorch.extension.pybindings import _C  # noqa: PLC0415
+
+    path = build_shim()
+    try:
+        lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+    except OSError as exc:
+        raise EmulatorError(f"cannot load the MPS emulator shim {path}: {exc}; delete it to rebuild") \
+            from exc
+    lib.mps_emu_abi_version.restype = ctypes.c_int32
+    lib.mps_emu_arg_size.restype = ctypes.c_int32
+    lib.mps_emu_install.argtypes = [_Callback]
+    lib.mps_emu_install.restype = ctypes.c_int32
+    lib.mps_emu_live_handles.restype = ctypes.c_int64
+    if lib.mps_emu_abi_version() != _ABI_VERSION or lib.mps_emu_arg_size() != ctypes.sizeof(_Arg):
+        raise EmulatorError(f"MPS emulator shim {path} has a different ABI; delete it to rebuild")
+    emulator = _Emulator(lib, _C, path)
+    status = lib.mps_emu_install(emulator.c_callback)
+    if status != 0:
+        raise EmulatorError(
+            f"registering backend 'MPSBackend' with the ExecuTorch runtime failed (executorch "
+            f"error {status:#x}); is another MPSBackend already registered in this process? "
+            f"registered: {_C._get_registered_backend_names()}"
+        )
+    if "MPSBackend" not in _C._get_registered_backend_names():
+        raise EmulatorError(
+            "the MPS emulator shim registered its backend in a different libexecutorch.so than the "
+            f"pybindings use ({_C.__file__})"
+        )
+    return emulator
+
+
+# --------------------------------------------------------------------------------------
+# Public entry point
+
+def _read_program(pte: bytes | bytearray | memoryview | str | os.PathLike) -> bytes:
+    if isinstance(pte, (bytes, bytearray, memoryview)):
+        return bytes(pte)
+    if isinstance(pte, (str, os.PathLike)):
+        return Path(pte).read_bytes()
+    raise TypeError(f"pte must be bytes or a path, not {type(pte).__name__}")
+
+
+def _check_inputs(meta: Any, inputs: Sequence[Any], method_name: str) -> None:
+    expected = meta.num_inputs()
+    if len(inputs) != expected:
+        raise InputMismatchError(f"method {method_name!r} takes {expected} inputs, got {len(inputs)}")
+    for i, value in enumerate(inputs):
+        try:
+            info = meta.input_tensor_meta(i)
+        except Exception:  # noqa: BLE001  (not a tensor input)
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise InputMismatchError(
+                f"input {i} of {method_name!r} must be a tensor ({_torch_dtype(info.dtype())} "
+                f"{list(info.sizes())}), got {type(value).__name__}")
+        want = _SCALAR_TYPES.get(info.dtype())
+        if value.dtype != want:
+            raise InputMismatchError(
+                f"input {i} of {method_name!r} must have dtype {want}, got {value.dtype}")
+        if value.dim() != len(info.sizes()):
+            raise InputMismatchError(
+                f"input {i} of {method_name!r} must have shape {list(info.sizes())}, got "
+                f"{list(value.shape)}")
+
+
+def _prepare(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous()
+    return value
+
+
+def run_pte(pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tensor], mode: str = "faithful",
+            *, method: str = "forward") -> list[torch.Tensor]:
+    """Run ``method`` of an ExecuTorch program with ExecuTorch's runtime, MPS delegates emulated.
+
+    ``mode`` is passed to the device-model interpreter (``"faithful"`` reproduces what the
+    device computes, bugs included). Wrong inputs raise :class:`InputMismatchError`; an
+    exception raised while executing a delegate is re-raised as is; other runtime failures
+    raise :class:`EmulatorError`.
+    """
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be a string, not {type(mode).__name__}")
+    data = _read_program(pte)
+    emulator = load_emulator()
+    _C = emulator.pybindings
+    try:
+        program = _C._load_program_from_buffer(
+            data, program_verification=_C.Verification.InternalConsistency)
+    except RuntimeError as exc:
+        raise EmulatorError(f"ExecuTorch could not load the program: {exc}") from exc
+    names = {program.get_method_name(i) for i in range(program.num_methods())}
+    if method not in names:
+        raise EmulatorError(f"the program has no method {method!r} (methods: {sorted(names)})")
+    inputs = [_prepare(v) for v in inputs]
+    _check_inputs(program.method_meta(method), inputs, method)
+    try:
+        loaded = program.load_method(method)
+    except RuntimeError as exc:
+        raise EmulatorError(
+            f"ExecuTorch could not load method {method!r} (a delegate failed to initialise, "
+            f"e.g. an MPSBackend payload that is not an MP00 blob, or a backend that is not "
+            f"registered; registered: {_C._get_registered_backend_names()}): {exc}"
+        ) from exc
+    try:
+        loaded.set_inputs(inputs)
+    except RuntimeError as exc:
+        meta = loaded.method_meta()
+        wanted = []
+        for i in range(meta.num_inputs()):
+            try:
+                info = meta.input_tensor_meta(i)
+                wanted.append(f"{_SCALAR_TYPES.get(info.dtype())} {list(info.sizes())}")
+            except Exception:  # noqa: BLE001
+                wanted.append("non-tensor")
+        given = [f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+                 for v in inputs]
+        raise InputMismatchError(
+            f"ExecuTorch rejected the inputs of {method!r}: expected {wanted}, got {given} ({exc})"
+        ) from exc
+    with emulator.session(mode) as state:
+        try:
+            loaded.execute()
+        except RuntimeError as exc:
+            error = state.error
+            state.error = None
+            if error is not None:
+                raise error from exc
+            raise EmulatorError(f"ExecuTorch failed to execute {method!r}: {exc}") from exc
+    return list(loaded.get_outputs(clone_outputs=True))
+
+
+def program_input_specs(pte: bytes | str | os.PathLike, *, method: str = "forward"
+                        ) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of each tensor input of ``method``, read from the program's metadata."""
+    emulator = load_emulator()
+    program = emulator.pybindings._load_program_from_buffer(_read_program(pte))
+    meta = program.method_meta(method)
+    specs = []
+    for i in range(meta.num_inputs()):
+        info = meta.input_tensor_meta(i)
+        specs.append((tuple(info.sizes()), _SCALAR_TYPES[info.dtype()]))
+    return specs

@@ -1,0 +1,215 @@
+"""Execute an MP00 blob on the CPU as the MPS delegate runtime would (semantics §1, §2, §4, §7).
+
+    outputs = execute(blob, inputs)                       # faithful: device bugs reproduced
+    outputs = execute(blob, inputs, mode="aten")          # torch semantics where the device differs
+    outputs, report = execute(blob, inputs, return_report=True)
+
+``Interpreter(blob, mode)`` decodes the blob and loads its constants once (zero-copy views of the
+blob bytes); ``run`` / ``run_with_report`` execute it on one set of inputs. ``report`` has one
+``OutputInfo`` per output: its ``reinterpreted`` flag is true where the device writes another dtype
+or element count than the declared output tensor holds (ExecuTorch would see reinterpreted bytes).
+
+Device failures (abort, MPSGraph build error, NotImplemented, unset output) raise ``DeviceError``
+naming the node; caller mistakes (input count, shape or dtype) raise ``ValueError``.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from mps_backend.serialization.model import Blob, DataType, OpType
+
+from .core import DeviceError, KernelContext, device_dtype
+from .kernels import KERNELS
+
+MODES = ("faithful", "aten")
+
+#: declared dtype -> dtype of the ExecuTorch tensor that holds it (what the device writes into)
+DECLARED_DTYPE: dict[DataType, torch.dtype] = {
+    DataType.float16: torch.float16, DataType.float32: torch.float32, DataType.float64: torch.float64,
+    DataType.bfloat16: torch.bfloat16, DataType.int8: torch.int8, DataType.int16: torch.int16,
+    DataType.int32: torch.int32, DataType.int64: torch.int64, DataType.uint8: torch.uint8,
+    DataType.bool: torch.bool,
+}
+
+_NUMPY_DTYPE = {torch.float16: "<f2", torch.float32: "<f4", torch.int8: "i1", torch.int16: "<i2",
+                torch.int32: "<i4", torch.int64: "<i8", torch.bool: "u1"}
+
+
+@dataclass(frozen=True)
+class OutputInfo:
+    """One graph output: what the file declares and what the device produced."""
+
+    value_id: int
+    declared_dtype: DataType
+    declared_shape: tuple[int, ...]
+    device_dtype: torch.dtype
+    device_shape: tuple[int, ...]
+
+    @property
+    def reinterpreted(self) -> bool:
+        """True where the device's bytes do not match the declared output (dtype or element count)."""
+        return (DECLARED_DTYPE.get(self.declared_dtype) != self.device_dtype
+                or math.prod(self.declared_shape) != math.prod(self.device_shape))
+
+
+def unpack_int4(raw, shape: Sequence[int]) -> torch.Tensor:
+    """int4 constant bytes -> int8 values in [-8, 7] (§5.17: low nibble = even k, signed)."""
+    numel = math.prod(shape)
+    if shape[-1] % 2:
+        raise DeviceError(f"int4 constant of shape {list(shape)}: the last dimension must be even")
+    b = np.frombuffer(raw, dtype=np.uint8, count=numel // 2)
+    nibbles = np.stack([b & 0xF, b >> 4], axis=-1).astype(np.int8)
+    return torch.from_numpy(((nibbles ^ 8) - 8).reshape(tuple(shape)))
+
+
+def load_constant(blob: Blob, vid: int) -> torch.Tensor:
+    """A constant as the device sees it (§1): the segment bytes in the declared dtype and shape."""
+    t = blob.graph.values[vid]
+    shape, numel, size = t.device_shape, math.prod(t.device_shape), t.constant_buffer_size
+    where = f"constant value {vid} ({t.datatype.name} {list(t.dims)})"
+    if size <= 0:
+        raise DeviceError(f"{where}: constant_buffer_size is 0 (the runtime aborts)")
+    raw = blob.constant_bytes(vid)
+    if len(raw) < size:
+        raise DeviceError(f"{where}: {size} bytes declared, only {len(raw)} left in the blob")
+    if t.datatype == DataType.int4:
+        if size != (numel + 1) // 2:
+            raise DeviceError(f"{where}: {size} bytes, int4 needs {(numel + 1) // 2}")
+        return unpack_int4(raw, shape)
+    dt = device_dtype(t.datatype)
+    want = numel * torch.empty((), dtype=dt).element_size()
+    if size != want:
+        note = " (float64 constants must already hold float32 bytes)" if t.datatype == DataType.float64 else ""
+        raise DeviceError(f"{where}: {size} bytes, the device reads {want}{note}")
+    arr = np.frombuffer(raw, dtype=_NUMPY_DTYPE[dt], count=numel).reshape(shape)
+    if dt == torch.bool:
+        return torch.from_numpy(arr != 0)
+    with warnings.catch_warnings():  # read-only view of the blob: kernels never write in place
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(arr)
+
+
+def _decode(blob) -> Blob:
+    if isinstance(blob, Blob):
+        return blob
+    if isinstance(blob, (bytes, bytearray, memoryview)):
+        from mps_backend.serialization import read_blob  # noqa: PLC0415
+
+        return read_blob(blob)
+    raise TypeError(f"expected MP00 bytes or a decoded Blob, got {type(blob).__name__}")
+
+
+def _check_ids(graph) -> None:
+    """Every id a node names is -1 or inside the value table (else the runtime corrupts memory)."""
+    n = len(graph.values)
+    for i, node in enumerate(graph.nodes):
+        for name, v in node.fields.items():
+            if name.endswith("_id") or name.endswith("_ids"):
+                for vid in (v if isinstance(v, (list, tuple)) else [v]):
+                    if not -1 <= vid < n:
+                        raise DeviceError(f"{name} {vid} is outside the value table ({n} values)", i, node.op)
+
+
+class Interpreter:
+    """A decoded blob with its constants loaded, ready to run many times."""
+
+    def __init__(self, blob: bytes | bytearray | memoryview | Blob, mode: str = "faithful"):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        self.mode = mode
+        self.blob = _decode(blob)
+        g = self.graph = self.blob.graph
+        if g.graph_type != OpType.mps_graph:
+            raise DeviceError(f"graph_type {g.graph_type} is not mps_graph: every metal_kernel graph "
+                              "aborts at init ('Metal kernel path not yet implemented')")
+        n = len(g.values)
+        for what, ids in (("input_ids", g.input_ids), ("constant_ids", g.constant_ids),
+                          ("output_ids", g.output_ids)):
+            bad = [v for v in ids if not 0 <= v < n]
+            if bad:
+                raise DeviceError(f"{what} {bad} outside the value table ({n} values)")
+        _check_ids(g)
+        self._inputs = [(vid, g.values[vid]) for vid in g.input_ids]
+        for vid, t in self._inputs:
+            if t.datatype == DataType.int4:
+                raise DeviceError(f"input value {vid} is int4: not supported by the device model")
+            device_dtype(t.datatype)  # raises where the runtime aborts
+        self._constants = {vid: load_constant(self.blob, vid) for vid in g.constant_ids}
+        self._plan = [(i, node, KERNELS.get(node.op)) for i, node in enumerate(g.nodes)]
+
+    # --------------------------------------------------------------------------------------------
+
+    def _bind_inputs(self, inputs: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
+        if len(inputs) != len(self._inputs):
+            raise ValueError(f"the graph has {len(self._inputs)} inputs, {len(inputs)} tensors given")
+        values: dict[int, torch.Tensor] = {}
+        for vid, decl in self._inputs:
+            if vid >= len(inputs):
+                raise ValueError(f"input value id {vid} has no input buffer (the runtime binds buffer i "
+                                 f"to value id i; {len(inputs)} inputs given)")
+            x = inputs[vid]
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"input {vid} is a {type(x).__name__}, not a torch.Tensor")
+            want = device_dtype(decl.datatype)
+            if x.dtype != want:
+                raise ValueError(f"input {vid} is {x.dtype} but the device reads {want} "
+                                 f"(declared {decl.datatype.name}); it would reinterpret the bytes")
+            if tuple(x.shape) not in (tuple(decl.dims), decl.device_shape):
+                raise ValueError(f"input {vid} has shape {list(x.shape)} but the static placeholder is "
+                                 f"{list(decl.dims)} (the device reads exactly that many elements)")
+            values[vid] = x.reshape(decl.device_shape)
+        return values
+
+    def run_with_report(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[OutputInfo]]:
+        """Execute once; returns fresh output tensors (device dtype and shape) and their report."""
+        values = self._bind_inputs(inputs)
+        values.update(self._constants)  # constants are built after the placeholders
+        with torch.no_grad():
+            self._run_nodes(KernelContext(values=values, mode=self.mode, graph=self.graph))
+        outputs, report = [], []
+        for vid in self.graph.output_ids:
+            t = values.get(vid)
+            if t is None:
+                raise DeviceError(f"output value {vid} is never set (InvalidState: 'Failed to deserialize "
+                                  "the model')")
+            decl = self.graph.values[vid]
+            outputs.append(t.clone(memory_format=torch.contiguous_format))
+            report.append(OutputInfo(vid, decl.datatype, tuple(decl.dims), t.dtype, tuple(t.shape)))
+        return outputs, report
+
+    def _run_nodes(self, ctx: KernelContext) -> None:
+        for i, node, fn in self._plan:
+            ctx.node_index, ctx.op = i, node.op
+            if fn is None:
+                ctx.fail(f"{node.op} has no dispatch case in the runtime (NotImplemented)")
+            try:
+                fn(ctx, node)
+            except DeviceError as e:
+                if e.node_index is None:
+                    raise DeviceError(e.reason, i, node.op) from e
+                raise
+            except (RuntimeError, IndexError) as e:  # torch refusing the op = MPSGraph build failure
+                raise DeviceError(f"MPSGraph would fail to build: {e}", i, node.op) from e
+
+    def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return self.run_with_report(inputs)[0]
+
+
+def execute(blob: bytes | bytearray | memoryview | Blob, inputs: Sequence[torch.Tensor],
+            mode: str = "faithful", *, return_report: bool = False):
+    """Run ``blob`` (MP00 bytes, decoded with ``read_blob``, or a ``Blob``) on ``inputs``.
+
+    Returns the outputs in ``output_ids`` order, each in the device dtype and shape; with
+    ``return_report=True`` returns ``(outputs, [OutputInfo, ...])``.
+    """
+    outputs, report = Interpreter(blob, mode).run_with_report(inputs)
+    return (outputs, report) if return_report else outputs
+
+
+__all__ = ["DECLARED_DTYPE", "MODES", "Interpreter", "OutputInfo", "execute", "load_constant", "unpack_int4"]

@@ -1,0 +1,36 @@
+"""MPSMatMul, MPSAddmm (semantics §5.6): no dtype promotion; f16 accumulates in f32, rounded once."""
+from __future__ import annotations
+
+import torch
+
+from ..core import KernelContext, checked, compute, f32, same_dtype, scalar_const, to
+
+
+def _matmul(ctx: KernelContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dim() < 2 or b.dim() < 2:
+        ctx.fail(f"matrix multiplication of ranks {a.dim()} and {b.dim()} (MPSGraph needs rank >= 2)")
+    if a.dtype == torch.bool:
+        ctx.fail("matrix multiplication of bool tensors")
+    return checked(ctx, "matmul shapes", torch.matmul, compute(a), compute(b))
+
+
+def matmul(ctx: KernelContext, node) -> None:
+    a, b = ctx.get(node["input1_id"]), ctx.get(node["input2_id"])
+    dt = same_dtype(ctx, a, b, what="MatMul operands")
+    ctx.set(node["output_id"], to(_matmul(ctx, a, b), dt))
+
+
+def addmm(ctx: KernelContext, node) -> None:
+    bias, m1, m2 = (ctx.get(node[k]) for k in ("input1_id", "input2_id", "input3_id"))
+    dt = same_dtype(ctx, bias, m1, m2, what="Addmm operands")
+    p = _matmul(ctx, m1, m2)
+    alpha, beta = f32(node["alpha"]), f32(node["beta"])
+    if alpha != 1.0:
+        p = p * compute(scalar_const(alpha, dt))
+    c = compute(bias)
+    if beta != 1.0:
+        c = c * compute(scalar_const(beta, dt))
+    ctx.set(node["output_id"], to(checked(ctx, "addmm bias broadcast", torch.add, p, c), dt))
+
+
+KERNELS = {"MPSMatMul": matmul, "MPSAddmm": addmm}
