@@ -448,7 +448,7 @@ def _check_inputs(meta: Any, inputs: Sequence[Any], method_name: str) -> None:
         if value.dtype != want:
             raise InputMismatchError(
                 f"input {i} of {method_name!r} must have dtype {want}, got {value.dtype}")
-        if value.dim() != len(info.sizes()):
+        if list(value.shape) != list(info.sizes()):
             raise InputMismatchError(
                 f"input {i} of {method_name!r} must have shape {list(info.sizes())}, got "
                 f"{list(value.shape)}")

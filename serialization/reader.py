@@ -1,0 +1,448 @@
+"""Validating MP00 blob reader, written by hand (the flatc accessors do no bounds checks).
+
+``read_blob(data)`` decodes one blob into the dataclasses of ``model.py`` and checks everything
+the MPS delegate runtime relies on (design.md format contract, mps-runtime-semantics.md §1-§4).
+Any violation raises ``MPSFormatError`` naming what and where; no other exception escapes for
+malformed input, and the work done is bounded by the blob size.
+
+The flatbuffer decoder is generic, driven by ``schema_info``: vtable slot = field position,
+union fields take two slots (type tag, then value). Absent fields get the schema default,
+except the vectors/strings the runtime dereferences without a null check, which must be present.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from types import MappingProxyType
+from typing import Any, Mapping, NamedTuple
+
+from .errors import MPSFormatError
+from .model import (HEADER_SIZE, MAGIC, SCHEMA, SEGMENT_ALIGN, UNION_MEMBERS, UNION_NAMES, Blob, DataType,
+                    Graph, Header, Node, OpType, Tensor, expected_nbytes)
+
+# ----------------------------------------------------------------------------------------------
+# Schema-driven field layouts (computed once from the literal schema; immutable afterwards)
+
+_SCALAR_FORMATS = {
+    "bool": "<B", "byte": "<b", "ubyte": "<B", "int8": "<b", "uint8": "<B",
+    "short": "<h", "ushort": "<H", "int16": "<h", "uint16": "<H",
+    "int": "<i", "uint": "<I", "int32": "<i", "uint32": "<I", "float": "<f", "float32": "<f",
+    "long": "<q", "ulong": "<Q", "int64": "<q", "uint64": "<Q", "double": "<d", "float64": "<d",
+}
+_FLOAT_TYPES = frozenset({"float", "float32", "double", "float64"})
+
+
+class _Field(NamedTuple):
+    name: str
+    kind: str  # scalar | bool | string | scalar_vector | table_vector | table | union
+    slot: int  # vtable slot (a union's type tag; its value is in slot + 1)
+    fmt: str = ""  # struct format of a scalar ("<i") or of a scalar vector's elements ("i")
+    default: Any = None
+
+
+def _default(base: str, text: str | None, enum: Mapping[str, int] | None) -> Any:
+    if base == "bool":
+        return text == "true"
+    if enum is not None:
+        return enum[text] if text in enum else int(text or 0)
+    if base in _FLOAT_TYPES:
+        return float(text or 0.0)
+    return int(text or 0)
+
+
+def _layout(fields: list[dict]) -> tuple[_Field, ...]:
+    """Decoding recipe of one table: its fields with kind, vtable slot, format and default."""
+    enums, tables, unions = SCHEMA["enums"], SCHEMA["tables"], SCHEMA["unions"]
+    out, slot = [], 0
+    for f in fields:
+        name, ftype = f["name"], f["type"]
+        if ftype in unions:
+            out.append(_Field(name, "union", slot, "<B"))
+            slot += 2
+            continue
+        if ftype == "string":
+            out.append(_Field(name, "string", slot))
+        elif ftype.startswith("[") and ftype[1:-1] in tables:
+            out.append(_Field(name, "table_vector", slot))
+        elif ftype.startswith("["):
+            elem = ftype[1:-1]
+            base = enums[elem]["base"] if elem in enums else elem
+            out.append(_Field(name, "scalar_vector", slot, _SCALAR_FORMATS[base][1:]))
+        elif ftype in tables:
+            out.append(_Field(name, "table", slot))
+        else:
+            enum = enums.get(ftype)
+            base = enum["base"] if enum else ftype
+            default = _default(base, f["default"], enum["values"] if enum else None)
+            kind = "bool" if base == "bool" else "scalar"
+            out.append(_Field(name, kind, slot, _SCALAR_FORMATS[base], default))
+        slot += 1
+    return tuple(out)
+
+
+_LAYOUTS: Mapping[str, tuple[_Field, ...]] = MappingProxyType(
+    {name: _layout(fields) for name, fields in SCHEMA["tables"].items()})
+
+# ----------------------------------------------------------------------------------------------
+# Runtime facts (mps-runtime-semantics.md) the graph checks rely on
+
+#: dtypes the device can create placeholders/constants of (§3.1); the rest abort at init
+DEVICE_DTYPES = frozenset({DataType.float16, DataType.float32, DataType.float64, DataType.int4,
+                           DataType.int8, DataType.int16, DataType.int32, DataType.int64, DataType.bool})
+#: union members the runtime has no dispatch case for (§2.7)
+NOT_DISPATCHED = frozenset({"MPSMin", "MPSMax", "MPSAtan2"})
+OUTPUT_FIELDS = frozenset({"output_id", "output_ids", "output1_id", "output2_id", "output3_id"})
+#: (member, field): -1 means "absent" (conv bias, §5.12)
+OPTIONAL_INPUTS = frozenset({("MPSConv2D", "input3_id"), ("MPSDepthwiseConv2D", "input3_id")})
+#: (member, vector field): -1 entries mean "no index on this axis" (§5.9)
+OPTIONAL_INPUT_ENTRIES = frozenset({("MPSIndexTensor", "indices_id"), ("MPSIndexPut", "indices_id")})
+#: (member, id field) the runtime never reads or never writes: -1 or any in-range id is accepted
+#: and an "output" listed here is not defined by the node (BatchNorm output3 is never set, §5.13)
+IGNORED_IDS = frozenset({("MPSReLU", "input2_id"), ("MPSFull", "input1_id"),
+                         ("MPSAvgPool2D", "output2_id"), ("MPSBatchNorm", "output3_id"),
+                         ("MPSDequantizePerChannelGroup", "zero_points_id")})
+#: (member, field) vectors/strings that may be absent (everything else is read without a null check)
+NULLABLE = frozenset({("MPSDiv", "rounding_mode"), ("MPSFmod", "rounding_mode"),
+                      ("MPSRemainder", "rounding_mode"), ("MPSFullLike", "shape")})
+
+# ----------------------------------------------------------------------------------------------
+# Bounds-checked flatbuffer access
+
+
+class _FlatBuffer:
+    """Bounds-checked reads from one flatbuffer; positions are relative to its first byte.
+
+    Every table and vector element decoded costs one unit of a budget proportional to the
+    buffer size, so shared sub-objects cannot make decoding super-linear.
+    """
+
+    def __init__(self, buf: memoryview, where: str) -> None:
+        self.buf = buf
+        self.size = len(buf)
+        self.where = where
+        self.budget = self.size + 64
+        self.absent: list[str] = []  # "<where>: <table>.<field>" of every field not in the buffer
+
+    def fail(self, msg: str) -> MPSFormatError:
+        return MPSFormatError(f"{self.where}: {msg}")
+
+    def spend(self, units: int, what: str) -> None:
+        self.budget -= units
+        if self.budget < 0:
+            raise self.fail(f"{what}: more objects referenced than the {self.size}-byte flatbuffer "
+                            "can hold (shared or overlapping references)")
+
+    def check(self, pos: int, nbytes: int, align: int, what: str) -> None:
+        if pos < 0 or pos + nbytes > self.size:
+            raise self.fail(f"{what} at offset {pos} (+{nbytes} bytes) outside the flatbuffer "
+                            f"({self.size} bytes)")
+        if pos % align:
+            raise self.fail(f"{what} at offset {pos} is not {align}-byte aligned")
+
+    def scalar(self, fmt: str, pos: int, what: str) -> Any:
+        n = struct.calcsize(fmt)
+        self.check(pos, n, n, what)
+        return struct.unpack_from(fmt, self.buf, pos)[0]
+
+    def deref(self, pos: int, what: str) -> int:
+        """Follow the uoffset stored at ``pos``."""
+        return pos + self.scalar("<I", pos, what)
+
+    def vector(self, pos: int, elem_size: int, what: str) -> tuple[int, int]:
+        """(start of elements, length) of the vector at ``pos``."""
+        length = self.scalar("<I", pos, f"{what} length")
+        self.check(pos + 4, length * elem_size, 1, f"{what} ({length} elements)")
+        return pos + 4, length
+
+    def string(self, pos: int, what: str) -> str:
+        start, length = self.vector(pos, 1, what)
+        self.check(start + length, 1, 1, f"{what} terminator")
+        if self.buf[start + length] != 0:
+            raise self.fail(f"{what}: string of {length} bytes is not NUL-terminated")
+        try:
+            return bytes(self.buf[start:start + length]).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self.fail(f"{what}: not UTF-8 ({e.reason} at byte {e.start})") from None
+
+    def table(self, pos: int, table: str, what: str) -> dict[str, Any]:
+        """Decode the table at ``pos``: scalars (default when absent), strings, scalar vectors as
+        lists, sub-tables and table vectors as positions, unions as (tag, position); absent
+        references are None."""
+        what = f"{what}: {table}"
+        self.spend(1, what)
+        self.check(pos, 4, 4, f"{what} table")
+        vt = pos - self.scalar("<i", pos, f"{what} vtable offset")
+        self.check(vt, 4, 2, f"{what} vtable")
+        vt_size, tbl_size = struct.unpack_from("<HH", self.buf, vt)
+        if vt_size < 4 or vt_size % 2:
+            raise self.fail(f"{what}: vtable size {vt_size} is invalid")
+        self.check(vt, vt_size, 2, f"{what} vtable")
+        if tbl_size < 4:
+            raise self.fail(f"{what}: table size {tbl_size} is invalid")
+        self.check(pos, tbl_size, 4, f"{what} table")
+        n_slots = (vt_size - 4) // 2
+
+        def field_pos(slot: int, nbytes: int, name: str) -> int | None:
+            if slot >= n_slots:
+                return None
+            off = struct.unpack_from("<H", self.buf, vt + 4 + 2 * slot)[0]
+            if off == 0:
+                return None
+            if off < 4 or off + nbytes > tbl_size:
+                raise self.fail(f"{what}.{name}: field offset {off} outside the "
+                                f"{tbl_size}-byte table")
+            return pos + off
+
+        out: dict[str, Any] = {}
+        for f in _LAYOUTS[table]:
+            fwhere = f"{what}.{f.name}"
+            if f.kind in ("scalar", "bool"):
+                p = field_pos(f.slot, struct.calcsize(f.fmt), f.name)
+                if p is None:
+                    self.absent.append(fwhere)
+                    out[f.name] = f.default
+                else:
+                    v = self.scalar(f.fmt, p, fwhere)
+                    out[f.name] = bool(v) if f.kind == "bool" else v
+            elif f.kind == "union":
+                p = field_pos(f.slot, 1, f.name)
+                tag = 0 if p is None else self.scalar("<B", p, fwhere + " type")
+                p = field_pos(f.slot + 1, 4, f.name)
+                out[f.name] = (tag, None if p is None else self.deref(p, fwhere))
+            else:
+                p = field_pos(f.slot, 4, f.name)
+                target = None if p is None else self.deref(p, fwhere)
+                if target is None and f.kind != "table":  # an absent sub-table is just "none"
+                    self.absent.append(fwhere)
+                if target is None or f.kind == "table":
+                    out[f.name] = target
+                elif f.kind == "string":
+                    out[f.name] = self.string(target, fwhere)
+                elif f.kind == "table_vector":
+                    start, n = self.vector(target, 4, fwhere)
+                    self.spend(n, fwhere)
+                    out[f.name] = [self.deref(start + 4 * i, f"{fwhere}[{i}]") for i in range(n)]
+                else:  # scalar vector
+                    size = struct.calcsize(f.fmt)
+                    start, n = self.vector(target, size, fwhere)
+                    if f.fmt == "B":  # byte storage: not unpacked (only MPSTensor's deprecated buffer)
+                        out[f.name] = self.buf[start:start + n]
+                    else:
+                        self.check(start, 0, size, fwhere)
+                        self.spend(n, fwhere)
+                        out[f.name] = list(struct.unpack_from(f"<{n}{f.fmt}", self.buf, start))
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Blob decoding
+
+
+def read_header(data: bytes | bytearray | memoryview) -> Header:
+    """Check the 24-byte header, the flatbuffer identifier and the segment placement."""
+    n = len(data)
+    if n < HEADER_SIZE + 8:
+        raise MPSFormatError(f"blob is {n} bytes, too short for the {HEADER_SIZE}-byte header "
+                             "and a flatbuffer")
+    if bytes(data[0:4]) != b"\0\0\0\0":
+        raise MPSFormatError(f"header bytes 0-3 are {bytes(data[0:4]).hex()}, expected zeros")
+    header = Header.from_bytes(data)  # checks the magic at bytes 4-7
+    ident = bytes(data[HEADER_SIZE + 4:HEADER_SIZE + 8])
+    if ident != MAGIC:
+        raise MPSFormatError(f"flatbuffer identifier at bytes 28-31 is {ident!r}, expected {MAGIC!r}")
+    off, size = header.segment_offset, header.segment_size
+    if not HEADER_SIZE + 8 <= off <= n:
+        raise MPSFormatError(f"header: segment offset {off} outside the flatbuffer area "
+                             f"[{HEADER_SIZE + 8}, {n}] of the {n}-byte blob")
+    if off % SEGMENT_ALIGN:
+        raise MPSFormatError(f"header: segment offset {off} is not {SEGMENT_ALIGN}-byte aligned")
+    if off + size != n:
+        raise MPSFormatError(f"header: segment [{off}, {off}+{size}) does not end the {n}-byte blob")
+    return header
+
+
+def _read_tensor(fb: _FlatBuffer, pos: int, vid: int) -> Tensor:
+    where = f"value {vid}"
+    t = fb.table(pos, "MPSTensor", where)
+    try:
+        datatype = DataType(t["datatype"])
+    except ValueError:
+        raise MPSFormatError(f"{where}: datatype {t['datatype']} is not an MPSDataType") from None
+    num_dims, dims = t["num_dims"], t["dims"]
+    if num_dims < 0:
+        raise MPSFormatError(f"{where}: num_dims {num_dims} is negative")
+    if dims is None:
+        if num_dims:
+            raise MPSFormatError(f"{where}: num_dims {num_dims} but no dims vector")
+        dims = []
+    if len(dims) < num_dims:
+        raise MPSFormatError(f"{where}: num_dims {num_dims} but only {len(dims)} dims")
+    dims = dims[:num_dims]  # the device uses the first num_dims entries
+    if any(d < 0 for d in dims):
+        raise MPSFormatError(f"{where}: negative dimension in dims {dims}")
+    if t["constant_buffer"] is not None:  # deprecated inline storage: never read, bounds-checked
+        fb.table(t["constant_buffer"], "Buffer", f"{where} constant_buffer")
+    return Tensor(datatype, dims, t["constant_buffer_size"], t["segment_offset"])
+
+
+def _read_node(fb: _FlatBuffer, pos: int, index: int) -> Node:
+    raw = fb.table(pos, "MPSNode", f"node {index}")
+    tag, body = raw["mpsnode_union"]
+    op = UNION_NAMES.get(tag)
+    if op is None:
+        kind = "NONE" if tag == 0 else "unknown"
+        raise MPSFormatError(f"node {index}: union type {tag} ({kind}) is not an MPSNodeUnion member")
+    where = f"node {index} ({op})"
+    if op in NOT_DISPATCHED:
+        raise MPSFormatError(f"{where}: the runtime has no kernel for {op} (NotImplemented at init)")
+    if body is None:
+        raise MPSFormatError(f"{where}: union value missing")
+    table = UNION_MEMBERS[op]
+    fields = fb.table(body, table, where)
+    for f in _LAYOUTS[table]:
+        if fields[f.name] is None and f.kind in ("string", "scalar_vector") and (op, f.name) not in NULLABLE:
+            raise MPSFormatError(f"{where}: {f.name} missing (the runtime reads it without a null check)")
+        if fields[f.name] is None and (op, f.name) in NULLABLE and f.kind == "scalar_vector":
+            fields[f.name] = []
+    min_max = None
+    if raw["min_max"] is not None:
+        mm = fb.table(raw["min_max"], "MPSMinMax", f"{where} min_max")
+        min_max = (mm["min_value"], mm["max_value"])
+    return Node(op, fields, min_max)
+
+
+def _required(value: Any, what: str) -> Any:
+    if value is None:
+        raise MPSFormatError(f"graph: {what} missing (the runtime reads it without a null check)")
+    return value
+
+
+def _decode(data: bytes | bytearray | memoryview) -> tuple[Blob, list[str]]:
+    raw = bytes(data)
+    header = read_header(raw)
+    fb = _FlatBuffer(memoryview(raw)[HEADER_SIZE:header.segment_offset], "flatbuffer")
+    root = fb.deref(0, "root offset")
+    if root < 8:
+        raise MPSFormatError(f"flatbuffer: root table offset {root} overlaps the root offset/identifier")
+    g = fb.table(root, "MPSGraph", "graph")
+    if g["graph_type"] != OpType.mps_graph:
+        name = "metal_kernel" if g["graph_type"] == OpType.metal_kernel else "unknown"
+        raise MPSFormatError(f"graph: graph_type {g['graph_type']} ({name}); only mps_graph (0) runs "
+                             "(every metal_kernel graph aborts at init)")
+    values = [_read_tensor(fb, p, i) for i, p in enumerate(_required(g["mps_values"], "mps_values"))]
+    nodes = [_read_node(fb, p, i) for i, p in enumerate(_required(g["mps_nodes"], "mps_nodes"))]
+    segment = (0, 0)
+    if g["constant_segment"] is not None:  # never read by the runtime
+        s = fb.table(g["constant_segment"], "DataSegment", "graph constant_segment")
+        segment = (s["offset"], s["size"])
+    graph = Graph(nodes=nodes, values=values,
+                  input_ids=_required(g["input_ids"], "input_ids"),
+                  output_ids=_required(g["output_ids"], "output_ids"),
+                  constant_ids=_required(g["constant_ids"], "constant_ids"),
+                  graph_type=g["graph_type"], version=g["version"], constant_segment=segment)
+    validate_graph(graph, header)
+    return Blob(header, graph, raw), fb.absent
+
+
+def read_blob(data: bytes | bytearray | memoryview) -> Blob:
+    """Decode and validate one MP00 blob; raises MPSFormatError on any violation."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"read_blob expects bytes, bytearray or memoryview, not {type(data).__name__}")
+    return _decode(data)[0]
+
+
+def absent_fields(data: bytes | bytearray | memoryview) -> list[str]:
+    """Validate ``data`` like ``read_blob`` and list the fields it leaves out (they decode to the
+    schema default), e.g. ``"node 4 (MPSMaxPool2DWithIndices): MPSPooling2D.ceil_mode"``.
+    Sub-tables (``min_max``, ``constant_segment``, ``constant_buffer``) are optional and not listed."""
+    return _decode(data)[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Graph checks
+
+
+def _check_ids(ids: list[int], n: int, what: str) -> None:
+    for k, v in enumerate(ids):
+        if not 0 <= v < n:
+            raise MPSFormatError(f"graph: {what}[{k}] = {v} out of range ({n} values)")
+
+
+def _check_constants(graph: Graph, header: Header) -> None:
+    for vid in graph.constant_ids:
+        t = graph.values[vid]
+        where = f"constant value {vid}"
+        if t.datatype not in DEVICE_DTYPES:
+            raise MPSFormatError(f"{where}: dtype {t.datatype.name} is not supported on the device")
+        size, off = t.constant_buffer_size, t.segment_offset
+        if size <= 0:
+            raise MPSFormatError(f"{where}: constant_buffer_size is 0 (the device aborts)")
+        if off + size > header.segment_size:
+            raise MPSFormatError(f"{where}: bytes [{off}, {off + size}) outside the "
+                                 f"{header.segment_size}-byte constant segment")
+        want = expected_nbytes(t.datatype, t.dims)
+        if size != want:
+            raise MPSFormatError(f"{where}: constant_buffer_size {size} but {t.datatype.name} "
+                                 f"{t.dims} takes {want} bytes")
+
+
+def _bounds_defined(node: Node) -> bool:
+    """MPSClamp sets its output only when min_max has a finite bound (semantics §5.8)."""
+    if node.min_max is None:
+        return False
+    lo, hi = node.min_max
+    return lo != -math.inf or hi != math.inf
+
+
+def validate_graph(graph: Graph, header: Header) -> None:
+    """The graph-level checks of ``read_blob`` (ids, constants, define-before-use)."""
+    n = len(graph.values)
+    _check_ids(graph.input_ids, n, "input_ids")
+    _check_ids(graph.output_ids, n, "output_ids")
+    _check_ids(graph.constant_ids, n, "constant_ids")
+    if graph.input_ids != list(range(len(graph.input_ids))):
+        raise MPSFormatError(f"graph: input_ids {graph.input_ids} are not 0..n-1 (the runtime binds "
+                             "input buffer i to value id i)")
+    for vid in graph.input_ids:
+        dt = graph.values[vid].datatype
+        if dt not in DEVICE_DTYPES:
+            raise MPSFormatError(f"input value {vid}: dtype {dt.name} is not supported on the device")
+    _check_constants(graph, header)
+
+    defined = set(graph.input_ids) | set(graph.constant_ids)
+    empty: set[int] = set()  # ids bound to "no tensor" (zero-element MPSFull, semantics §5.7)
+    for i, node in enumerate(graph.nodes):
+        where = f"node {i} ({node.op})"
+        outputs: list[int] = []
+        for name, value in node.fields.items():
+            if not (name.endswith("_id") or name.endswith("_ids")):
+                continue
+            entries = value if isinstance(value, list) else [value]
+            for k, v in enumerate(entries):
+                label = f"{name}[{k}]" if isinstance(value, list) else name
+                if (node.op, name) in IGNORED_IDS:
+                    if v != -1 and not 0 <= v < n:
+                        raise MPSFormatError(f"{where}: {label} {v} out of range ({n} values)")
+                    continue
+                if v == -1 and ((node.op, name) in OPTIONAL_INPUTS
+                                or (node.op, name) in OPTIONAL_INPUT_ENTRIES):
+                    continue
+                if not 0 <= v < n:
+                    raise MPSFormatError(f"{where}: {label} {v} out of range ({n} values)")
+                if name in OUTPUT_FIELDS:
+                    outputs.append(v)
+                elif v not in defined and not (v in empty and node.op == "MPSCat"):
+                    state = ("has no tensor (zero-element MPSFull)" if v in empty
+                             else "is used before it is defined")
+                    raise MPSFormatError(f"{where}: {label} {v} {state}")
+        if node.op == "MPSClamp" and not _bounds_defined(node):
+            outputs = []  # neither bound: the runtime never sets the output
+        if node.op == "MPSFull" and 0 in node.fields["shape"]:
+            empty.update(outputs)
+            defined.difference_update(outputs)
+        else:
+            defined.update(outputs)
+            empty.difference_update(outputs)
+    for k, vid in enumerate(graph.output_ids):
+        if vid not in defined:
+            raise MPSFormatError(f"graph: output_ids[{k}] = {vid} is never defined")
