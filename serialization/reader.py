@@ -5,83 +5,26 @@ the MPS delegate runtime relies on (design.md format contract, mps-runtime-seman
 Any violation raises ``MPSFormatError`` naming what and where; no other exception escapes for
 malformed input, and the work done is bounded by the blob size.
 
-The flatbuffer decoder is generic, driven by ``schema_info``: vtable slot = field position,
-union fields take two slots (type tag, then value). Absent fields get the schema default,
-except the vectors/strings the runtime dereferences without a null check, which must be present.
+The flatbuffer decoder (``flatbuf.py``, shared with the PyTorch Mobile reader) is generic, driven
+by ``schema_info``: vtable slot = field position, union fields take two slots (type tag, then
+value). Absent fields get the schema default, except the vectors/strings the runtime dereferences
+without a null check, which must be present.
 """
 from __future__ import annotations
 
 import math
-import struct
-from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 from .errors import MPSFormatError
+from .flatbuf import Field, FlatBuffer, compile_schema
 from .model import (HEADER_SIZE, MAGIC, SCHEMA, SEGMENT_ALIGN, UNION_MEMBERS, UNION_NAMES, Blob, DataType,
                     Graph, Header, Node, OpType, Tensor, expected_nbytes)
 
 # ----------------------------------------------------------------------------------------------
 # Schema-driven field layouts (computed once from the literal schema; immutable afterwards)
 
-_SCALAR_FORMATS = {
-    "bool": "<B", "byte": "<b", "ubyte": "<B", "int8": "<b", "uint8": "<B",
-    "short": "<h", "ushort": "<H", "int16": "<h", "uint16": "<H",
-    "int": "<i", "uint": "<I", "int32": "<i", "uint32": "<I", "float": "<f", "float32": "<f",
-    "long": "<q", "ulong": "<Q", "int64": "<q", "uint64": "<Q", "double": "<d", "float64": "<d",
-}
-_FLOAT_TYPES = frozenset({"float", "float32", "double", "float64"})
-
-
-class _Field(NamedTuple):
-    name: str
-    kind: str  # scalar | bool | string | scalar_vector | table_vector | table | union
-    slot: int  # vtable slot (a union's type tag; its value is in slot + 1)
-    fmt: str = ""  # struct format of a scalar ("<i") or of a scalar vector's elements ("i")
-    default: Any = None
-
-
-def _default(base: str, text: str | None, enum: Mapping[str, int] | None) -> Any:
-    if base == "bool":
-        return text == "true"
-    if enum is not None:
-        return enum[text] if text in enum else int(text or 0)
-    if base in _FLOAT_TYPES:
-        return float(text or 0.0)
-    return int(text or 0)
-
-
-def _layout(fields: list[dict]) -> tuple[_Field, ...]:
-    """Decoding recipe of one table: its fields with kind, vtable slot, format and default."""
-    enums, tables, unions = SCHEMA["enums"], SCHEMA["tables"], SCHEMA["unions"]
-    out, slot = [], 0
-    for f in fields:
-        name, ftype = f["name"], f["type"]
-        if ftype in unions:
-            out.append(_Field(name, "union", slot, "<B"))
-            slot += 2
-            continue
-        if ftype == "string":
-            out.append(_Field(name, "string", slot))
-        elif ftype.startswith("[") and ftype[1:-1] in tables:
-            out.append(_Field(name, "table_vector", slot))
-        elif ftype.startswith("["):
-            elem = ftype[1:-1]
-            base = enums[elem]["base"] if elem in enums else elem
-            out.append(_Field(name, "scalar_vector", slot, _SCALAR_FORMATS[base][1:]))
-        elif ftype in tables:
-            out.append(_Field(name, "table", slot))
-        else:
-            enum = enums.get(ftype)
-            base = enum["base"] if enum else ftype
-            default = _default(base, f["default"], enum["values"] if enum else None)
-            kind = "bool" if base == "bool" else "scalar"
-            out.append(_Field(name, kind, slot, _SCALAR_FORMATS[base], default))
-        slot += 1
-    return tuple(out)
-
-
-_LAYOUTS: Mapping[str, tuple[_Field, ...]] = MappingProxyType(
-    {name: _layout(fields) for name, fields in SCHEMA["tables"].items()})
+_MP00 = compile_schema(SCHEMA)
+_LAYOUTS: Mapping[str, tuple[Field, ...]] = _MP00.tables
 
 # ----------------------------------------------------------------------------------------------
 # Runtime facts (mps-runtime-semantics.md) the graph checks rely on
@@ -109,129 +52,12 @@ NULLABLE = frozenset({("MPSDiv", "rounding_mode"), ("MPSFmod", "rounding_mode"),
 # Bounds-checked flatbuffer access
 
 
-class _FlatBuffer:
-    """Bounds-checked reads from one flatbuffer; positions are relative to its first byte.
-
-    Every table and vector element decoded costs one unit of a budget proportional to the
-    buffer size, so shared sub-objects cannot make decoding super-linear.
-    """
+class _FlatBuffer(FlatBuffer):
+    """Bounds-checked reads from one MP00 flatbuffer (``flatbuf.FlatBuffer`` with the MP00 schema);
+    violations raise MPSFormatError."""
 
     def __init__(self, buf: memoryview, where: str) -> None:
-        self.buf = buf
-        self.size = len(buf)
-        self.where = where
-        self.budget = self.size + 64
-        self.absent: list[str] = []  # "<where>: <table>.<field>" of every field not in the buffer
-
-    def fail(self, msg: str) -> MPSFormatError:
-        return MPSFormatError(f"{self.where}: {msg}")
-
-    def spend(self, units: int, what: str) -> None:
-        self.budget -= units
-        if self.budget < 0:
-            raise self.fail(f"{what}: more objects referenced than the {self.size}-byte flatbuffer "
-                            "can hold (shared or overlapping references)")
-
-    def check(self, pos: int, nbytes: int, align: int, what: str) -> None:
-        if pos < 0 or pos + nbytes > self.size:
-            raise self.fail(f"{what} at offset {pos} (+{nbytes} bytes) outside the flatbuffer "
-                            f"({self.size} bytes)")
-        if pos % align:
-            raise self.fail(f"{what} at offset {pos} is not {align}-byte aligned")
-
-    def scalar(self, fmt: str, pos: int, what: str) -> Any:
-        n = struct.calcsize(fmt)
-        self.check(pos, n, n, what)
-        return struct.unpack_from(fmt, self.buf, pos)[0]
-
-    def deref(self, pos: int, what: str) -> int:
-        """Follow the uoffset stored at ``pos``."""
-        return pos + self.scalar("<I", pos, what)
-
-    def vector(self, pos: int, elem_size: int, what: str) -> tuple[int, int]:
-        """(start of elements, length) of the vector at ``pos``."""
-        length = self.scalar("<I", pos, f"{what} length")
-        self.check(pos + 4, length * elem_size, 1, f"{what} ({length} elements)")
-        return pos + 4, length
-
-    def string(self, pos: int, what: str) -> str:
-        start, length = self.vector(pos, 1, what)
-        self.check(start + length, 1, 1, f"{what} terminator")
-        if self.buf[start + length] != 0:
-            raise self.fail(f"{what}: string of {length} bytes is not NUL-terminated")
-        try:
-            return bytes(self.buf[start:start + length]).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise self.fail(f"{what}: not UTF-8 ({e.reason} at byte {e.start})") from None
-
-    def table(self, pos: int, table: str, what: str) -> dict[str, Any]:
-        """Decode the table at ``pos``: scalars (default when absent), strings, scalar vectors as
-        lists, sub-tables and table vectors as positions, unions as (tag, position); absent
-        references are None."""
-        what = f"{what}: {table}"
-        self.spend(1, what)
-        self.check(pos, 4, 4, f"{what} table")
-        vt = pos - self.scalar("<i", pos, f"{what} vtable offset")
-        self.check(vt, 4, 2, f"{what} vtable")
-        vt_size, tbl_size = struct.unpack_from("<HH", self.buf, vt)
-        if vt_size < 4 or vt_size % 2:
-            raise self.fail(f"{what}: vtable size {vt_size} is invalid")
-        self.check(vt, vt_size, 2, f"{what} vtable")
-        if tbl_size < 4:
-            raise self.fail(f"{what}: table size {tbl_size} is invalid")
-        self.check(pos, tbl_size, 4, f"{what} table")
-        n_slots = (vt_size - 4) // 2
-
-        def field_pos(slot: int, nbytes: int, name: str) -> int | None:
-            if slot >= n_slots:
-                return None
-            off = struct.unpack_from("<H", self.buf, vt + 4 + 2 * slot)[0]
-            if off == 0:
-                return None
-            if off < 4 or off + nbytes > tbl_size:
-                raise self.fail(f"{what}.{name}: field offset {off} outside the "
-                                f"{tbl_size}-byte table")
-            return pos + off
-
-        out: dict[str, Any] = {}
-        for f in _LAYOUTS[table]:
-            fwhere = f"{what}.{f.name}"
-            if f.kind in ("scalar", "bool"):
-                p = field_pos(f.slot, struct.calcsize(f.fmt), f.name)
-                if p is None:
-                    self.absent.append(fwhere)
-                    out[f.name] = f.default
-                else:
-                    v = self.scalar(f.fmt, p, fwhere)
-                    out[f.name] = bool(v) if f.kind == "bool" else v
-            elif f.kind == "union":
-                p = field_pos(f.slot, 1, f.name)
-                tag = 0 if p is None else self.scalar("<B", p, fwhere + " type")
-                p = field_pos(f.slot + 1, 4, f.name)
-                out[f.name] = (tag, None if p is None else self.deref(p, fwhere))
-            else:
-                p = field_pos(f.slot, 4, f.name)
-                target = None if p is None else self.deref(p, fwhere)
-                if target is None and f.kind != "table":  # an absent sub-table is just "none"
-                    self.absent.append(fwhere)
-                if target is None or f.kind == "table":
-                    out[f.name] = target
-                elif f.kind == "string":
-                    out[f.name] = self.string(target, fwhere)
-                elif f.kind == "table_vector":
-                    start, n = self.vector(target, 4, fwhere)
-                    self.spend(n, fwhere)
-                    out[f.name] = [self.deref(start + 4 * i, f"{fwhere}[{i}]") for i in range(n)]
-                else:  # scalar vector
-                    size = struct.calcsize(f.fmt)
-                    start, n = self.vector(target, size, fwhere)
-                    if f.fmt == "B":  # byte storage: not unpacked (only MPSTensor's deprecated buffer)
-                        out[f.name] = self.buf[start:start + n]
-                    else:
-                        self.check(start, 0, size, fwhere)
-                        self.spend(n, fwhere)
-                        out[f.name] = list(struct.unpack_from(f"<{n}{f.fmt}", self.buf, start))
-        return out
+        super().__init__(buf, where, _MP00, MPSFormatError)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""flatc bindings of mobile_bytecode.fbs; generated, do not edit."""
