@@ -13,24 +13,83 @@ and outputs get one boundary cast each, and every internal float value is float1
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import MutableMapping
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch.fx import Node as FxNode
 
 from mps_backend.dtypes import mps_dtype
-from mps_backend.serialization.model import Graph, Node, Tensor
+from mps_backend.serialization.model import DataType, Graph, Node, Tensor
 
 
 def fx_val(node: FxNode) -> Any:
     return node.meta.get("val")
 
 
+class _Cast:
+    """A constant the blob holds in ``dtype``, kept as its source tensor until needed (fp16 mode)."""
+
+    __slots__ = ("tensor", "dtype")
+
+    def __init__(self, tensor: torch.Tensor, dtype: torch.dtype):
+        self.tensor, self.dtype = tensor, dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.dtype.itemsize
+
+    def materialize(self) -> torch.Tensor:
+        return self.tensor.to(self.dtype)
+
+    def write_into(self, out: memoryview) -> None:
+        """Convert straight into the blob's bytes (the writer's deferred-source protocol)."""
+        dst = torch.frombuffer(out, dtype=self.dtype, count=self.tensor.numel())
+        dst.view(self.tensor.shape).copy_(self.tensor)  # any strides, one pass
+
+
+class ConstantTable(MutableMapping):
+    """Value id -> data of a blob constant, in the dtype the blob declares.
+
+    fp16 mode defers the float32 -> float16 conversion of parameters: the table keeps a reference to
+    the source tensor; a lowering reading an entry (``table[vid]``) gets the converted tensor, and the
+    writer converts straight into the blob (``source``), so no float16 copy of all the weights is ever
+    held next to the blob. The writer ``release``s each entry once it is in the blob: a GraphBuilder
+    writes one blob.
+    """
+
+    def __init__(self) -> None:
+        self._data: dict[int, Any] = {}
+
+    def __getitem__(self, vid: int) -> torch.Tensor:
+        v = self._data[vid]
+        return v.materialize() if isinstance(v, _Cast) else v
+
+    def __setitem__(self, vid: int, value: Any) -> None:
+        self._data[vid] = value
+
+    def __delitem__(self, vid: int) -> None:
+        del self._data[vid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def source(self, vid: int) -> Any:
+        """The stored entry: a tensor, or a deferred conversion (``nbytes``, ``write_into``)."""
+        return self._data[vid]
+
+    def release(self, vid: int) -> None:
+        self._data.pop(vid, None)
+
+
 class GraphBuilder:
     def __init__(self, use_fp16: bool):
         self.use_fp16 = use_fp16
         self.graph = Graph()
-        self.constants: dict[int, torch.Tensor] = {}
+        self.constants = ConstantTable()  # vid -> data (read with b.constants.get(vid))
         self.ids: dict[FxNode, Any] = {}  # fx node -> value id, or tuple of ids for multi-output nodes
         self._scalars: dict[tuple, int] = {}
         self.current: FxNode | None = None  # the fx node being lowered, for error messages
@@ -83,11 +142,15 @@ class GraphBuilder:
     def constant(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
         """A constant of the blob holding ``tensor`` (converted to ``dtype`` or the compute dtype)."""
         target = dtype or self.compute_dtype(tensor.dtype)
-        if tensor.dtype != target:
-            tensor = tensor.to(target)
         vid = self.new_value(target, tensor.shape)
         self.graph.constant_ids.append(vid)
-        self.constants[vid] = tensor.detach()
+        tensor = tensor.detach()
+        if tensor.dtype == target:
+            self.constants[vid] = tensor
+        elif tensor.is_floating_point() and target.is_floating_point:
+            self.constants[vid] = _Cast(tensor, target)  # converted when read or written, not held twice
+        else:
+            self.constants[vid] = tensor.to(target)
         return vid
 
     def scalar(self, value: float | int | bool, dtype: torch.dtype) -> int:
@@ -98,10 +161,46 @@ class GraphBuilder:
             vid = self._scalars[key] = self.constant(torch.tensor([value], dtype=dtype), dtype=dtype)
         return vid
 
+    def int4_constant(self, packed: torch.Tensor, shape: Iterable[int]) -> int:
+        """An int4 constant of ``shape`` ``[N, K]`` from its device bytes (uint8 ``[N, K/2]``,
+        layout of semantics §5.17, e.g. ``operators.quant.pack_int4``)."""
+        dims = [int(d) for d in shape]
+        if packed.dtype != torch.uint8 or len(dims) != 2 or dims[1] % 2 or packed.numel() * 2 != dims[0] * dims[1]:
+            raise ValueError(f"int4 constant {dims} needs uint8 bytes [N, K/2], got {packed.dtype}{list(packed.shape)}")
+        vid = len(self.graph.values)
+        self.graph.values.append(Tensor(DataType.int4, dims))
+        self.graph.constant_ids.append(vid)
+        self.constants[vid] = packed.contiguous()
+        return vid
+
+    def drop_constant(self, vid: int) -> None:
+        """Leave constant ``vid`` out of the blob: a lowering replaced every read of it (e.g. by a
+        packed copy). Its value entry stays, unused; no node may read it."""
+        if vid in self._scalars.values():
+            raise ValueError(f"value {vid} is a shared scalar constant")
+        self.graph.constant_ids.remove(vid)
+        del self.constants[vid]
+
+    def memo(self, key: Any, make: Any) -> Any:
+        """``make()`` once per ``key`` in this graph (e.g. a packed weight shared by the nodes that
+        read it); later calls with the same key return the first result."""
+        cache = self.__dict__.setdefault("_memo", {})
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
+
     # ---- nodes --------------------------------------------------------------------------
     def emit(self, op: str, min_max: tuple[float, float] | None = None, **fields: Any) -> None:
         self.graph.nodes.append(Node(op, fields, min_max))
         self.node_origin.append(self.current)
+
+    def emit_value(self, op: str, dtype: torch.dtype, shape: Iterable[int], /,
+                   min_max: tuple[float, float] | None = None, **fields: Any) -> int:
+        """Emit ``op`` writing a fresh intermediate value of ``dtype``/``shape`` as its ``output_id``
+        (give every other field); returns the new id."""
+        vid = self.new_value(dtype, shape)
+        self.emit(op, min_max=min_max, output_id=vid, **fields)
+        return vid
 
     def cast(self, vid: int, dtype: torch.dtype) -> int:
         """A new value holding ``vid`` cast to ``dtype`` (MPSCast writes a fresh id)."""

@@ -2,6 +2,7 @@
 graph allows, and remembers why each other node stays on CPU."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -105,8 +106,8 @@ class MPSPartitioner(Partitioner):
         tag_constant_data(exported_program)
         report = PartitionReport(partitions=len(tags))
         for node in gm.graph.nodes:
-            if node.op != "call_function":
-                continue
+            if node.op != "call_function" or node.target is operator.getitem:
+                continue  # getitem only unpacks its producer's outputs: counted with the producer
             if node in delegated:
                 report.delegated.append(node.name)
             else:

@@ -1,7 +1,16 @@
-"""Activations: relu, gelu, hardtanh, leaky_relu, softmax.
+"""Activations: relu, gelu, hardtanh, leaky_relu, softmax, log_softmax, hardswish, hardsigmoid.
 
-log_softmax stays on CPU: the device computes log(softmax(x)), which underflows to -inf
-where torch's fused form is finite (semantics §5.1).
+* gelu ``approximate='tanh'``: the device computes ``x * tanh(x)`` (§6 #1), so the tanh formula is
+  written out with elementwise members.
+* log_softmax: MPSLogSoftmax is ``log(softmax(x))``, which underflows to -inf where torch is finite
+  (§5.1), and there is no max reduction to write ``x - max - log(sum(exp(x - max)))``. The device's
+  stable softmax gives it instead: every ``p_i > 0`` satisfies ``lse = x_i - log(p_i)``, so
+  ``lse = sum(p * (x - log p)) / sum(p)`` (terms with ``p == 0`` dropped; their weight is 0 anyway)
+  and ``log_softmax = x - lse``. The large-``p`` terms dominate and are accurate, so the result is
+  finite wherever torch's is, and dividing by ``sum(p)`` cancels the rounding of the probabilities.
+* hardswish / hardsigmoid are kept whole (``preserve``) and written as ``x * clamp(x + 3, 0, 6) / 6``
+  and ``clamp(x + 3, 0, 6) / 6`` (torch's formulas), with the NaN fix-up of one-bound-free clamps.
+  silu is left to the default decomposition (sigmoid, mul), which is lowered.
 """
 from __future__ import annotations
 
@@ -11,6 +20,7 @@ import torch
 
 from ._util import arg, is_float, norm_dim, rank
 from .registry import Lowering
+from .unary import binary, compare, const, isnan, unary, vdtype, vshape, where
 
 aten = torch.ops.aten
 
@@ -82,10 +92,51 @@ def _softmax(op: str):
     return lower
 
 
+def _log_softmax(node: Node, b) -> None:
+    x = b.id(node.args[0])
+    dt, dims = vdtype(b, x), vshape(b, x)
+    dim = norm_dim(arg(node, 1, "dim"), rank(node.args[0]))
+    p = b.emit_value("MPSSoftmax", dt, dims, input1_id=x, dim=dim, half_to_float=False)
+    terms = binary(b, "MPSMul", p, binary(b, "MPSSub", x, unary(b, "MPSLog", p)))
+    terms = where(b, compare(b, "MPSEq", p, const(b, 0, dt)), const(b, 0, dt), terms)  # 0 * inf
+    kept = list(dims) or [1]
+    kept[dim] = 1
+
+    def total(v):  # mean over dim (the device's only reduction); the 1/n cancels in the ratio
+        return b.emit_value("MPSMean", dt, kept, input1_id=v, num_dims=1, dims=[dim], keep_dims=True)
+
+    lse = binary(b, "MPSDiv", total(terms), total(p))
+    b.emit("MPSSub", input1_id=x, input2_id=lse, output_id=b.out(node), alpha=1.0)
+
+
+def _shifted_clamp(b, x: int) -> int:
+    """clamp(x + 3, 0, 6) with NaN kept."""
+    dt = vdtype(b, x)
+    x3 = binary(b, "MPSAdd", x, const(b, 3, dt))
+    c = b.emit_value("MPSClamp", dt, vshape(b, x3), min_max=(0.0, 6.0), input1_id=x3)
+    return where(b, isnan(b, x3), x3, c)
+
+
+def _hardswish(node: Node, b) -> None:
+    x = b.id(node.args[0])
+    prod = binary(b, "MPSMul", x, _shifted_clamp(b, x))
+    b.emit("MPSDiv", input1_id=prod, input2_id=const(b, 6, vdtype(b, x)), output_id=b.out(node),
+           rounding_mode=None)
+
+
+def _hardsigmoid(node: Node, b) -> None:
+    x = b.id(node.args[0])
+    b.emit("MPSDiv", input1_id=_shifted_clamp(b, x), input2_id=const(b, 6, vdtype(b, x)), output_id=b.out(node),
+           rounding_mode=None)
+
+
 LOWERINGS = [
     Lowering((aten.relu.default,), _relu),
     Lowering((aten.gelu.default,), _gelu, _gelu_check),
     Lowering((aten.hardtanh.default,), _hardtanh, _float_input),
     Lowering((aten.leaky_relu.default,), _leaky_relu, _float_input),
     Lowering((aten._softmax.default,), _softmax("MPSSoftmax"), _softmax_check),
+    Lowering((aten._log_softmax.default,), _log_softmax, _softmax_check),
+    Lowering((aten.hardswish.default,), _hardswish, _float_input, preserve=True),
+    Lowering((aten.hardsigmoid.default,), _hardsigmoid, _float_input, preserve=True),
 ]

@@ -1,39 +1,82 @@
-"""Binary arithmetic and comparisons: add, sub, mul, div, eq/ne/ge/gt/le/lt.
+"""Binary arithmetic, bitwise and comparison ops.
 
-Scalar operands become one-element constants whose declared dtype *and bytes* are torch's
-promoted dtype of (tensor, scalar) in the graph's compute precision, so the device's binary
-promotion (semantics §3.3) reproduces torch's result dtype.
+Operands: tensor operands whose device dtype differs from the op's common dtype are cast first
+(the device promotes with PyTorch's tensor table, which ignores torch's 0-dim/scalar rules, e.g.
+f16 tensor + 0-dim f32 tensor is f16 in torch but f32 on the device). Scalar operands become
+one-element constants whose declared dtype *and bytes* are the common dtype in the graph's
+compute precision (upstream defect #3); integer scalars wrap like torch (``int8 + 300`` adds 44).
+
+Device limits handled here (semantics §5.2, §6):
+* integer comparisons with a float scalar are rewritten exactly in the integer domain
+  (``x > 0.5`` -> ``x > 0``; out-of-range bounds -> constant results), so an fp16 graph does not
+  round large integers to f16 to compare them. (torch itself compares in float32, so the two differ
+  only for |x| > 2**24, where torch's float32 rounding is the inexact side.)
+* no MPSMin/MPSMax/MPSAtan2 (not dispatched): ``minimum`` is MPSMinimum plus NaN propagation,
+  ``maximum`` a compare-and-select, ``atan2`` a quadrant-corrected atan decomposition.
+* MPSDiv 'trunc' and MPSFmod abort on f16 operands: in f16 graphs ``trunc`` is
+  ``where(q < 0, ceil(q), floor(q))`` and fmod ``a - trunc(a / b) * b``; f32 graphs use the members.
+* division with a rounding mode, fmod and remainder of integers: the device computes those in f32
+  and returns f32 (§6 #13); lowered only for int8 (through the compute float dtype and a cast back),
+  where every quotient is exact in f16 and f32 (|a| < 2**11). Wider integers stay on CPU.
+* float floor division / fmod / remainder are ``floor(a / b)``-style decompositions (as the device's
+  own members compute them): they agree with torch except where ``a / b`` rounds onto an integer
+  (torch, like Python, gives ``1.0 // 0.1 == 9.0``; the device ``10.0``).
+* integer ``pow``: exact repeated multiplication for exponents 0..16 (wraps like torch); MPSPow on
+  integers is unverified, other integer powers stay on CPU. Float ``pow`` with the exponents torch
+  special-cases (0, ±0.5, 1, ±1, 2, 3, 4, -2) uses the same exact ops (mul, sqrt, rsqrt, reciprocal).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch.fx import Node
 
-from ._util import arg, is_float, operand, scalar_dtype, val
+from mps_backend.dtypes import FLOAT_DTYPES
+
+from ._util import arg, is_float, scalar_dtype, val
 from .registry import Lowering
+from .unary import (binary, compare, const, convert, finish, full_like, maximum, minimum, trunc, unary, vdtype,
+                    where)
 
 aten = torch.ops.aten
 
 
-def _operand_dtype(node: Node) -> torch.dtype:
+# ---------------------------------------------------------------------------------------------
+# operands
+
+def _common_dtype(node: Node) -> torch.dtype:
+    """torch's common dtype of the first two arguments (tensor or scalar)."""
     a, other = node.args[0], node.args[1]
-    if isinstance(a, Node) and not isinstance(other, Node):
-        return scalar_dtype(a, other)
-    return val(node).dtype
+    va = val(a) if isinstance(a, Node) else a
+    vo = val(other) if isinstance(other, Node) else other
+    if not isinstance(va, torch.Tensor):  # scalar first (pow.Scalar, rsub with swapped roles)
+        return scalar_dtype(other, a)
+    return torch.result_type(va, vo)
 
 
-def _ids(node: Node, b) -> tuple[int, int]:
-    dt = _operand_dtype(node)
-    return operand(b, node, node.args[0], dt), operand(b, node, node.args[1], dt)
+def _operand(b, x, dtype: torch.dtype) -> int:
+    """A tensor argument as device dtype ``dtype`` (cast if needed), or a scalar constant."""
+    if isinstance(x, Node):
+        return convert(b, b.id(x), dtype)
+    return const(b, x, dtype)
 
 
-def _arith(op: str, with_alpha: bool = False):
+def _operands(node: Node, b, dtype: torch.dtype | None = None) -> tuple[int, int]:
+    dt = b.compute_dtype(dtype or _common_dtype(node))
+    return _operand(b, node.args[0], dt), _operand(b, node.args[1], dt)
+
+
+# ---------------------------------------------------------------------------------------------
+# add / sub / mul / rsub
+
+def _arith(op: str, with_alpha: bool = False, swap: bool = False):
     def lower(node: Node, b) -> None:
-        a, c = _ids(node, b)
-        fields = {"input1_id": a, "input2_id": c, "output_id": b.out(node)}
-        if with_alpha:
-            fields["alpha"] = float(arg(node, 2, "alpha", 1))
-        b.emit(op, **fields)
+        x, y = _operands(node, b, val(node).dtype)
+        if swap:  # rsub: other - alpha * self
+            x, y = y, x
+        fields = {"alpha": float(arg(node, 2, "alpha", 1))} if with_alpha else {}
+        b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node), **fields)
     return lower
 
 
@@ -41,8 +84,19 @@ def _alpha_check(node: Node):
     alpha = arg(node, 2, "alpha", 1)
     if not is_float(node) and float(alpha) != int(alpha):
         return "non-integer alpha on an integer add/sub"
+    if val(node).dtype == torch.bool:
+        return "add/sub of bool tensors (device Bool arithmetic is unverified)"
     return None
 
+
+def _mul_check(node: Node):
+    if val(node).dtype == torch.bool:
+        return "mul of bool tensors (device Bool arithmetic is unverified)"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# division family
 
 def _div_check(node: Node):
     if not is_float(node):
@@ -53,37 +107,282 @@ def _div_check(node: Node):
 def _div(node: Node, b) -> None:
     """True division. Integer operands are cast to the result dtype first: the device would
     otherwise divide integers (semantics §6 #12)."""
-    out_dt = b.dtype(node)
-    ids = []
-    for x in node.args[:2]:
-        if isinstance(x, Node):
-            vid = b.id(x)
-            if not val(x).dtype.is_floating_point:
-                vid = b.cast(vid, out_dt)
-            ids.append(vid)
-        else:
-            ids.append(b.scalar(float(x), out_dt))
-    b.emit("MPSDiv", input1_id=ids[0], input2_id=ids[1], output_id=b.out(node), rounding_mode=None)
+    x, y = _operands(node, b, val(node).dtype)
+    b.emit("MPSDiv", input1_id=x, input2_id=y, output_id=b.out(node), rounding_mode=None)
     # rounding_mode absent (null) = plain division; any other string is a device assert
 
 
+def _int8_only(node: Node, what: str):
+    dt = val(node).dtype
+    if dt.is_floating_point or dt == torch.int8:
+        return None
+    return (f"{what} of {dt} tensors: the device computes it through float (f32 result, §6 #13); "
+            "exact only for int8")
+
+
+def _rounded_div(b, x: int, y: int, mode: str) -> int:
+    """``div(x, y, rounding_mode=mode)`` of two float values of one dtype."""
+    if mode == "floor":
+        return binary(b, "MPSDiv", x, y, rounding_mode="floor")
+    if vdtype(b, x) == torch.float32:
+        return binary(b, "MPSDiv", x, y, rounding_mode="trunc")
+    return trunc(b, binary(b, "MPSDiv", x, y))  # 'trunc' aborts on f16 (§6 #14)
+
+
+def _fmod(b, x: int, y: int) -> int:
+    if vdtype(b, x) == torch.float32:
+        return binary(b, "MPSFmod", x, y)  # null mode = 'trunc': x - trunc(x / y) * y
+    q = trunc(b, binary(b, "MPSDiv", x, y))
+    return binary(b, "MPSSub", x, binary(b, "MPSMul", q, y))
+
+
+def _remainder(b, x: int, y: int) -> int:
+    return binary(b, "MPSRemainder", x, y)  # null mode = 'floor': x - floor(x / y) * y
+
+
+def _through_float(fn):
+    """Lower ``fn(b, x, y)`` on float operands; int8 operands go through the compute float dtype
+    and come back as int8 (exact: see the module docstring)."""
+    def lower(node: Node, b) -> None:
+        dt = val(node).dtype
+        work = b.compute_dtype(dt if dt.is_floating_point else torch.float32)
+        x, y = _operands(node, b, work)
+        finish(b, node, fn(b, x, y))
+    return lower
+
+
+def _div_mode_check(node: Node):
+    mode = node.kwargs.get("rounding_mode", arg(node, 2, "rounding_mode", None))
+    if mode is None:
+        return _div_check(node)
+    if mode not in ("trunc", "floor"):
+        return f"rounding_mode={mode!r}"
+    return _int8_only(node, f"division with rounding_mode={mode!r}")
+
+
+def _div_mode(node: Node, b) -> None:
+    mode = node.kwargs.get("rounding_mode", arg(node, 2, "rounding_mode", None))
+    if mode is None:
+        _div(node, b)
+        return
+    _through_float(lambda b, x, y: _rounded_div(b, x, y, mode))(node, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# pow
+
+#: float exponents torch computes with plain ops (and so do we): exponent -> recipe
+_FLOAT_POW = (0, 0.5, -0.5, 1, -1, 2, 3, 4, -2)
+
+
+def _int_exponent(e) -> int | None:
+    if not isinstance(e, (int, float)):
+        return None
+    if isinstance(e, float) and not e.is_integer():
+        return None
+    return int(e)
+
+
+def _pow_check(node: Node):
+    if is_float(node):
+        return None
+    base, exponent = node.args[0], node.args[1]
+    if isinstance(base, Node) and not isinstance(exponent, Node):
+        k = _int_exponent(exponent)
+        if k is not None and 0 <= k <= 16:
+            return None
+    return (f"{val(node).dtype} pow: MPSPow on integer tensors is unverified (only scalar exponents "
+            "0..16 are lowered, as exact multiplications)")
+
+
+def _power(b, x: int, k: int) -> int:
+    """x ** k for an integer k >= 0 by square-and-multiply (exact for integers)."""
+    if k == 0:
+        return full_like(b, x, 1.0, vdtype(b, x))
+    result, base = None, x
+    while k:
+        if k & 1:
+            result = base if result is None else binary(b, "MPSMul", result, base)
+        k >>= 1
+        if k:
+            base = binary(b, "MPSMul", base, base)
+    return result
+
+
+def _pow_scalar_exponent(b, x: int, e) -> int:
+    dt = vdtype(b, x)
+    k = _int_exponent(e)
+    if dt not in FLOAT_DTYPES:
+        return _power(b, x, k)
+    if e in _FLOAT_POW:
+        if e == 0.5:
+            return unary(b, "MPSSqrt", x)
+        if e == -0.5:
+            return unary(b, "MPSRsqrt", x)
+        if e == 3:  # torch: x * x * x
+            return binary(b, "MPSMul", binary(b, "MPSMul", x, x), x)
+        if k is not None and k < 0:
+            return unary(b, "MPSReciprocal", x if k == -1 else _power(b, x, -k))
+        return _power(b, x, k)
+    return binary(b, "MPSPow", x, const(b, e, dt))
+
+
+def _pow(node: Node, b) -> None:
+    dt = b.compute_dtype(val(node).dtype)
+    base, exponent = node.args[0], node.args[1]
+    if isinstance(base, Node) and not isinstance(exponent, Node):
+        finish(b, node, _pow_scalar_exponent(b, convert(b, b.id(base), dt), exponent))
+        return
+    b.emit("MPSPow", input1_id=_operand(b, base, dt), input2_id=_operand(b, exponent, dt),
+           output_id=b.out(node))
+
+
+# ---------------------------------------------------------------------------------------------
+# minimum / maximum / atan2
+
+def _minmax(fn):
+    def lower(node: Node, b) -> None:
+        x, y = _operands(node, b, val(node).dtype)
+        finish(b, node, fn(b, x, y))
+    return lower
+
+
+def _atan2(b, y: int, x: int) -> int:
+    """atan2(y, x) without MPSAtan2 (not dispatched). ``t = atan(y / x)`` is right for x > 0; for x
+    negative (or -0) the result is ``t ± pi`` with the sign of y (y's sign bit: y < 0 or 1/y < 0,
+    which also catches -0). Cases where y / x is NaN are fixed up: both zero -> ``±0`` or ``±pi``
+    (from y itself), both infinite -> ``±pi/4`` or ``±3pi/4`` (from the signs)."""
+    dt = vdtype(b, y)
+
+    def c(v):
+        return const(b, v, dt)
+
+    def sign_bit(v):  # v < 0, including -0 (1 / -0 = -inf) and -inf (v < 0 itself)
+        return binary(b, "MPSBitwiseOr", compare(b, "MPSLt", v, c(0)),
+                      compare(b, "MPSLt", unary(b, "MPSReciprocal", v), c(0)))
+
+    x_neg, y_neg = sign_bit(x), sign_bit(y)
+    pi = where(b, y_neg, c(-math.pi), c(math.pi))  # ±pi with y's sign
+    # both infinite: atan(±1) is the right base angle; both zero: y (±0) is
+    both_inf = binary(b, "MPSBitwiseAnd", unary(b, "MPSIsinf", y, torch.bool), unary(b, "MPSIsinf", x, torch.bool))
+    one = where(b, y_neg, c(-1.0), c(1.0))
+    ratio = where(b, both_inf, binary(b, "MPSMul", one, where(b, x_neg, c(-1.0), c(1.0))),
+                  binary(b, "MPSDiv", y, x))
+    t = unary(b, "MPSAtan", ratio)
+    y_zero = compare(b, "MPSEq", y, c(0))
+    x_nan = unary(b, "MPSIsnan", x, torch.bool)
+    t = where(b, binary(b, "MPSBitwiseAnd", y_zero, unary(b, "MPSLogicalNot", x_nan, torch.bool)), y, t)
+    return where(b, x_neg, binary(b, "MPSAdd", t, pi), t)
+
+
+def _atan2_lower(node: Node, b) -> None:
+    y, x = _operands(node, b, val(node).dtype)
+    finish(b, node, _atan2(b, y, x))
+
+
+def _float_out(node: Node):
+    return None if is_float(node) else f"{val(node).dtype} result"
+
+
+# ---------------------------------------------------------------------------------------------
+# bitwise / logical
+
+def _bitwise_check(node: Node):
+    dt = val(node).dtype
+    if dt.is_floating_point:
+        return f"bitwise op producing {dt}"
+    return None
+
+
+def _bitwise(op: str):
+    def lower(node: Node, b) -> None:
+        x, y = _operands(node, b, val(node).dtype)
+        b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node))
+    return lower
+
+
+def _logical(op: str):
+    """logical_and/or/xor: operands as Bool (``x != 0``), then the bitwise member (logical on Bool)."""
+    def as_bool(b, x) -> int:
+        vid = b.id(x)
+        if vdtype(b, vid) == torch.bool:
+            return vid
+        return compare(b, "MPSNe", vid, const(b, 0, vdtype(b, vid)))
+
+    def lower(node: Node, b) -> None:
+        b.emit(op, input1_id=as_bool(b, node.args[0]), input2_id=as_bool(b, node.args[1]),
+               output_id=b.out(node))
+    return lower
+
+
+# ---------------------------------------------------------------------------------------------
+# comparisons
+
 COMPARISONS = {"eq": "MPSEq", "ne": "MPSNe", "ge": "MPSGe", "gt": "MPSGt", "le": "MPSLe", "lt": "MPSLt"}
+
+
+def _int_vs_float(b, op: str, x: int, c: float):
+    """``x op c`` for an integer x and a float scalar c, as (op, integer bound) or a constant bool."""
+    info = torch.iinfo(vdtype(b, x))
+    lo, hi = info.min, info.max
+    if math.isnan(c):
+        return op == "MPSNe"
+    if math.isinf(c):
+        above = c > 0  # every x is below +inf / above -inf
+        return {"MPSGt": not above, "MPSGe": not above, "MPSLt": above, "MPSLe": above,
+                "MPSEq": False, "MPSNe": True}[op]
+    fl, ce = math.floor(c), math.ceil(c)
+    if op == "MPSGt":
+        return False if fl >= hi else True if fl < lo else (op, fl)
+    if op == "MPSGe":
+        return False if ce > hi else True if ce <= lo else (op, ce)
+    if op == "MPSLt":
+        return False if ce <= lo else True if ce > hi else (op, ce)
+    if op == "MPSLe":
+        return False if fl < lo else True if fl >= hi else (op, fl)
+    if fl != c or not lo <= fl <= hi:  # Eq / Ne with a non-integral or unreachable value
+        return op == "MPSNe"
+    return (op, fl)
 
 
 def _compare(op: str):
     def lower(node: Node, b) -> None:
         a, other = node.args[0], node.args[1]
-        dt = scalar_dtype(a, other) if not isinstance(other, Node) else val(a).dtype
-        b.emit(op, input1_id=operand(b, node, a, dt), input2_id=operand(b, node, other, dt),
-               output_id=b.out(node))
+        if isinstance(other, float) and not val(a).dtype.is_floating_point and val(a).dtype != torch.bool:
+            x = b.id(a)
+            rule = _int_vs_float(b, op, x, other)
+            if isinstance(rule, bool):
+                b.alias(node, full_like(b, x, float(rule), torch.bool))
+            else:
+                b.alias(node, compare(b, rule[0], x, const(b, rule[1], vdtype(b, x))))
+            return
+        x, y = _operands(node, b)
+        b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node))
     return lower
 
 
 LOWERINGS = [
     Lowering((aten.add.Tensor, aten.add.Scalar), _arith("MPSAdd", True), _alpha_check),
     Lowering((aten.sub.Tensor, aten.sub.Scalar), _arith("MPSSub", True), _alpha_check),
-    Lowering((aten.mul.Tensor, aten.mul.Scalar), _arith("MPSMul")),
+    Lowering((aten.rsub.Tensor, aten.rsub.Scalar), _arith("MPSSub", True, swap=True), _alpha_check),
+    Lowering((aten.mul.Tensor, aten.mul.Scalar), _arith("MPSMul"), _mul_check),
     Lowering((aten.div.Tensor, aten.div.Scalar), _div, _div_check),
+    Lowering((aten.div.Tensor_mode, aten.div.Scalar_mode), _div_mode, _div_mode_check),
+    Lowering((aten.floor_divide.default, aten.floor_divide.Scalar),
+             _through_float(lambda b, x, y: _rounded_div(b, x, y, "floor")),
+             lambda node: _int8_only(node, "floor_divide")),
+    Lowering((aten.fmod.Tensor, aten.fmod.Scalar), _through_float(_fmod), lambda node: _int8_only(node, "fmod")),
+    Lowering((aten.remainder.Tensor, aten.remainder.Scalar), _through_float(_remainder),
+             lambda node: _int8_only(node, "remainder")),
+    Lowering((aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar), _pow, _pow_check),
+    Lowering((aten.minimum.default,), _minmax(minimum)),
+    Lowering((aten.maximum.default,), _minmax(maximum)),
+    Lowering((aten.atan2.default,), _atan2_lower, _float_out),
+    *(Lowering((getattr(aten, f"bitwise_{name}").Tensor, getattr(aten, f"bitwise_{name}").Scalar),
+               _bitwise(op), _bitwise_check)
+      for name, op in (("and", "MPSBitwiseAnd"), ("or", "MPSBitwiseOr"), ("xor", "MPSBitwiseXor"))),
+    *(Lowering((getattr(aten, f"logical_{name}").default,), _logical(op))
+      for name, op in (("and", "MPSBitwiseAnd"), ("or", "MPSBitwiseOr"), ("xor", "MPSBitwiseXor"))),
     *(Lowering((getattr(aten, name).Tensor, getattr(aten, name).Scalar), _compare(op))
       for name, op in COMPARISONS.items()),
 ]

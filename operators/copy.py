@@ -1,13 +1,21 @@
 """Copies and casts: clone / _clone_dim_order (identity on the device), _to_copy /
-_to_dim_order_copy (a real MPSCast when the device dtype changes, never dropped)."""
+_to_dim_order_copy (a real MPSCast when the device dtype changes, never dropped).
+
+The device's float -> integer rounding and integer overflow behaviour are unverified, so those
+casts only ever see values the target holds exactly: float -> integer truncates first
+(``where(x < 0, ceil(x), floor(x))``, torch's rounding), and a narrowing integer cast wraps first
+(``x & (2**bits - 1)``, minus ``2**bits`` above the signed maximum, torch's wrap-around). Edge
+graphs cast every integer scalar operand this way (an int64 constant narrowed to int32 ...).
+"""
 from __future__ import annotations
 
 import torch
 from executorch.exir.passes import dim_order_ops_registry  # noqa: F401  (defines torch.ops.dim_order_ops)
 from torch.fx import Node
 
-from ._util import rank, val
+from ._util import rank
 from .registry import Lowering
+from .unary import binary, compare, const, trunc, where
 
 aten = torch.ops.aten
 dim_order_ops = torch.ops.dim_order_ops
@@ -23,24 +31,27 @@ def _layout_reason(node: Node):
     return None
 
 
-def _cast_reason(src: torch.dtype, dst: torch.dtype):
-    if src == dst or src == torch.bool or dst == torch.bool or dst.is_floating_point:
-        return None
-    if src.is_floating_point:
-        return f"{src} -> {dst} cast: MPSGraph float-to-integer rounding is unverified"
-    if torch.iinfo(dst).bits < torch.iinfo(src).bits:
-        return f"{src} -> {dst} narrowing cast: MPSGraph integer overflow behaviour is unverified"
-    return None
-
-
 def _copy_check(node: Node):
-    return _layout_reason(node) or _cast_reason(val(node.args[0]).dtype, val(node).dtype)
+    return _layout_reason(node)  # every pair of device dtypes casts exactly: see _exact_cast
+
+
+def _exact_cast(b, vid: int, src: torch.dtype, dst: torch.dtype) -> int:
+    """MPSCast of a value made exact in ``dst`` first (torch's truncation / wrap-around)."""
+    if src.is_floating_point and dst != torch.bool and not dst.is_floating_point:
+        vid = trunc(b, vid)
+    elif src != torch.bool and not src.is_floating_point and dst != torch.bool and not dst.is_floating_point:
+        bits = torch.iinfo(dst).bits
+        if bits < torch.iinfo(src).bits:
+            low = binary(b, "MPSBitwiseAnd", vid, const(b, 2 ** bits - 1, src))
+            high = compare(b, "MPSGe", low, const(b, 2 ** (bits - 1), src))
+            vid = where(b, high, binary(b, "MPSSub", low, const(b, 2 ** bits, src)), low)
+    return b.cast(vid, dst)
 
 
 def _copy(node: Node, b) -> None:
     x = node.args[0]
     src, dst = b.dtype(x), b.dtype(node)
-    b.alias(node, b.id(x) if src == dst else b.cast(b.id(x), dst))
+    b.alias(node, b.id(x) if src == dst else _exact_cast(b, b.id(x), src, dst))
 
 
 LOWERINGS = [Lowering((aten.clone.default, aten._to_copy.default, dim_order_ops._clone_dim_order.default,

@@ -1,11 +1,21 @@
-"""Linear algebra: mm, bmm -> MPSMatMul; addmm -> MPSAddmm with alpha and beta read."""
+"""Linear algebra: mm, bmm -> MPSMatMul; addmm -> MPSAddmm with alpha and beta read; linear kept whole.
+
+- ``addmm``: ``beta``/``alpha`` are keyword-only in ATen and are always read and written (the
+  upstream lowering never read them). ``beta == 0`` is a plain product (torch ignores the bias then,
+  NaN/inf included, while the device would compute ``0 * bias``), ``alpha != 1`` a scalar multiply.
+- ``linear`` (``preserve``): ``x @ w.T (+ bias)``. A constant weight whose only readers are linear
+  nodes is stored transposed, in place of the original (the blob holds one copy); otherwise the
+  device transposes it (MPSPermute). A rank-2 input with a bias is one MPSAddmm, other ranks are
+  MPSMatMul (broadcast batch matmul) plus MPSAdd of the bias.
+"""
 from __future__ import annotations
 
 import torch
 from torch.fx import Node
 
-from ._util import is_float, val
-from .registry import Lowering
+from ._util import is_float, rank, shape, val
+from .registry import Lowering, op_key
+from .shape import binary, permute, vdtype, view
 
 aten = torch.ops.aten
 
@@ -34,11 +44,75 @@ def _addmm_check(node: Node):
 
 def _addmm(node: Node, b) -> None:
     bias, m1, m2 = (b.id(a) for a in node.args[:3])
-    b.emit("MPSAddmm", input1_id=bias, input2_id=m1, input3_id=m2, output_id=b.out(node),
-           beta=float(node.kwargs.get("beta", 1)), alpha=float(node.kwargs.get("alpha", 1)))
+    beta, alpha = float(node.kwargs.get("beta", 1)), float(node.kwargs.get("alpha", 1))
+    if beta == 0:  # torch ignores the bias entirely (no 0 * inf = nan)
+        if alpha == 1:
+            b.emit("MPSMatMul", input1_id=m1, input2_id=m2, output_id=b.out(node))
+            return
+        p = b.new_value(b.dtype(node), shape(node))
+        b.emit("MPSMatMul", input1_id=m1, input2_id=m2, output_id=p)
+        binary(b, "MPSMul", p, b.scalar(alpha, b.dtype(node)), out=b.out(node))
+        return
+    b.emit("MPSAddmm", input1_id=bias, input2_id=m1, input3_id=m2, output_id=b.out(node), beta=beta, alpha=alpha)
+
+
+# ---- linear ---------------------------------------------------------------------------------------
+
+def _linear_check(node: Node):
+    x, w = node.args[:2]
+    reason = _float_same(node)
+    if reason:
+        return reason
+    if rank(w) != 2:
+        return f"linear weight of rank {rank(w)}"
+    if rank(x) == 0:
+        return "linear of a rank-0 input"
+    return None
+
+
+def _only_linear_weight(w: Node) -> bool:
+    return all(op_key(u.target) is aten.linear.default and u.args[1] is w and w not in (u.args[0], *u.args[2:])
+               for u in w.users)
+
+
+def _weight_t(b, w: Node) -> int:
+    """Value id of ``w.T``: a transposed copy of a constant weight read only by linear nodes
+    (replacing the original in the blob), else an MPSPermute."""
+    wid = b.id(w)
+    data = b.constants.get(wid)
+    if data is not None and _only_linear_weight(w):
+        def make() -> int:
+            tid = b.constant(data.t().contiguous(), dtype=vdtype(b, wid))
+            b.drop_constant(wid)
+            return tid
+        return b.memo(("linear weight transposed", wid), make)
+    return permute(b, wid, [1, 0])
+
+
+def _linear(node: Node, b) -> None:
+    x, w = node.args[:2]
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    wt = _weight_t(b, w)
+    if bias is not None and rank(x) == 2:
+        b.emit("MPSAddmm", input1_id=b.id(bias), input2_id=b.id(x), input3_id=wt, output_id=b.out(node),
+               beta=1.0, alpha=1.0)
+        return
+    xid = b.id(x) if rank(x) > 1 else view(b, b.id(x), [1, shape(x)[0]])
+    out_shape = shape(node)
+    mm_shape = out_shape if rank(x) > 1 else [1, out_shape[0]]
+    last = bias is None and rank(x) > 1
+    mm = b.out(node) if last else b.new_value(b.dtype(node), mm_shape)
+    b.emit("MPSMatMul", input1_id=xid, input2_id=wt, output_id=mm)
+    if last:
+        return
+    if bias is not None:
+        mm = binary(b, "MPSAdd", mm, b.id(bias), out=b.out(node) if rank(x) > 1 else None)
+    if rank(x) == 1:
+        view(b, mm, out_shape, out=b.out(node))
 
 
 LOWERINGS = [
     Lowering((aten.mm.default, aten.bmm.default), _matmul, _float_same),
     Lowering((aten.addmm.default,), _addmm, _addmm_check),
+    Lowering((aten.linear.default,), _linear, _linear_check, preserve=True),
 ]

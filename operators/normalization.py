@@ -4,6 +4,11 @@ The device sets batch norm's second output to the running mean and never sets th
 and writes the variance (not rstd) into layer norm's third output (semantics §5.13): those
 outputs may only be lowered when nothing reads them. Missing affine parameters become
 constant ones / zeros (the device dereferences id -1).
+
+Group norm (``native_group_norm``) is MPSLayerNorm over the last axis of the ``[N, G, C/G * HxW]``
+view (population variance, ``(x - mean) / sqrt(var + eps)``: torch's formula) with scalar unit
+weight and zero bias constants, then the per-channel affine as MPSMul / MPSAdd over ``[N, C, HxW]``.
+Its mean / rstd outputs are never lowered.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from torch.fx import Node
 
 from ._util import is_float, shape, val
 from .registry import Lowering
+from .shape import binary, view
 
 aten = torch.ops.aten
 
@@ -72,10 +78,40 @@ def _layer_norm(node: Node, b) -> None:
            eps=float(eps), output1_id=out, output2_id=mean, output3_id=third)
 
 
+def _group_norm(node: Node, b) -> None:
+    x, weight, bias, n, c, hxw, groups, eps = node.args[:8]
+    n, c, hxw, groups = int(n), int(c), int(hxw), int(groups)
+    dt = b.dtype(x)
+    k = c // groups * hxw
+    xv = view(b, b.id(x), [n, groups, k])
+    normed, mean, var = b.new_value(dt, [n, groups, k]), b.new_value(dt, [n, groups, 1]), b.new_value(dt, [n, groups, 1])
+    b.emit("MPSLayerNorm", input1_id=xv, normalized_shape=[k], weight_id=b.scalar(1.0, dt),
+           bias_id=b.scalar(0.0, dt), eps=float(eps), output1_id=normed, output2_id=mean, output3_id=var)
+    y = view(b, normed, [n, c, hxw])
+    if isinstance(weight, Node):
+        y = binary(b, "MPSMul", y, view(b, b.id(weight), [c, 1]))
+    if isinstance(bias, Node):
+        y = binary(b, "MPSAdd", y, view(b, b.id(bias), [c, 1]))
+    out = b.new_value(dt, shape(x))
+    view(b, y, shape(x), out=out)
+    b.ids[node] = (out, mean, var)
+
+
+def _group_norm_check(node: Node):
+    reason = _check({1: "group norm mean output read (not lowered)",
+                     2: "group norm rstd output read (not lowered)"})(node)
+    if reason:
+        return reason
+    if len(shape(node.args[0])) < 2:
+        return "group norm of a rank < 2 tensor"
+    return None
+
+
 LOWERINGS = [
     Lowering((aten._native_batch_norm_legit_no_training.default,), _batch_norm,
              _check({1: "batch norm statistics output read (the device returns the running mean there)",
                      2: "batch norm third output read (the device never sets it)"}), generic="args"),
     Lowering((aten.native_layer_norm.default,), _layer_norm,
              _check({2: "layer norm rstd output read (the device returns the variance there)"})),
+    Lowering((aten.native_group_norm.default,), _group_norm, _group_norm_check),
 ]

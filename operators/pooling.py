@@ -1,9 +1,20 @@
-"""Pooling: max_pool2d_with_indices -> MPSMaxPool2DWithIndices, avg_pool2d -> MPSAvgPool2D.
+"""Pooling: max_pool2d_with_indices -> MPSMaxPool2DWithIndices, avg_pool2d -> MPSAvgPool2D,
+adaptive_avg_pool2d, nearest upsampling.
 
 ceil_mode is lowered only where it does not change the output size: the device's ceil
 handling with padding differs from torch (semantics §5.14). Max-pool indices are int32 on
 the device; when read they are cast to int64. divisor_override becomes an explicit multiply
 (the device's own f32 multiplier breaks f16 graphs).
+
+``_adaptive_avg_pool2d`` is lowered when every window has the same size (input divisible by the
+output): an MPSAvgPool2D with kernel = stride = input / output, or an MPSMean over H, W for a 1x1
+output. Other sizes have overlapping windows of varying size and stay on CPU.
+
+Nearest upsampling (``upsample_nearest2d``, ``_upsample_nearest_exact2d``) is separable: the source
+row/column of every output row/column is obtained by running the same aten op on an index grid at
+lowering time (shapes only, so torch's own float scale arithmetic is reproduced exactly). Integer
+factors become view + expand + view (a broadcast copy); other mappings one MPSIndexSelect per axis
+with that constant index.
 """
 from __future__ import annotations
 
@@ -13,8 +24,9 @@ import operator
 import torch
 from torch.fx import Node
 
-from ._util import arg, is_float, shape
+from ._util import arg, is_float, rank, shape
 from .registry import Lowering
+from .shape import index_select, view
 
 aten = torch.ops.aten
 
@@ -99,7 +111,82 @@ def _avg_pool(node: Node, b) -> None:
     b.emit("MPSMul", input1_id=mean, input2_id=b.scalar(k[0] * k[1] / int(divisor), dt), output_id=b.out(node))
 
 
+def _adaptive_check(node: Node):
+    x = node.args[0]
+    if rank(x) not in (3, 4):
+        return f"adaptive pooling of a rank-{rank(x)} tensor"
+    if not is_float(x):
+        return "pooling of a non-float tensor"
+    (h, w), (oh, ow) = shape(x)[-2:], [int(d) for d in node.args[1]]
+    if h % oh or w % ow:
+        return (f"adaptive_avg_pool2d {h}x{w} -> {oh}x{ow}: windows of unequal size (the input is not "
+                "divisible by the output)")
+    return None
+
+
+def _adaptive(node: Node, b) -> None:
+    x = node.args[0]
+    r, (h, w) = rank(x), shape(x)[-2:]
+    oh, ow = [int(d) for d in node.args[1]]
+    if (oh, ow) == (1, 1):
+        b.emit("MPSMean", input1_id=b.id(x), output_id=b.out(node), num_dims=2, dims=[r - 2, r - 1],
+               keep_dims=True)
+        return
+    kh, kw = h // oh, w // ow
+    vid = b.id(x) if r == 4 else view(b, b.id(x), [1] + shape(x))
+    out = b.out(node) if r == 4 else b.new_value(b.dtype(node), [1] + shape(node))
+    b.emit("MPSAvgPool2D", input1_id=vid, kernel_height=kh, kernel_width=kw, stride_height=kh, stride_width=kw,
+           padding_left=0, padding_right=0, padding_top=0, padding_bottom=0, dilation_height=1,
+           dilation_width=1, ceil_mode=False, count_include_pad=False, divisor_override=0,
+           output1_id=out, output2_id=-1)
+    if r == 3:
+        view(b, out, shape(node), out=b.out(node))
+
+
+def _upsample_check(node: Node):
+    if rank(node.args[0]) != 4 or rank(node) != 4:
+        return f"nearest upsampling of a rank-{rank(node.args[0])} tensor"
+    return None
+
+
+def _nearest_sources(node: Node) -> tuple[list[int], list[int]]:
+    """Source row of each output row and source column of each output column, computed by the
+    op itself on an index grid (float64 holds the indices exactly)."""
+    h, w = shape(node.args[0])[-2:]
+    grid = torch.arange(h * w, dtype=torch.float64).reshape(1, 1, h, w)
+    src = node.target(grid, *node.args[1:], **node.kwargs)[0, 0].long()  # edge ops are callable
+    rows, cols = src[:, 0] // w, src[0, :] % w
+    if not torch.equal(src, rows[:, None] * w + cols[None, :]):
+        raise ValueError("nearest upsampling that is not separable")
+    return rows.tolist(), cols.tolist()
+
+
+def _upsample_nearest(node: Node, b) -> None:
+    x = node.args[0]
+    n, c, h, w = shape(x)
+    rows, cols = _nearest_sources(node)
+    oh, ow = len(rows), len(cols)
+    vid = b.id(x)
+    if oh % h == 0 and ow % w == 0 and rows == [i // (oh // h) for i in range(oh)] \
+            and cols == [j // (ow // w) for j in range(ow)]:
+        sh, sw = oh // h, ow // w
+        vid = view(b, vid, [n, c, h, 1, w, 1])
+        big = b.new_value(b.dtype(x), [n, c, h, sh, w, sw])
+        b.emit("MPSExpand", input1_id=vid, output_id=big, num_dims=6, shape=[n, c, h, sh, w, sw])
+        view(b, big, shape(node), out=b.out(node))
+        return
+    steps = [(axis, src) for axis, src, size in ((2, rows, h), (3, cols, w)) if src != list(range(size))]
+    if not steps:
+        b.alias(node, vid)
+        return
+    for i, (axis, src) in enumerate(steps):
+        vid = index_select(b, vid, axis, src, out=b.out(node) if i == len(steps) - 1 else None)
+
+
 LOWERINGS = [
     Lowering((aten.max_pool2d_with_indices.default,), _max_pool, _check(True), generic="args"),
     Lowering((aten.avg_pool2d.default,), _avg_pool, _check(False)),
+    Lowering((aten._adaptive_avg_pool2d.default,), _adaptive, _adaptive_check),
+    Lowering((aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default, aten._upsample_nearest_exact2d.vec,
+              aten._upsample_nearest_exact2d.default), _upsample_nearest, _upsample_check, preserve=True),
 ]

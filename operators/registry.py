@@ -27,8 +27,8 @@ CheckFn = Callable[[Node], Reason]
 LowerFn = Callable[[Node, Any], None]
 
 #: the op families, one module each (order only matters for readability of reports)
-FAMILIES = ("activation", "binary", "convolution", "copy", "linalg", "normalization", "pooling", "reduce",
-            "shape")
+FAMILIES = ("activation", "binary", "clamp", "constant", "convolution", "copy", "indexing", "linalg",
+            "normalization", "pad", "pooling", "quant", "range", "reduce", "shape", "unary")
 
 
 def no_check(node: Node) -> Reason:

@@ -1,18 +1,112 @@
-"""Shape ops: view, permute, expand, cat, split, squeeze, unsqueeze, select, slice.
+"""Shape ops: view, permute, expand, cat, split, squeeze, unsqueeze, select, slice, pixel_shuffle,
+repeat, flip, alias.
 
 Shapes are written as the static output shape from the graph (no -1 for the device to
 infer), dims are normalised to non-negative values (the runtime crashes on negative dims in
 slice/select, semantics §6 #19), and squeeze never writes an empty dims list (§6 #17).
+
+- ``repeat`` is view (interleave size-1 axes) + same-rank expand + view: a pure broadcast copy.
+- ``flip`` is one MPSIndexSelect per flipped axis with a constant reversed index (the device has
+  no negative-step slice: MPSSlice needs step >= 1).
+- ``pixel_shuffle`` is kept whole (``preserve``) and lowered to MPSPixelShuffle, which computes
+  exactly ``torch.pixel_shuffle`` on the last three axes (semantics §5.11).
+
+The small emit helpers below (``view``, ``permute``, ``binary``...) are shared by the other
+families of this package that build multi-node decompositions.
 """
 from __future__ import annotations
 
 import torch
 from torch.fx import Node
 
+from mps_backend.dtypes import TORCH_TO_MPS
+
 from ._util import arg, norm_dim, rank, shape, val
 from .registry import Lowering
 
 aten = torch.ops.aten
+
+_FROM_MPS = {v: k for k, v in TORCH_TO_MPS.items()}
+
+
+# ---- emit helpers (value-level: they work on value ids, not fx nodes) ---------------------------
+
+def vdtype(b, vid: int) -> torch.dtype:
+    """Device dtype of value ``vid``."""
+    return _FROM_MPS[b.graph.values[vid].datatype]
+
+
+def vshape(b, vid: int) -> list[int]:
+    """Shape of value ``vid`` as declared (rank 0 is ``[]``)."""
+    return list(b.graph.values[vid].dims)
+
+
+def view(b, vid: int, new_shape, out: int | None = None) -> int:
+    """MPSView of ``vid`` to ``new_shape`` (a new value unless ``out`` is given)."""
+    new_shape = [int(d) for d in new_shape]
+    if out is None:
+        out = b.new_value(vdtype(b, vid), new_shape)
+    b.emit("MPSView", input1_id=vid, output_id=out, num_dims=len(new_shape), shape=new_shape)
+    return out
+
+
+def permute(b, vid: int, perm, out: int | None = None) -> int:
+    perm = [int(p) for p in perm]
+    if out is None:
+        s = vshape(b, vid)
+        out = b.new_value(vdtype(b, vid), [s[p] for p in perm])
+    b.emit("MPSPermute", input1_id=vid, output_id=out, num_dims=len(perm), perm=perm)
+    return out
+
+
+def binary(b, op: str, x: int, y: int, out: int | None = None) -> int:
+    """A binary-family node (MPSAdd/MPSSub get alpha=1); result dtype = torch promotion, shape =
+    broadcast (what the device computes, semantics §5.2)."""
+    if out is None:
+        if op in ("MPSEq", "MPSNe", "MPSGe", "MPSGt", "MPSLe", "MPSLt"):
+            dt = torch.bool
+        else:
+            dt = torch.promote_types(vdtype(b, x), vdtype(b, y))
+        out = b.new_value(dt, torch.broadcast_shapes(tuple(vshape(b, x)), tuple(vshape(b, y))))
+    fields = {"alpha": 1.0} if op in ("MPSAdd", "MPSSub") else {}
+    b.emit(op, input1_id=x, input2_id=y, output_id=out, **fields)
+    return out
+
+
+def unary(b, op: str, x: int, out: int | None = None) -> int:
+    if out is None:
+        out = b.new_value(vdtype(b, x), vshape(b, x))
+    b.emit(op, input1_id=x, output_id=out)
+    return out
+
+
+def slice_value(b, vid: int, dim: int, start: int, end: int, step: int = 1) -> int:
+    s = vshape(b, vid)
+    s[dim] = len(range(start, end, step))
+    out = b.new_value(vdtype(b, vid), s)
+    b.emit("MPSSlice", input1_id=vid, output_id=out, dim=dim, start=start, end=end, step=step)
+    return out
+
+
+def index_select(b, vid: int, dim: int, index: list[int] | torch.Tensor, out: int | None = None) -> int:
+    """MPSIndexSelect of ``vid`` along ``dim`` with a constant int32 index (the device casts its
+    index to int32 anyway, semantics §5.9)."""
+    idx = torch.as_tensor(index, dtype=torch.int32).reshape(-1)
+    if out is None:
+        s = vshape(b, vid)
+        s[dim] = idx.numel()
+        out = b.new_value(vdtype(b, vid), s)
+    b.emit("MPSIndexSelect", input1_id=vid, output_id=out, dim=dim, index_id=b.constant(idx, dtype=torch.int32))
+    return out
+
+
+def cat_values(b, vids: list[int], dim: int, out: int | None = None) -> int:
+    if out is None:
+        s = vshape(b, vids[0])
+        s[dim] = sum(vshape(b, v)[dim] for v in vids)
+        out = b.new_value(vdtype(b, vids[0]), s)
+    b.emit("MPSCat", input_ids=list(vids), output_id=out, dim=dim)
+    return out
 
 
 def _view(node: Node, b) -> None:
@@ -113,6 +207,62 @@ def _slice(node: Node, b) -> None:
            step=int(arg(node, 4, "step", 1)))
 
 
+def _pixel_shuffle_check(node: Node):
+    r = int(arg(node, 1, "upscale_factor"))
+    x = node.args[0]
+    if rank(x) < 3:
+        return f"pixel_shuffle of a rank-{rank(x)} tensor"
+    if r < 1 or shape(x)[-3] % (r * r):
+        return f"pixel_shuffle: {shape(x)[-3]} channels not divisible by {r}^2"
+    return None
+
+
+def _pixel_shuffle(node: Node, b) -> None:
+    b.emit("MPSPixelShuffle", input1_id=b.id(node.args[0]), output_id=b.out(node),
+           upscale_factor=int(arg(node, 1, "upscale_factor")))
+
+
+def _repeat(node: Node, b) -> None:
+    """x.repeat(R): view x to [1, s_i] pairs for repeated axes, expand the 1s to R_i (same rank,
+    so the device's expand reads every entry), view to the result shape."""
+    x, reps = node.args[0], [int(r) for r in node.args[1]]
+    s = [1] * (len(reps) - rank(x)) + shape(x)
+    paired, expanded = [], []
+    for r, d in zip(reps, s):
+        if r == 1:
+            paired.append(d)
+            expanded.append(d)
+        else:
+            paired += [1, d]
+            expanded += [r, d]
+    vid = b.id(x)
+    if paired != shape(x):
+        vid = view(b, vid, paired)
+    if expanded != paired:
+        out = b.new_value(b.dtype(x), expanded)
+        b.emit("MPSExpand", input1_id=vid, output_id=out, num_dims=len(expanded), shape=expanded)
+        vid = out
+    view(b, vid, shape(node), out=b.out(node))
+
+
+def _flip(node: Node, b) -> None:
+    x = node.args[0]
+    s, r = shape(x), rank(x)
+    dims = sorted({norm_dim(d, r) for d in node.args[1]})
+    dims = [d for d in dims if d < len(s) and s[d] > 1]  # flipping a size-1 axis is the identity
+    vid = b.id(x)
+    if not dims:
+        b.alias(node, vid)
+        return
+    for i, d in enumerate(dims):
+        out = b.out(node) if i == len(dims) - 1 else None
+        vid = index_select(b, vid, d, list(range(s[d] - 1, -1, -1)), out=out)
+
+
+def _alias(node: Node, b) -> None:
+    b.alias(node, b.id(node.args[0]))
+
+
 LOWERINGS = [
     Lowering((aten.view_copy.default, aten._unsafe_view.default), _view),
     Lowering((aten.permute_copy.default,), _permute),
@@ -123,4 +273,8 @@ LOWERINGS = [
     Lowering((aten.unsqueeze_copy.default,), _unsqueeze),
     Lowering((aten.select_copy.int,), _select),
     Lowering((aten.slice_copy.Tensor,), _slice, _slice_check),
+    Lowering((aten.pixel_shuffle.default,), _pixel_shuffle, _pixel_shuffle_check, preserve=True),
+    Lowering((aten.repeat.default,), _repeat),
+    Lowering((aten.flip.default,), _flip),
+    Lowering((aten.alias_copy.default, aten.detach_copy.default), _alias),
 ]

@@ -48,7 +48,7 @@ def test_emulator_equals_interpreter_bit_for_bit(demo, demo_pte):
 
 
 class CpuInTheMiddle(torch.nn.Module):
-    """relu/linear on MPS, cumsum on CPU (no MPS lowering), then more MPS work."""
+    """relu/linear on MPS, float64 arithmetic on CPU (the device has no float64), then more MPS work."""
 
     def __init__(self):
         super().__init__()
@@ -57,7 +57,7 @@ class CpuInTheMiddle(torch.nn.Module):
 
     def forward(self, x):
         h = torch.relu(self.a(x))
-        h = torch.cumsum(h, dim=-1)
+        h = (h.double() * 3.0).sin().float()
         return self.b(h) * 2.0
 
 
@@ -67,7 +67,7 @@ def test_program_mixing_cpu_ops_between_two_delegates(use_fp16):
     model, x = CpuInTheMiddle().eval(), torch.randn(3, 8)
     result = export_model(model, (x,), use_fp16=use_fp16)
     assert result.delegates == 2
-    assert [n.target for n in result.report.on_cpu] == ["aten::cumsum"]
+    assert result.report.on_cpu and all("float64" in n.reason for n in result.report.on_cpu), result.report
     got = run_pte(result.pte, [x])[0]
     want = model(x)
     err = (got - want).abs().max().item() / want.abs().max().item()

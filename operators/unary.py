@@ -1,0 +1,268 @@
+"""Unary math: one MPS member each where the device computes torch's result, decompositions
+where it does not (semantics §5.5, §6), plus the elementwise emission helpers shared by the
+elementwise families (binary, clamp, activation, constant).
+
+Rules applied here:
+* float-valued functions (exp, log, trig, erf, sigmoid, sqrt, ...) of integer/bool tensors: the
+  device keeps the integer dtype, torch returns float — the input is cast to the result dtype first.
+* floor / ceil / trunc / round of integers are identities (no MPSFloor on integers: the runtime
+  cites a missing ``floorOp_i64`` kernel).
+* ``round``: the device's MPSRound rounds ties away from zero (§6 #30), torch rounds half to even.
+  Non-ties are taken from MPSRound (any round-to-nearest agrees there); ties (``x - floor(x) ==
+  0.5``, exact in binary floats) become the even neighbour ``2 * (e - floor(e / 2))`` with
+  ``e = floor(x)`` — every step exact, whatever the device does on ties.
+* ``trunc`` has no member: ``where(x < 0, ceil(x), floor(x))``.
+* ``isnan`` / ``isinf`` of integers: constant False (MPSFullLike).
+* ``logical_not`` of a non-bool tensor: ``x == 0`` (the device applies logical NOT without a cast
+  to bool, §5.5); bool: MPSLogicalNot.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from mps_backend.dtypes import FLOAT_DTYPES, TORCH_TO_MPS, mps_dtype
+
+from ._util import val
+from .registry import Lowering
+
+aten = torch.ops.aten
+
+_TORCH_OF = {v: k for k, v in TORCH_TO_MPS.items()}
+ALPHA_OPS = ("MPSAdd", "MPSSub")
+DIV_OPS = ("MPSDiv", "MPSFmod", "MPSRemainder")
+
+
+# ---------------------------------------------------------------------------------------------
+# emission helpers (value ids in, value ids out; every intermediate is a fresh value)
+
+def vdtype(b, vid: int) -> torch.dtype:
+    """Declared (= device) dtype of value ``vid``."""
+    return _TORCH_OF[b.graph.values[vid].datatype]
+
+
+def vshape(b, vid: int) -> list[int]:
+    return list(b.graph.values[vid].dims)
+
+
+def bshape(b, *vids: int) -> list[int]:
+    """Broadcast shape of some values (the shape a binary/ternary device op produces)."""
+    return list(torch.broadcast_shapes(*(tuple(vshape(b, v)) for v in vids)))
+
+
+def convert(b, vid: int, dtype: torch.dtype) -> int:
+    """``vid`` as ``dtype`` (an MPSCast only when the dtype differs)."""
+    return vid if vdtype(b, vid) == dtype else b.cast(vid, dtype)
+
+
+def scalar_value(value: Any, dtype: torch.dtype) -> Any:
+    """A Python scalar converted the way torch converts a scalar operand to ``dtype``
+    (integers wrap: ``int8_tensor + 300`` adds 44)."""
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_floating_point:
+        return float(value)
+    return int(torch.tensor([value]).to(dtype)[0])
+
+
+def const(b, value: Any, dtype: torch.dtype) -> int:
+    """A one-element constant of ``dtype`` holding ``value`` (bytes and declared dtype agree)."""
+    return b.scalar(scalar_value(value, dtype), dtype)
+
+
+def unary(b, op: str, x: int, dtype: torch.dtype | None = None) -> int:
+    return b.emit_value(op, dtype or vdtype(b, x), vshape(b, x), input1_id=x)
+
+
+def binary(b, op: str, x: int, y: int, dtype: torch.dtype | None = None, **extra: Any) -> int:
+    """A two-input member; the result dtype defaults to the device's promotion of the operands."""
+    if op in ALPHA_OPS:
+        extra.setdefault("alpha", 1.0)
+    if op in DIV_OPS:
+        extra.setdefault("rounding_mode", None)
+    dtype = dtype or torch.promote_types(vdtype(b, x), vdtype(b, y))
+    return b.emit_value(op, dtype, bshape(b, x, y), input1_id=x, input2_id=y, **extra)
+
+
+def compare(b, op: str, x: int, y: int) -> int:
+    return binary(b, op, x, y, dtype=torch.bool)
+
+
+def where(b, cond: int, x: int, y: int) -> int:
+    """MPSWhere; ``x`` and ``y`` must already share a dtype (the device does not promote)."""
+    if vdtype(b, x) != vdtype(b, y):
+        raise ValueError(f"where branches of dtypes {vdtype(b, x)} and {vdtype(b, y)}")
+    return b.emit_value("MPSWhere", vdtype(b, x), bshape(b, cond, x, y), input1_id=cond, input2_id=x,
+                        input3_id=y)
+
+
+def full_like(b, x: int, value: float, dtype: torch.dtype) -> int:
+    """A tensor of x's shape filled with ``value`` (MPSFullLike; ``dtype`` is a device dtype)."""
+    return b.emit_value("MPSFullLike", dtype, vshape(b, x), input1_id=x, shape=vshape(b, x),
+                        fill_value=float(value), dtype=int(mps_dtype(dtype)))
+
+
+def isnan(b, x: int) -> int:
+    if vdtype(b, x) in FLOAT_DTYPES:
+        return unary(b, "MPSIsnan", x, torch.bool)
+    return full_like(b, x, 0.0, torch.bool)
+
+
+def trunc(b, x: int) -> int:
+    """Round toward zero (float x): ``where(x < 0, ceil(x), floor(x))`` — no MPSDiv 'trunc', which
+    aborts on f16 (§6 #14)."""
+    neg = compare(b, "MPSLt", x, const(b, 0, vdtype(b, x)))
+    return where(b, neg, unary(b, "MPSCeil", x), unary(b, "MPSFloor", x))
+
+
+def round_half_even(b, x: int) -> int:
+    """torch.round of a float tensor (see the module docstring)."""
+    dt = vdtype(b, x)
+    nearest = unary(b, "MPSRound", x)
+    e = unary(b, "MPSFloor", x)
+    frac = binary(b, "MPSSub", x, e)  # exact: x and floor(x) are within one binade step
+    half = unary(b, "MPSFloor", binary(b, "MPSMul", e, const(b, 0.5, dt)))
+    even = binary(b, "MPSMul", binary(b, "MPSSub", e, half), const(b, 2, dt))
+    tie = compare(b, "MPSEq", frac, const(b, 0.5, dt))
+    return where(b, tie, even, nearest)
+
+
+def minimum(b, x: int, y: int) -> int:
+    """torch.minimum of two values of one dtype: MPSMinimum does not propagate NaN (§5.2)."""
+    dt = vdtype(b, x)
+    if dt == torch.bool:
+        return binary(b, "MPSBitwiseAnd", x, y)
+    m = binary(b, "MPSMinimum", x, y)
+    if dt not in FLOAT_DTYPES:
+        return m
+    return where(b, isnan(b, y), y, where(b, isnan(b, x), x, m))
+
+
+def maximum(b, x: int, y: int) -> int:
+    """torch.maximum of two values of one dtype. There is no MPSMax: ``where(x < y, y, x)`` (which
+    keeps a NaN x), then a NaN y is propagated. Exact, also for integers (no negation overflow)."""
+    dt = vdtype(b, x)
+    if dt == torch.bool:
+        return binary(b, "MPSBitwiseOr", x, y)
+    m = where(b, compare(b, "MPSLt", x, y), y, x)
+    if dt not in FLOAT_DTYPES:
+        return m
+    return where(b, isnan(b, y), y, m)
+
+
+def finish(b, node: Node, vid: int) -> None:
+    """Bind ``node`` to ``vid``, cast to the node's device dtype when needed."""
+    b.alias(node, convert(b, vid, b.dtype(node)))
+
+
+def out_shape(node: Node) -> list[int]:
+    return [int(d) for d in val(node).shape]
+
+
+# ---------------------------------------------------------------------------------------------
+# lowerings
+
+FLOAT_MATH = {
+    aten.exp.default: "MPSExp", aten.exp2.default: "MPSExp2", aten.reciprocal.default: "MPSReciprocal",
+    aten.sqrt.default: "MPSSqrt", aten.rsqrt.default: "MPSRsqrt", aten.log.default: "MPSLog",
+    aten.log10.default: "MPSLog10", aten.log2.default: "MPSLog2", aten.erf.default: "MPSErf",
+    aten.sigmoid.default: "MPSSigmoid", aten.sin.default: "MPSSin", aten.cos.default: "MPSCos",
+    aten.tan.default: "MPSTan", aten.asin.default: "MPSAsin", aten.acos.default: "MPSAcos",
+    aten.atan.default: "MPSAtan", aten.sinh.default: "MPSSinh", aten.cosh.default: "MPSCosh",
+    aten.tanh.default: "MPSTanh", aten.asinh.default: "MPSAsinh", aten.acosh.default: "MPSAcosh",
+    aten.atanh.default: "MPSAtanh",
+}
+SAME_DTYPE = {aten.neg.default: "MPSNeg", aten.abs.default: "MPSAbs", aten.sign.default: "MPSSign"}
+
+
+def _float_result(node: Node):
+    if not val(node).dtype.is_floating_point:
+        return f"{val(node).dtype} result of a float-valued function"
+    return None
+
+
+def _float_math(op: str):
+    def lower(node: Node, b) -> None:
+        x = convert(b, b.id(node.args[0]), b.dtype(node))  # integer inputs: cast to float first
+        b.emit(op, input1_id=x, output_id=b.out(node))
+    return lower
+
+
+def _not_bool(node: Node):
+    if val(node.args[0]).dtype == torch.bool:
+        return "bool input (torch has no numeric result for it; the device op is unverified on Bool)"
+    return None
+
+
+def _same_dtype(op: str):
+    def lower(node: Node, b) -> None:
+        b.emit(op, input1_id=b.id(node.args[0]), output_id=b.out(node))
+    return lower
+
+
+def _rounding(kind: str):
+    def lower(node: Node, b) -> None:
+        x = b.id(node.args[0])
+        if vdtype(b, x) not in FLOAT_DTYPES:  # integers are already integral
+            b.alias(node, x)
+        elif kind == "floor":
+            b.emit("MPSFloor", input1_id=x, output_id=b.out(node))
+        elif kind == "ceil":
+            b.emit("MPSCeil", input1_id=x, output_id=b.out(node))
+        elif kind == "trunc":
+            b.alias(node, trunc(b, x))
+        else:
+            b.alias(node, round_half_even(b, x))
+    return lower
+
+
+def _predicate(op: str):
+    def lower(node: Node, b) -> None:
+        x = b.id(node.args[0])
+        if vdtype(b, x) in FLOAT_DTYPES:
+            b.emit(op, input1_id=x, output_id=b.out(node))
+        else:  # integers are never NaN or infinite
+            b.alias(node, full_like(b, x, 0.0, torch.bool))
+    return lower
+
+
+def _int_or_bool(node: Node):
+    dt = val(node.args[0]).dtype
+    if dt.is_floating_point:
+        return f"bitwise op on a {dt} tensor"
+    return None
+
+
+def _bitwise_not(node: Node, b) -> None:
+    b.emit("MPSBitwiseNot", input1_id=b.id(node.args[0]), output_id=b.out(node))
+
+
+def _logical_not(node: Node, b) -> None:
+    x = b.id(node.args[0])
+    if vdtype(b, x) == torch.bool:
+        b.emit("MPSLogicalNot", input1_id=x, output_id=b.out(node))
+    else:
+        b.alias(node, compare(b, "MPSEq", x, const(b, 0, vdtype(b, x))))
+
+
+LOWERINGS = [
+    # exp2 is not core ATen: it reaches the partitioner only with EdgeCompileConfig(
+    # _core_aten_ops_exception_list=[aten.exp2.default]) (``preserve`` cannot keep an op that no
+    # decomposition removes)
+    *(Lowering((t,), _float_math(op), _float_result) for t, op in FLOAT_MATH.items()),
+    *(Lowering((t,), _same_dtype(op), _not_bool) for t, op in SAME_DTYPE.items()),
+    Lowering((aten.floor.default,), _rounding("floor"), _not_bool),
+    Lowering((aten.ceil.default,), _rounding("ceil"), _not_bool),
+    Lowering((aten.trunc.default,), _rounding("trunc"), _not_bool),
+    Lowering((aten.round.default,), _rounding("round"), _not_bool),
+    Lowering((aten.isnan.default,), _predicate("MPSIsnan")),
+    Lowering((aten.isinf.default,), _predicate("MPSIsinf")),
+    Lowering((aten.bitwise_not.default,), _bitwise_not, _int_or_bool),
+    Lowering((aten.logical_not.default,), _logical_not),
+]
+
+__all__ = ["LOWERINGS", "bshape", "binary", "compare", "const", "convert", "finish", "full_like", "isnan",
+           "maximum", "minimum", "round_half_even", "scalar_value", "trunc", "unary", "vdtype", "vshape",
+           "where"]
