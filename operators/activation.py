@@ -3,13 +3,14 @@
 * gelu ``approximate='tanh'``: the device computes ``x * tanh(x)`` (§6 #1), so the tanh formula is
   written out with elementwise members.
 * log_softmax: MPSLogSoftmax is ``log(softmax(x))``, which underflows to -inf where torch is finite
-  (§5.1), and there is no max reduction to write ``x - max - log(sum(exp(x - max)))``. The device's
-  stable softmax gives it instead: every ``p_i > 0`` satisfies ``lse = x_i - log(p_i)``, so
+  (§5.1), and the union has no max reduction for ``x - max - log(sum(exp(x - max)))`` (reduce.py's
+  max is a max-pool trick whose NaN handling is unverified). The device's stable softmax gives it: every ``p_i > 0`` satisfies ``lse = x_i - log(p_i)``, so
   ``lse = sum(p * (x - log p)) / sum(p)`` (terms with ``p == 0`` dropped; their weight is 0 anyway)
   and ``log_softmax = x - lse``. The large-``p`` terms dominate and are accurate, so the result is
   finite wherever torch's is, and dividing by ``sum(p)`` cancels the rounding of the probabilities.
 * hardswish / hardsigmoid are kept whole (``preserve``) and written as ``x * clamp(x + 3, 0, 6) / 6``
-  and ``clamp(x + 3, 0, 6) / 6`` (torch's formulas), with the NaN fix-up of one-bound-free clamps.
+  and ``clamp(x + 3, 0, 6) / 6`` (torch's formulas); hardsigmoid adds ``where(isnan)`` because the
+  device's clamp NaN behaviour is not torch's (in hardswish the factor x keeps NaN anyway).
   silu is left to the default decomposition (sigmoid, mul), which is lowered.
 """
 from __future__ import annotations
@@ -109,17 +110,17 @@ def _log_softmax(node: Node, b) -> None:
     b.emit("MPSSub", input1_id=x, input2_id=lse, output_id=b.out(node), alpha=1.0)
 
 
-def _shifted_clamp(b, x: int) -> int:
-    """clamp(x + 3, 0, 6) with NaN kept."""
+def _shifted_clamp(b, x: int, keep_nan: bool = True) -> int:
+    """clamp(x + 3, 0, 6), NaN kept if asked (the device's clamp may drop it)."""
     dt = vdtype(b, x)
     x3 = binary(b, "MPSAdd", x, const(b, 3, dt))
     c = b.emit_value("MPSClamp", dt, vshape(b, x3), min_max=(0.0, 6.0), input1_id=x3)
-    return where(b, isnan(b, x3), x3, c)
+    return where(b, isnan(b, x3), x3, c) if keep_nan else c
 
 
 def _hardswish(node: Node, b) -> None:
     x = b.id(node.args[0])
-    prod = binary(b, "MPSMul", x, _shifted_clamp(b, x))
+    prod = binary(b, "MPSMul", x, _shifted_clamp(b, x, keep_nan=False))  # a NaN x makes x * c NaN anyway
     b.emit("MPSDiv", input1_id=prod, input2_id=const(b, 6, vdtype(b, x)), output_id=b.out(node),
            rounding_mode=None)
 

@@ -22,15 +22,14 @@ from torch.fx import Node
 from mps_backend.dtypes import FLOAT_DTYPES
 
 from ._util import arg, val
-from .registry import Lowering
+from .registry import Lowering, op_key
 from .unary import convert, finish, isnan, maximum, minimum, vdtype, vshape, where
 
 aten = torch.ops.aten
 
 
 def _key(node: Node):
-    t = node.target  # edge ops wrap the aten overload in ``_op``; a plain OpOverload's ``_op`` is not one
-    return t if isinstance(t, torch._ops.OpOverload) else getattr(t, "_op", t)
+    return op_key(node.target)
 
 
 def _scalar_bounds(node: Node) -> tuple:
@@ -71,8 +70,13 @@ def _emit_clamp(b, x: int, lo: float, hi: float) -> int:
 def _clamp(node: Node, b) -> None:
     lo, hi = _scalar_bounds(node)
     x = convert(b, b.id(node.args[0]), b.dtype(node))  # int tensor with float bounds: float result
-    lo = -math.inf if lo is None else float(lo)
-    hi = math.inf if hi is None else float(hi)
+    # the fields are float32: a bound that rounds to ∓inf there is no bound on the device (and none
+    # in torch either: every float32 value is inside it)
+    lo = -math.inf if lo is None else float(np.float32(lo))
+    hi = math.inf if hi is None else float(np.float32(hi))
+    if lo == -math.inf and hi == math.inf:  # the device would never assign the output (§6 #24)
+        finish(b, node, x)
+        return
     if lo > hi:  # torch: min(max(x, lo), hi); MPSGraph clamp with crossed bounds is unspecified
         r = _emit_clamp(b, _emit_clamp(b, x, lo, math.inf), -math.inf, hi)
     else:

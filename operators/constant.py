@@ -18,7 +18,7 @@ from torch.fx import Node
 from mps_backend.dtypes import mps_dtype
 
 from ._util import arg, rank, val
-from .registry import Lowering
+from .registry import Lowering, op_key
 from .unary import scalar_value
 
 aten = torch.ops.aten
@@ -26,8 +26,7 @@ dim_order_ops = torch.ops.dim_order_ops
 
 
 def _key(node: Node):
-    t = node.target  # edge ops wrap the aten overload in ``_op``; a plain OpOverload's ``_op`` is not one
-    return t if isinstance(t, torch._ops.OpOverload) else getattr(t, "_op", t)
+    return op_key(node.target)
 
 
 #: target -> (index of the fill value argument, or the fixed float fill), whether it is a *_like op
@@ -78,8 +77,4 @@ def _full(node: Node, b) -> None:
         b.emit("MPSFull", input1_id=-1, output_id=out, shape=shape, fill_value=value, dtype=int(mps_dtype(dt)))
 
 
-# ``op_key`` (registry.py) unwraps ``_op`` of every target, but plain aten OpOverloads that stay in
-# edge graphs (scalar_tensor) have a C++ builtin there: register that key as well so they are found.
-_TARGETS = tuple(_FILLS) + (aten.scalar_tensor.default._op,)
-
-LOWERINGS = [Lowering(_TARGETS, _full, _full_check)]
+LOWERINGS = [Lowering(tuple(_FILLS), _full, _full_check)]

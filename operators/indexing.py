@@ -27,7 +27,7 @@ import torch
 from torch.fx import Node
 
 from ._util import arg, norm_dim, rank, shape, val
-from .registry import Lowering
+from .registry import Lowering, op_key
 from .shape import binary, cat_values, slice_value, vdtype, view
 
 aten = torch.ops.aten
@@ -185,7 +185,7 @@ def _scatter_check(node: Node):
 
 
 def _is_slice_scatter(node: Node) -> bool:
-    return "slice_scatter" in str(getattr(node.target, "_op", node.target))
+    return op_key(node.target) is aten.slice_scatter.default
 
 
 def _scatter_range(b, node: Node, x: Node, src_vid: int, dim: int, start: int, end: int, step: int) -> None:

@@ -21,7 +21,7 @@ from torch.fx import Node
 from mps_backend.dtypes import mps_dtype
 
 from ._util import arg, val
-from .registry import Lowering
+from .registry import Lowering, op_key
 
 aten = torch.ops.aten
 
@@ -29,8 +29,7 @@ _SIGNIFICAND = {torch.float32: 24, torch.float16: 11}
 
 
 def _key(node: Node):
-    t = node.target
-    return t if isinstance(t, torch._ops.OpOverload) else getattr(t, "_op", t)
+    return op_key(node.target)
 
 
 def _range_args(node: Node) -> tuple:

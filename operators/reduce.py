@@ -20,7 +20,8 @@
   ``[n, n]`` (mathematically exact; the rounding order differs from a sequential scan).
 - ``var.correction``: mean, deviation, mean of squares, times ``n / (n - correction)``. In fp16
   mode the squared deviations are float16 and overflow where ``|x - mean| > 255`` (torch upcasts).
-Integer inputs stay on CPU (the device pools/averages floats; a float detour is inexact).
+Integer inputs of mean/sum/max/min/cumsum/var stay on CPU (the device pools/averages floats and a
+float detour is inexact for large integers); ``any`` takes every dtype.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from torch.fx import Node
 
 from ._util import arg, is_float, norm_dim, rank, shape, val
 from .registry import Lowering, op_key
-from .shape import binary, permute, unary, vdtype, view
+from .shape import binary, permute, unary, vdtype, view, vshape
 
 aten = torch.ops.aten
 
@@ -155,15 +156,11 @@ def pool_reduce(b, vid: int, in_shape: list[int], dims: list[int], negate: bool 
 def _finish_values(b, values: int, negate: bool, out: int) -> None:
     if negate:
         values = unary(b, "MPSNeg", values)
-    view(b, values, vshape_of(b, out), out=out)
-
-
-def vshape_of(b, vid: int) -> list[int]:
-    return list(b.graph.values[vid].dims)
+    view(b, values, vshape(b, out), out=out)
 
 
 def _finish_indices(b, indices: int, out: int) -> None:
-    view(b, b.cast(indices, torch.int64), vshape_of(b, out), out=out)
+    view(b, b.cast(indices, torch.int64), vshape(b, out), out=out)
 
 
 #: target -> (what it returns, whether it reduces -x)
@@ -217,7 +214,7 @@ def _any(node: Node, b) -> None:
     values, _ = pool_reduce(b, b.cast(vid, fdt), shape(x), dims)
     hit = binary(b, "MPSGt", values, b.scalar(0.0, fdt))
     out = b.out(node)
-    view(b, hit, vshape_of(b, out), out=out)
+    view(b, hit, vshape(b, out), out=out)
 
 
 # ---- cumsum / var ---------------------------------------------------------------------------------
@@ -246,7 +243,7 @@ def _cumsum(node: Node, b) -> None:
     a, n, c = math.prod(s[:d]), s[d], math.prod(s[d + 1:])
     xv = view(b, b.id(x), [a, n, c] if a > 1 else [n, c])
     tri = b.constant(torch.tril(torch.ones(n, n, dtype=torch.float32)), dtype=b.dtype(x))
-    out3 = b.new_value(b.dtype(x), vshape_of(b, xv))
+    out3 = b.new_value(b.dtype(x), vshape(b, xv))
     b.emit("MPSMatMul", input1_id=tri, input2_id=xv, output_id=out3)
     view(b, out3, s, out=b.out(node))
 

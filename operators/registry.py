@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable, Optional
 
 import torch
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch.fx import Node
 
 from mps_backend.dtypes import dtype_reason
@@ -48,8 +49,9 @@ class Lowering:
 
 
 def op_key(target: Any) -> Any:
-    """The registry key of an fx target: edge ops wrap an aten OpOverload in ``_op``."""
-    return getattr(target, "_op", target)
+    """The registry key of an fx target: edge ops wrap the aten OpOverload in ``_op`` (a plain
+    OpOverload has an ``_op`` too, the C++ handle, so only edge ops are unwrapped)."""
+    return target._op if isinstance(target, EdgeOpOverload) else target
 
 
 def _tensors(x: Any) -> Iterable[torch.Tensor]:

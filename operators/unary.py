@@ -122,7 +122,9 @@ def round_half_even(b, x: int) -> int:
     dt = vdtype(b, x)
     nearest = unary(b, "MPSRound", x)
     e = unary(b, "MPSFloor", x)
-    frac = binary(b, "MPSSub", x, e)  # exact: x and floor(x) are within one binade step
+    # x - floor(x) is exact except for x in (-0.5, 0), where 1 - |x| may round up, onto 0.5 only
+    # for x = -(0.5 - ulp/2), whose tie answer 2 * (-1 - floor(-0.5)) = 0 is right anyway
+    frac = binary(b, "MPSSub", x, e)
     half = unary(b, "MPSFloor", binary(b, "MPSMul", e, const(b, 0.5, dt)))
     even = binary(b, "MPSMul", binary(b, "MPSSub", e, half), const(b, 2, dt))
     tie = compare(b, "MPSEq", frac, const(b, 0.5, dt))

@@ -92,7 +92,17 @@ class TestLinalg:
         bias, m1, m2 = (rnd(*s, dtype=torch.float16, seed=i) for i, s in enumerate([(5,), (3, 16), (16, 5)]))
         got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2,
                   output_id=10, alpha=1.0, beta=1.0)
-        same(got, (m1.float() @ m2.float() + bias.float()).half(), exact=True)
+        # the matmul result is its own f16 tensor before the bias add: two roundings
+        same(got, ((m1.float() @ m2.float()).half().float() + bias.float()).half(), exact=True)
+
+    def test_addmm_f16_rounds_each_intermediate(self):
+        bias, m1, m2 = (rnd(*s, dtype=torch.float16, seed=i) for i, s in enumerate([(4,), (4, 8), (8, 4)]))
+        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2,
+                  output_id=10, alpha=3.0, beta=0.3)
+        h = lambda t: t.half().float()  # noqa: E731
+        p = h(h(m1.float() @ m2.float()) * 3.0)
+        c = h(bias.float() * h(torch.tensor(0.3)))
+        same(got, (p + c).half(), exact=True)
 
     def test_addmm_mixed_bias_dtype_fails_like_issue_7904(self):
         with pytest.raises(DeviceError, match="mixed dtypes"):

@@ -1,9 +1,11 @@
-"""MPSMatMul, MPSAddmm (semantics §5.6): no dtype promotion; f16 accumulates in f32, rounded once."""
+"""MPSMatMul, MPSAddmm (semantics §5.6): no dtype promotion; a matmul accumulates in f32 and is
+rounded once. Addmm is several MPSGraph ops (matmul, alpha/beta multiplies, add): in f16 graphs
+each of those intermediates is its own f16 tensor, so each is rounded."""
 from __future__ import annotations
 
 import torch
 
-from ..core import KernelContext, checked, compute, f32, same_dtype, scalar_const, to
+from ..core import KernelContext, checked, compute, f32, round_to, same_dtype, scalar_const, to
 
 
 def _matmul(ctx: KernelContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -23,13 +25,13 @@ def matmul(ctx: KernelContext, node) -> None:
 def addmm(ctx: KernelContext, node) -> None:
     bias, m1, m2 = (ctx.get(node[k]) for k in ("input1_id", "input2_id", "input3_id"))
     dt = same_dtype(ctx, bias, m1, m2, what="Addmm operands")
-    p = _matmul(ctx, m1, m2)
+    p = round_to(_matmul(ctx, m1, m2), dt)
     alpha, beta = f32(node["alpha"]), f32(node["beta"])
     if alpha != 1.0:
-        p = p * compute(scalar_const(alpha, dt))
+        p = round_to(p * compute(scalar_const(alpha, dt)), dt)
     c = compute(bias)
     if beta != 1.0:
-        c = c * compute(scalar_const(beta, dt))
+        c = round_to(c * compute(scalar_const(beta, dt)), dt)
     ctx.set(node["output_id"], to(checked(ctx, "addmm bias broadcast", torch.add, p, c), dt))
 
 

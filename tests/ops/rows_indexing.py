@@ -1,0 +1,93 @@
+"""Op-table rows: index_select, embedding, index.Tensor, index_put, slice/select_scatter, gather."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .harness import randint, randn, row, values
+
+
+
+
+
+def i64(data):
+    return values(data, torch.int64)
+
+
+def _put_middle(x, i, v):
+    y = x.clone()
+    y[:, i] = v
+    return y
+
+
+class ConstantIndex(torch.nn.Module):
+    """index.Tensor whose index is a buffer (a blob constant: no negative-index fix-up needed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("idx", torch.tensor([3, 0, 2]))
+
+    def forward(self, x):
+        return x[:, :, self.idx]
+
+
+ROWS = [
+    # ---- index_select ---------------------------------------------------------------------------
+    row("index-select-negdim", lambda x, i: x.index_select(-1, i), randn(2, 3, 4), i64([3, 0, 3]),
+        kinds="MPSIndexSelect"),
+    row("index-select-int32-index", lambda x, i: x.index_select(1, i), randn(2, 3, 4),
+        values([2, 1], torch.int32), kinds="MPSIndexSelect"),
+    row("index-select-0d-index", lambda x, i: x.index_select(1, i), randn(2, 3, 4), i64(2),
+        kinds="MPSIndexSelect"),
+    row("index-select-int-data", lambda x, i: x.index_select(0, i), randint(-9, 9, (4, 3)), i64([3, 3, 0]),
+        kinds="MPSIndexSelect"),
+
+    # ---- embedding: padding_idx must be written as -1 (the device zeroes padding rows) --------
+    row("index-embedding-padding-idx", lambda w, i: F.embedding(i, w, padding_idx=0), randn(6, 5),
+        i64([[0, 1], [4, 0]]), kinds="MPSEmbedding"),
+    row("index-embedding-int32", lambda w, i: F.embedding(i, w), randn(6, 5), values([5, 2, 2], torch.int32),
+        kinds="MPSEmbedding"),
+    row("index-embedding-0d", lambda w, i: F.embedding(i, w), randn(6, 5), i64(3), kinds="MPSEmbedding"),
+
+    # ---- index.Tensor: exactly one index -------------------------------------------------------
+    row("index-tensor-one-negative", lambda x, i: x[:, i], randn(2, 3, 4), i64([0, 2, -1, -3]),
+        kinds="MPSIndexTensor"),
+    row("index-tensor-2d-index", lambda x, i: x[..., i], randn(2, 3, 4), i64([[0, -2], [3, 1]]),
+        kinds="MPSIndexTensor"),
+    row("index-tensor-first", lambda x, i: x[i], randn(5, 3), values([4, 0, 4], torch.int32),
+        kinds="MPSIndexTensor"),
+    row("index-tensor-constant-index", ConstantIndex, randn(2, 3, 4), kinds="MPSIndexTensor"),
+    row("index-tensor-two", lambda x, i: x[i, :, i], randn(2, 3, 4), i64([0, 1]), cpu_reason="2 index tensors"),
+
+    # ---- index_put: one index, accumulate=False, values_shape = full indexed shape --------------
+    row("index-put-first", lambda x, i, v: x.index_put((i,), v), randn(4, 3, 2), i64([1, -4]), randn(2, 3, 2),
+        kinds="MPSIndexPut"),
+    row("index-put-broadcast-values", lambda x, i, v: x.index_put((i,), v), randn(4, 3, 2), i64([3, 0]),
+        randn(2), kinds="MPSIndexPut"),
+    row("index-put-middle-axis", _put_middle, randn(2, 5, 3), i64([4, -1]), randn(2, 2, 3), kinds="MPSIndexPut"),
+    # upstream defect: accumulate ignored (always "set" on the device)
+    row("index-put-accumulate", lambda x, i, v: x.index_put((i,), v, accumulate=True), randn(4, 3),
+        i64([1, 1]), randn(2, 3), cpu_reason="accumulate=True"),
+
+    # ---- slice_scatter / select_scatter -------------------------------------------------------
+    row("index-slice-scatter", lambda x, s: torch.slice_scatter(x, s, 1, 1, 3), randn(2, 5, 3), randn(2, 2, 3),
+        kinds={"MPSSlice", "MPSCat"}),
+    # upstream defect: negative / oversized start and end were not normalised
+    row("index-slice-scatter-neg-clamped", lambda x, s: torch.slice_scatter(x, s, -1, -3, 100), randn(2, 3, 5),
+        randn(2, 3, 3), kinds="MPSCat"),
+    row("index-slice-scatter-step", lambda x, s: torch.slice_scatter(x, s, 2, 1, None, 2), randn(2, 3, 6),
+        randn(2, 3, 3), kinds="MPSScatter"),
+    row("index-slice-scatter-start-only", lambda x, s: torch.slice_scatter(x, s, 0, 2), randn(5, 3),
+        randn(3, 3), kinds="MPSCat"),
+    row("index-select-scatter", lambda x, s: torch.select_scatter(x, s, 1, -1), randn(2, 3, 4), randn(2, 4)),
+    row("index-select-scatter-preserved", lambda x, s: torch.select_scatter(x, s, 0, 1), randn(3, 4), randn(4),
+        kinds="MPSCat"),
+
+    # ---- gather --------------------------------------------------------------------------------
+    row("index-gather", lambda x, i: torch.gather(x, 1, i), randn(2, 3, 4), randint(0, 3, (2, 5, 4), torch.int64),
+        kinds="MPSIndexSelect"),
+    row("index-gather-last-smaller-index", lambda x, i: torch.gather(x, -1, i), randn(2, 3, 4),
+        randint(0, 4, (1, 2, 3), torch.int64), kinds="MPSIndexSelect"),
+    row("index-gather-int32-index", lambda x, i: torch.gather(x, 0, i), randn(4, 3),
+        randint(0, 4, (6, 3), torch.int32), kinds="MPSIndexSelect"),
+]

@@ -1,0 +1,84 @@
+"""Op-table rows: view, permute, expand, cat, split, squeeze, unsqueeze, select, slice, pixel_shuffle,
+repeat, flip, alias; pinned regressions of the upstream shape defects."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .harness import randint, randn, row
+
+aten = torch.ops.aten
+
+
+class BufferViews(torch.nn.Module):
+    """Buffers that are views into larger storages (storage offset != 0): the blob must hold exactly
+    the view's bytes (upstream copied the whole untyped storage; the device model checks the size)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("shift", torch.arange(40.0).reshape(10, 4)[3:6])  # offset 12 of 40
+        self.register_buffer("scale", torch.linspace(-2.0, 2.0, 30)[7:11])  # offset 7 of 30
+
+    def forward(self, x):
+        return x * self.scale + self.shift
+
+
+class ConstantView(torch.nn.Module):
+    """The same for a lifted tensor constant (a plain tensor attribute)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.linspace(-2.0, 2.0, 30)[7:11]
+
+    def forward(self, x):
+        return x * self.scale
+
+
+ROWS = [
+    row("shape-view", lambda x: x.reshape(4, -1), randn(2, 3, 4), kinds="MPSView"),
+    row("shape-permute-negative", lambda x: x.permute(-1, 0, 1), randn(2, 3, 4), kinds="MPSPermute"),
+    row("shape-transpose", lambda x: x.transpose(0, 2), randn(2, 3, 4), kinds="MPSPermute"),
+    row("shape-t", lambda x: x.t(), randn(3, 4), kinds="MPSPermute"),
+    row("shape-expand", lambda x: x.expand(3, -1, 4), randn(1, 2, 1), kinds="MPSExpand"),
+    # upstream defect: the device's expand reads only rank(x) entries -> rank-increasing expands broke
+    row("shape-expand-rank-up", lambda x: x.expand(2, 3, 4), randn(3, 1), kinds={"MPSView", "MPSExpand"}),
+    row("shape-cat-negative-dim", lambda a, b: torch.cat([a, b], -1), randn(2, 3), randn(2, 5), kinds="MPSCat"),
+    row("shape-cat-int", lambda a, b: torch.cat([a, b]), randint(0, 9, (2, 3)), randint(0, 9, (1, 3)),
+        kinds="MPSCat"),
+    row("shape-split-with-sizes", lambda x: torch.split(x, [1, 3], dim=-1), randn(2, 4),
+        kinds="MPSSplitWithSizes"),
+    row("shape-unbind", lambda x: x.unbind(1), randn(2, 3, 4)),
+
+    # squeeze: upstream defect: nothing to squeeze -> empty dims -> the device squeezes axis 1
+    row("shape-squeeze-nothing", lambda x: x.squeeze(1), randn(2, 3, 4), kinds="MPSView"),
+    row("shape-squeeze-negative", lambda x: x.squeeze(-2), randn(2, 1, 4), kinds="MPSSqueeze"),
+    row("shape-squeeze-all", lambda x: x.squeeze(), randn(1, 3, 1, 2), kinds="MPSSqueeze"),
+    row("shape-unsqueeze-negative", lambda x: x.unsqueeze(-1), randn(2, 3), kinds="MPSUnsqueeze"),
+
+    # select / slice: upstream defect: negative dim crashes the runtime, start-only slices lost start
+    row("shape-select-negative", lambda x: x.select(-1, -2), randn(2, 3, 4), kinds="MPSSelect"),
+    row("shape-select-rank1", lambda x: x[2] * 1.0, randn(5)),
+    row("shape-slice-negdim-start-only", lambda x: aten.slice(x, -1, 1), randn(2, 3, 4), kinds="MPSSlice"),
+    row("shape-slice-start-only", lambda x: x[:, 1:], randn(2, 3, 4), kinds="MPSSlice"),
+    row("shape-slice-step-clamped", lambda x: x[:, -100:100:2], randn(2, 7), kinds="MPSSlice"),
+    row("shape-slice-negative-end", lambda x: x[1:-1], randn(5, 2), kinds="MPSSlice"),
+
+    # pixel_shuffle: decomposed (view/permute) until preserve works, then MPSPixelShuffle
+    row("shape-pixel-shuffle", lambda x: F.pixel_shuffle(x, 2), randn(2, 8, 3, 5)),
+    row("shape-pixel-shuffle-preserved", lambda x: F.pixel_shuffle(x, 3), randn(1, 9, 2, 2),
+        kinds="MPSPixelShuffle"),
+    row("shape-pixel-unshuffle", lambda x: F.pixel_unshuffle(x, 2), randn(2, 3, 4, 6)),
+
+    row("shape-repeat", lambda x: x.repeat(2, 1, 3), randn(2, 3, 4), kinds={"MPSView", "MPSExpand"}),
+    row("shape-repeat-rank-up", lambda x: x.repeat(2, 1, 1, 2), randn(3, 1, 2), kinds="MPSExpand"),
+    row("shape-repeat-int", lambda x: x.repeat(3), randint(0, 9, (4,)), kinds="MPSExpand"),
+    row("shape-flip", lambda x: x.flip(0, -1), randn(2, 3, 4), kinds="MPSIndexSelect"),
+    row("shape-flip-size1-only", lambda x: x.flip(1) + 1.0, randn(3, 1)),
+    row("shape-alias", lambda x: torch.ops.aten.alias(x) * 2.0, randn(3, 4)),
+    row("shape-detach", lambda x: x.detach() * 2.0, randn(3, 4)),
+    row("shape-buffer-views-of-larger-storage", BufferViews, randn(3, 4)),
+    # fp32 only: the harness reuses one edge program for both precisions, and executorch's first
+    # to_backend removes lifted constants from it ("Constant tensor scale is not in the constants
+    # dictionary" in the second lowering) -- a harness limitation, reported
+    row("shape-constant-view-of-larger-storage", ConstantView, randn(3, 4), precisions=("fp32",)),
+]
