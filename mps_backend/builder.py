@@ -71,6 +71,9 @@ class ConstantTable(MutableMapping):
     def __delitem__(self, vid: int) -> None:
         del self._data[vid]
 
+    def __contains__(self, vid: object) -> bool:  # Mapping's default would convert the entry to answer
+        return vid in self._data
+
     def __iter__(self) -> Iterator[int]:
         return iter(self._data)
 
@@ -94,6 +97,7 @@ class GraphBuilder:
         self._scalars: dict[tuple, int] = {}
         self.current: FxNode | None = None  # the fx node being lowered, for error messages
         self.node_origin: list[FxNode | None] = []  # fx node that emitted each MPS node
+        self._memo: dict[Any, Any] = {}  # results of memo(key, make): one per key per graph
 
     # ---- dtypes -------------------------------------------------------------------------
     def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -184,10 +188,13 @@ class GraphBuilder:
     def memo(self, key: Any, make: Any) -> Any:
         """``make()`` once per ``key`` in this graph (e.g. a packed weight shared by the nodes that
         read it); later calls with the same key return the first result."""
-        cache = self.__dict__.setdefault("_memo", {})
-        if key not in cache:
-            cache[key] = make()
-        return cache[key]
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def remembers(self, key: Any) -> bool:
+        """Whether ``memo`` already made ``key`` in this graph."""
+        return key in self._memo
 
     # ---- nodes --------------------------------------------------------------------------
     def emit(self, op: str, min_max: tuple[float, float] | None = None, **fields: Any) -> None:

@@ -79,13 +79,13 @@ def _weight_t(b, w: Node) -> int:
     """Value id of ``w.T``: a transposed copy of a constant weight read only by linear nodes
     (replacing the original in the blob), else an MPSPermute."""
     wid = b.id(w)
-    data = b.constants.get(wid)
-    if data is not None and _only_linear_weight(w):
-        def make() -> int:
-            tid = b.constant(data.t().contiguous(), dtype=vdtype(b, wid))
+    key = ("linear weight transposed", wid)
+    if b.remembers(key) or (wid in b.constants and _only_linear_weight(w)):
+        def make() -> int:  # once: later linears share it (the original is dropped by then)
+            tid = b.constant(b.constants[wid].t().contiguous(), dtype=vdtype(b, wid))
             b.drop_constant(wid)
             return tid
-        return b.memo(("linear weight transposed", wid), make)
+        return b.memo(key, make)
     return permute(b, wid, [1, 0])
 
 

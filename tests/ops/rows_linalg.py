@@ -27,6 +27,18 @@ class TiedWeight(torch.nn.Module):
         return self.fc(x) + x @ self.fc.weight
 
 
+class SharedLinear(torch.nn.Module):
+    """One linear applied twice (like an RNN cell over time steps): the transposed weight is made once
+    and both linears read it (regression: the second read the dropped original)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.fc(x)))
+
+
 def _sdpa(**kw):
     return lambda q, k, v, *mask: F.scaled_dot_product_attention(q, k, v, *mask, **kw)
 
@@ -57,6 +69,7 @@ ROWS = [
     row("linalg-linear-3d", Linear, randn(2, 3, 4)),
     row("linalg-linear-no-bias", None, randn(2, 3, 4), kinds="MPSMatMul", module=lambda: Linear(bias=False)),
     row("linalg-linear-2d", Linear, randn(3, 4), kinds="MPSAddmm"),
+    row("linalg-linear-shared-weight", SharedLinear, randn(3, 4), kinds="MPSAddmm", tol={"fp16": 2e-3}),
     row("linalg-linear-1d", Linear, randn(4)),
     row("linalg-linear-tied-weight", TiedWeight, randn(3, 4), kinds="MPSMatMul"),
     row("linalg-linear-weight-input", lambda x, w, b: F.linear(x, w, b), randn(2, 3, 4), randn(5, 4), randn(5)),
