@@ -19,8 +19,12 @@ demo: $(STAMP)  ## export the built-in demo model to out/mps_demo.pte and verify
 test: $(STAMP)  ## the whole test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(STAMP)  ## every benchmark in benchmarks/ (ratios to yardsticks measured in the same run); exit 1 on a missed target
 	$(BIN)/python benchmarks/run.py
+
+ZOO_ARGS ?=
+zoo: $(STAMP)  ## the full model zoo, fp32 and fp16, one subprocess per model: writes docs/model-zoo.md, exit 1 on a missed target
+	$(BIN)/python -m mps_backend.zoo --out docs/model-zoo.md $(ZOO_ARGS)
 
 clean:
 	rm -rf out build *.egg-info .pytest_cache

@@ -6,11 +6,21 @@ Layout (design.md, format contract 1-2):
 Every constant starts on a 16-byte boundary of the segment; the segment is padded to a
 multiple of 16 and ends the blob. Constant bytes are copied exactly once, from the caller's
 buffers (e.g. a tensor's memory) into the output.
+
+The output is one ``bytes`` object allocated once at its final size and filled in place (the C API's
+``PyBytes_FromStringAndSize(NULL, n)`` idiom, through ctypes): no list of parts and no second copy.
+(No transparent-huge-page advice: with the kernel's "madvise" defrag mode a fault may stall seconds in
+direct compaction on a busy machine; 4 KiB page faults cost the same as for any fresh bytes object.) A constant may also be a deferred source with ``nbytes`` and ``write_into(memoryview)``
+(e.g. the builder's float32 -> float16 conversion, done straight into the blob); a constants mapping
+with a ``release(vid)`` method has each entry released once its bytes are in the blob, so a caller's
+temporary copies are freed while the blob fills.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import flatbuffers
 import numpy as np
@@ -33,9 +43,9 @@ def _camel(name: str) -> str:
 def _bytes_of(buf: Any) -> memoryview:
     """A flat byte view of ``buf`` (bytes, bytearray, memoryview, numpy array, torch tensor)."""
     if hasattr(buf, "untyped_storage") and hasattr(buf, "view"):  # torch.Tensor, without importing torch
-        t = buf if buf.is_contiguous() else buf.contiguous()
-        if t.dim() == 0:
-            t = t.reshape(1)
+        # flat first: a "contiguous" tensor may still carry a non-unit stride on a size-1 dim
+        # (e.g. the transpose of a [1, K] weight), which view(uint8) refuses
+        t = (buf if buf.is_contiguous() else buf.contiguous()).reshape(-1)
         import torch  # noqa: PLC0415  (only reached with a tensor in hand)
 
         return memoryview(t.view(torch.uint8).numpy()).cast("B")
@@ -161,8 +171,61 @@ def build_flatbuffer(graph: Graph) -> bytes:
     return bytes(b.Output())
 
 
+def _nbytes(src: Any) -> int:
+    """Bytes a constant source occupies in the blob, without materializing it."""
+    if hasattr(src, "write_into"):  # deferred source
+        return int(src.nbytes)
+    if hasattr(src, "untyped_storage") and hasattr(src, "element_size"):  # torch.Tensor
+        return int(src.numel()) * int(src.element_size())
+    if isinstance(src, np.ndarray):
+        return int(src.nbytes)
+    return memoryview(src).nbytes
+
+
+#: below this the plain bytes(bytearray) path is as fast and simpler
+_IN_PLACE_MIN = 1 << 20
+
+
+@functools.cache
+def _bytes_api() -> tuple[Callable, Callable] | None:
+    """ctypes handles of PyBytes_FromStringAndSize / PyBytes_AsString, or None where the CPython C API
+    is not available."""
+    try:
+        new = ctypes.pythonapi.PyBytes_FromStringAndSize
+        addr = ctypes.pythonapi.PyBytes_AsString
+    except AttributeError:  # not CPython
+        return None
+    new.restype, new.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
+    addr.restype, addr.argtypes = ctypes.c_void_p, (ctypes.py_object,)
+    return new, addr
+
+
+class _Output:
+    """The blob under construction: a fresh ``bytes`` of its final size, written once through a view.
+
+    ``PyBytes_FromStringAndSize(NULL, n)`` returns an uninitialized bytes object that its creator may
+    fill before anyone else sees it (the C API's documented idiom); every byte is written below
+    (padding explicitly zeroed). Without the C API: a bytearray, converted to bytes at the end.
+    """
+
+    def __init__(self, size: int):
+        api = _bytes_api() if size >= _IN_PLACE_MIN else None
+        if api is None:
+            self._obj, self._buf = None, bytearray(size)
+            self.view = memoryview(self._buf)
+            return
+        new, addr_of = api
+        self._obj = new(None, size)
+        self.view = memoryview((ctypes.c_char * size).from_address(addr_of(self._obj))).cast("B")
+
+    def finish(self) -> bytes:
+        self.view.release()
+        return self._obj if self._obj is not None else bytes(self._buf)
+
+
 def write_blob(graph: Graph, constants: Mapping[int, Any]) -> bytes:
-    """Serialize ``graph`` with ``constants`` (value id -> bytes-like or tensor) into one MP00 blob.
+    """Serialize ``graph`` with ``constants`` (value id -> bytes-like, tensor or deferred source) into
+    one MP00 blob.
 
     Fills in each constant's ``segment_offset``/``constant_buffer_size`` and the graph's
     ``constant_segment``. Each constant's bytes are copied once, into the returned blob.
@@ -170,19 +233,34 @@ def write_blob(graph: Graph, constants: Mapping[int, Any]) -> bytes:
     missing = [vid for vid in graph.constant_ids if vid not in constants]
     if missing:
         raise ValueError(f"no data for constant value ids {missing}")
-    views = {vid: _bytes_of(constants[vid]) for vid in graph.constant_ids}
-    segment_size = layout_constants(graph, {vid: v.nbytes for vid, v in views.items()})
+    source = getattr(constants, "source", None) or constants.__getitem__
+    release = getattr(constants, "release", None)
+    segment_size = layout_constants(graph, {vid: _nbytes(source(vid)) for vid in graph.constant_ids})
     graph.constant_segment = (0, segment_size)
     fb = build_flatbuffer(graph)
     segment_offset = _align(HEADER_SIZE + len(fb), SEGMENT_ALIGN)
-    parts: list[Any] = [Header(segment_offset, segment_size).to_bytes(), fb,
-                        bytes(segment_offset - HEADER_SIZE - len(fb))]
-    pos = 0
+    out = _Output(segment_offset + segment_size)
+    view = out.view
+    view[:HEADER_SIZE] = Header(segment_offset, segment_size).to_bytes()
+    view[HEADER_SIZE:HEADER_SIZE + len(fb)] = fb
+    zero = HEADER_SIZE + len(fb)  # first byte not yet written
     for vid in graph.constant_ids:
         t = graph.values[vid]
-        if t.segment_offset > pos:
-            parts.append(bytes(t.segment_offset - pos))
-        parts.append(views[vid])
-        pos = t.segment_offset + t.constant_buffer_size
-    parts.append(bytes(segment_size - pos))
-    return b"".join(parts)
+        start = segment_offset + t.segment_offset
+        end = start + t.constant_buffer_size
+        view[zero:start] = bytes(start - zero)
+        src = source(vid)
+        if hasattr(src, "write_into"):
+            src.write_into(view[start:end])
+        else:
+            data = _bytes_of(src)
+            if data.nbytes != t.constant_buffer_size:
+                raise ValueError(f"constant value {vid}: {data.nbytes} bytes, laid out for {t.constant_buffer_size}")
+            view[start:end] = data
+            del data
+        del src
+        if release is not None:
+            release(vid)
+        zero = end
+    view[zero:] = bytes(len(view) - zero)
+    return out.finish()

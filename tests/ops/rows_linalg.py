@@ -69,6 +69,8 @@ ROWS = [
     row("linalg-linear-3d", Linear, randn(2, 3, 4)),
     row("linalg-linear-no-bias", None, randn(2, 3, 4), kinds="MPSMatMul", module=lambda: Linear(bias=False)),
     row("linalg-linear-2d", Linear, randn(3, 4), kinds="MPSAddmm"),
+    # out_features=1: the transposed [K, 1] weight has strides (1, K) yet reports contiguous
+    row("linalg-linear-one-output", None, randn(4, 16), kinds="MPSAddmm", module=lambda: Linear(i=16, o=1)),
     row("linalg-linear-shared-weight", SharedLinear, randn(3, 4), kinds="MPSAddmm", tol={"fp16": 2e-3}),
     row("linalg-linear-1d", Linear, randn(4)),
     row("linalg-linear-tied-weight", TiedWeight, randn(3, 4), kinds="MPSMatMul"),
