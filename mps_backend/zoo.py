@@ -94,14 +94,15 @@ def resolve(name: str) -> str:
 
 # ---- one model, one precision (in-process) ------------------------------------------------------------
 
-def weight_bytes(ep, use_fp16: bool, on_cpu: Sequence[str] = ()) -> int:
+def weight_bytes(ep, use_fp16: bool, on_cpu: Sequence[str] = (), mutated: Sequence[str] = ()) -> int:
     """Bytes of an ExportedProgram's parameters, buffers and lifted constants (each storage once) at the
     device precision (float32 counts 2 bytes per element in fp16 mode; the names in ``on_cpu``, constants
-    left to CPU operators, keep their own dtype). Buffers the program mutates (a KV cache) are state, not
-    weights: ExecuTorch plans their memory, the .pte holds no copy."""
+    left to CPU operators, keep their own dtype). Buffers the program mutates (``mutated``, e.g. a KV
+    cache; torch.export's program keeps such mutations in-graph, the edge program's signature lists them)
+    are state, not weights: ExecuTorch plans their memory, the .pte holds no copy."""
     import torch  # noqa: PLC0415
 
-    mutated = set(ep.graph_signature.buffers_to_mutate.values())
+    mutated = set(mutated) | set(ep.graph_signature.buffers_to_mutate.values())
     cpu = set(on_cpu)
     seen, total = set(), 0
     for name, t in [*ep.state_dict.items(), *ep.constants.items()]:
@@ -254,7 +255,8 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     ep = stage("torch.export", lambda: torch.export.export(model.eval(), tuple(inputs), strict=False))
     edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner]))
     top = edge.exported_program()
-    res.weight_bytes = weight_bytes(ep, use_fp16, on_cpu=[*top.state_dict, *top.constants])
+    res.weight_bytes = weight_bytes(ep, use_fp16, on_cpu=[*top.state_dict, *top.constants],
+                                    mutated=list(top.graph_signature.buffers_to_mutate.values()))
     del ep, top
     lowered = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)
                if m.backend_id == "MPSBackend"]

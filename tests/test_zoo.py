@@ -42,6 +42,7 @@ _LINEAR3D = "aten.linear on a rank-3 input lowers to view + addmm + view (operat
 #: (case or zoo spec, criterion, "fp32"/"fp16"/None for both) -> cause
 KNOWN_MISSES = {
     ("llama-tiny", "size", "fp32"): _ROPE,  # in fp16 the same 128 KiB fits the allowance
+    ("llama-kv-tiny", "size", "fp32"): _ROPE,
     ("llama-tiny", "nodes", None): _ANY,
     ("llama-kv-tiny", "nodes", None): f"{_INDEX}; {_ANY}",
     ("transformer_encoder-tiny", "nodes", None): f"{_LINEAR3D}; {_ANY}",

@@ -593,13 +593,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--subset", nargs="+", metavar="NAME",
                         help="operator test files to run (add, conv2d, test_cat.py, ...); default all")
     parser.add_argument("--flow", action="append", choices=FLOWS,
-                        help="flow(s) to run (repeatable); default mps")
+                        help="flow(s) to run (repeatable; default mps); with --from-json, the "
+                             "flows whose cases --write-expected-pass lists")
     parser.add_argument("--report", type=Path, default=None,
                         help="write the markdown report here (e.g. docs/operator-suite.md)")
     parser.add_argument("--json", type=Path, default=None,
                         help="write the results as JSON (pytest-json-report layout) here")
     parser.add_argument("--from-json", type=Path, nargs="+", default=None,
-                        help="do not run anything: merge these --json outputs and write the report")
+                        help="do not run anything: merge these --json outputs (a test in several: "
+                             "the later file wins) and write the report")
     parser.add_argument("--analysis", type=Path, default=None,
                         help="markdown file inserted at the top of the report (hand-written analysis)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
@@ -613,7 +615,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.from_json:
         runs = [SuiteRun.from_json(json.loads(p.read_text())) for p in args.from_json]
-        result = SuiteRun(tests=[t for r in runs for t in r.tests],
+        # a test in several files: the later file's result supersedes (e.g. a rerun after a fix)
+        latest = {t["nodeid"]: t for r in runs for t in r.tests}
+        result = SuiteRun(tests=sorted(latest.values(), key=lambda t: (t["file"], t["nodeid"])),
                           flows=tuple(dict.fromkeys(f for r in runs for f in r.flows)),
                           seed=runs[0].seed, seconds=sum(r.seconds for r in runs),
                           restarts=sum(r.restarts for r in runs),
@@ -628,11 +632,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
     if args.write_expected_pass:
-        passing = sorted(k for k, v in result.case_classes().items() if v == "pass")
+        # with --from-json, --flow picks the flows whose cases are listed (default: all)
+        listed = tuple(args.flow or result.flows)
+        passing = sorted(k for k, v in result.case_classes().items()
+                         if v == "pass" and _flow_of(k) in listed)
         header = [
             "# Cases of ExecuTorch's operator test suite that passed *delegated* (lowered to MPS, run",
             "# by ExecuTorch with the device model, compared with eager) on flow(s) "
-            + ", ".join(result.flows) + f", seed {result.seed}.",
+            + ", ".join(listed) + f", seed {result.seed}.",
             "# One `file::test id[#subtest]` per line. Written by",
             "#   python -m mps_backend.testing.run_suite --write-expected-pass <this file>",
         ]
