@@ -56,3 +56,14 @@ def operand(b, node: Node, x: Any, dtype: torch.dtype) -> int:
     if isinstance(x, Node):
         return b.id(x)
     return b.scalar(x, b.compute_dtype(dtype))
+
+
+def clamp_index(i, size: int, default: int) -> int:
+    """A slice bound as torch normalises it: None -> default, negative counts from the end, then
+    clamped into [0, size]."""
+    if i is None:
+        return default
+    i = int(i)
+    if i < 0:
+        i += size
+    return min(max(i, 0), size)

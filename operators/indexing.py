@@ -26,7 +26,7 @@ import math
 import torch
 from torch.fx import Node
 
-from ._util import arg, norm_dim, rank, shape, val
+from ._util import arg, clamp_index, norm_dim, rank, shape, val
 from .registry import Lowering, op_key
 from .shape import binary, cat_values, slice_value, vdtype, view
 
@@ -165,15 +165,6 @@ def _index_put(node: Node, b) -> None:
 
 # ---- slice_scatter / select_scatter ---------------------------------------------------------------
 
-def _clamp(i, size: int, default: int) -> int:
-    if i is None:
-        return default
-    i = int(i)
-    if i < 0:
-        i += size
-    return min(max(i, 0), size)
-
-
 def _scatter_check(node: Node):
     x, src = node.args[:2]
     if val(src).dtype != val(x).dtype:
@@ -216,8 +207,8 @@ def _slice_scatter(node: Node, b) -> None:
     x, src = node.args[:2]
     dim = norm_dim(arg(node, 2, "dim", 0), rank(x))
     size = shape(x)[dim]
-    start = _clamp(arg(node, 3, "start", None), size, 0)
-    end = max(_clamp(arg(node, 4, "end", None), size, size), start)
+    start = clamp_index(arg(node, 3, "start", None), size, 0)
+    end = max(clamp_index(arg(node, 4, "end", None), size, size), start)
     _scatter_range(b, node, x, b.id(src), dim, start, end, int(arg(node, 5, "step", 1)))
 
 

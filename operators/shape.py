@@ -21,7 +21,7 @@ from torch.fx import Node
 
 from mps_backend.dtypes import TORCH_TO_MPS
 
-from ._util import arg, norm_dim, rank, shape, val
+from ._util import arg, clamp_index, norm_dim, rank, shape, val
 from .registry import Lowering
 
 aten = torch.ops.aten
@@ -183,15 +183,6 @@ def _select(node: Node, b) -> None:
     b.emit("MPSSelect", input1_id=b.id(x), output_id=b.out(node), dim=dim, index=index)
 
 
-def _clamp_index(i, size: int, default: int) -> int:
-    if i is None:
-        return default
-    i = int(i)
-    if i < 0:
-        i += size
-    return min(max(i, 0), size)
-
-
 def _slice_check(node: Node):
     step = arg(node, 4, "step", 1)
     return None if int(step) >= 1 else f"slice step {step} (the device needs step >= 1)"
@@ -201,8 +192,8 @@ def _slice(node: Node, b) -> None:
     x = node.args[0]
     dim = norm_dim(arg(node, 1, "dim", 0), rank(x))
     size = shape(x)[dim]
-    start = _clamp_index(arg(node, 2, "start", None), size, 0)
-    end = _clamp_index(arg(node, 3, "end", None), size, size)
+    start = clamp_index(arg(node, 2, "start", None), size, 0)
+    end = clamp_index(arg(node, 3, "end", None), size, size)
     b.emit("MPSSlice", input1_id=b.id(x), output_id=b.out(node), dim=dim, start=start, end=max(end, start),
            step=int(arg(node, 4, "step", 1)))
 
