@@ -112,7 +112,13 @@ def verify(pte: bytes, model: torch.nn.Module, inputs: Sequence[torch.Tensor], u
         raise AssertionError(f"{len(got)} outputs from the .pte, {len(expected)} from eager")
     max_abs, scale = 0.0, 0.0
     for g, e in zip(got, expected):
-        e = e.float()
-        max_abs = max(max_abs, (g.float() - e).abs().max().item())
-        scale = max(scale, e.abs().max().item())
+        g, e = g.float(), e.float()
+        if g.shape != e.shape or not torch.equal(torch.isnan(g), torch.isnan(e)):
+            return Verification(float("inf"), 1.0, TOLERANCE[use_fp16])  # shape or NaN pattern differs
+        finite = torch.isfinite(e) & torch.isfinite(g)
+        if not torch.equal(g[~finite].nan_to_num(), e[~finite].nan_to_num()):
+            return Verification(float("inf"), 1.0, TOLERANCE[use_fp16])  # an inf where eager differs
+        if finite.any():
+            max_abs = max(max_abs, (g[finite] - e[finite]).abs().max().item())
+            scale = max(scale, e[finite].abs().max().item())
     return Verification(max_abs, scale, TOLERANCE[use_fp16])

@@ -84,3 +84,16 @@ def test_wrong_inputs_are_clear_errors_and_the_process_survives(demo, demo_pte):
     with pytest.raises(InputMismatchError, match="shape"):
         run_pte(pte, [x[:, :2]])
     assert run_pte(pte, [x])[0].shape == (1, 10)  # still works afterwards
+
+
+def test_verify_fails_on_nan_outputs(monkeypatch):
+    """max() with a NaN must not turn into a pass: a device output of NaN where eager is finite fails."""
+    import mps_backend.runtime as runtime
+
+    model = torch.nn.Identity()
+    x = torch.ones(3)
+    monkeypatch.setattr(runtime, "run_pte", lambda pte, inputs: [torch.tensor([1.0, float("nan"), 1.0])])
+    v = verify(b"", model, (x,), use_fp16=False)
+    assert not v.ok, str(v)
+    monkeypatch.setattr(runtime, "run_pte", lambda pte, inputs: [torch.ones(3)])
+    assert verify(b"", model, (x,), use_fp16=False).ok
