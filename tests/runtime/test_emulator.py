@@ -7,7 +7,6 @@ The shim is compiled once per machine into the user cache (about a second with g
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 from pathlib import Path
@@ -245,7 +244,6 @@ def test_mixed_program_cpu_ops_around_delegate(mixed_pte, standin):
 
 
 def test_mixed_program_with_interpreter(mixed_pte):
-    _require_interpreter()
     x, y = torch.randn(2, 3), torch.randn(2, 3)
     out = run_pte(mixed_pte, [x, y])
     expected = _Mixed()(x, y)
@@ -379,14 +377,8 @@ def test_unknown_method_and_garbage_program(ops_pte):
 
 # ------------------------------------------------------------------ the real interpreter
 
-def _require_interpreter():
-    if importlib.util.find_spec("mps_backend.runtime.interpreter") is None:
-        pytest.skip("mps_backend.runtime.interpreter not written yet")
-
-
 @pytest.mark.parametrize("name", FIXTURES)
 def test_upstream_fixture_reproduces_recorded_outputs(upstream_pte_dir, name):
-    _require_interpreter()
     inputs, recorded = _io(upstream_pte_dir, name)
     out = run_pte(upstream_pte_dir / f"{name}.pte", inputs)
     assert len(out) == len(recorded)
