@@ -185,6 +185,14 @@ class GraphBuilder:
         self.graph.constant_ids.remove(vid)
         del self.constants[vid]
 
+    def forget_constant(self, vid: int) -> None:
+        """Leave constant ``vid`` out of the blob once no node reads it (``simplify``), shared
+        scalars included; the value entry stays, unused."""
+        self.graph.constant_ids.remove(vid)
+        del self.constants[vid]
+        for key in [k for k, v in self._scalars.items() if v == vid]:
+            del self._scalars[key]
+
     def memo(self, key: Any, make: Any) -> Any:
         """``make()`` once per ``key`` in this graph (e.g. a packed weight shared by the nodes that
         read it); later calls with the same key return the first result."""

@@ -44,6 +44,40 @@ class ExportResult:
         ])
 
 
+def drop_unused_constants(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Remove parameters, buffers and lifted constants that no node reads (in place; returns ``ep``).
+
+    torch.export keeps every registered tensor as a graph input, read or not. An unread one is never
+    delegated, so executorch stores it in the program as a CPU constant: e.g. executorch's example
+    llama gives each layer an alias of the rope tables that only the top-level module reads, and
+    the .pte then carried a second float32 copy of them. Mutated buffers are kept (the program
+    writes them back)."""
+    from torch.export.graph_signature import InputKind  # noqa: PLC0415
+
+    sig = ep.graph_signature
+    unread = {n.name: n for n in ep.graph.nodes if n.op == "placeholder" and not n.users}
+    mutated = set(sig.buffers_to_mutate.values())
+    kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    drop = [s for s in sig.input_specs
+            if s.kind in kinds and getattr(s.arg, "name", None) in unread and s.target not in mutated]
+    if not drop:
+        return ep
+    for spec in drop:
+        ep.graph.erase_node(unread[spec.arg.name])
+        sig.input_specs.remove(spec)
+    kept = {s.target for s in sig.input_specs}
+    for spec in drop:
+        if spec.target not in kept:
+            (ep.constants if spec.kind is InputKind.CONSTANT_TENSOR else ep.state_dict).pop(spec.target, None)
+    ep.graph_module.recompile()
+    return ep
+
+
+def export_program(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model`` in eval mode (non-strict), without unread constants."""
+    return drop_unused_constants(torch.export.export(model.eval(), tuple(example_inputs), strict=False))
+
+
 def _delegate_blobs(edge) -> list[bytes]:
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
 
@@ -71,7 +105,7 @@ def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
         return out
 
     partitioner = MPSPartitioner(use_fp16=use_fp16)
-    ep = stage("torch.export", lambda: torch.export.export(model.eval(), tuple(example_inputs), strict=False))
+    ep = stage("torch.export", lambda: export_program(model, example_inputs))
     edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner]))
     blobs = _delegate_blobs(edge)
     pte = stage("to_executorch", lambda: edge.to_executorch().buffer)

@@ -252,6 +252,7 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
 
     from mps_backend import MPSPartitioner, models  # noqa: PLC0415
+    from mps_backend.export import export_program  # noqa: PLC0415
     from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph  # noqa: PLC0415
     from mps_backend.serialization.model import Header  # noqa: PLC0415
 
@@ -266,7 +267,7 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
         return out
 
     partitioner = MPSPartitioner(use_fp16=use_fp16)
-    ep = stage("torch.export", lambda: torch.export.export(model.eval(), tuple(inputs), strict=False))
+    ep = stage("torch.export", lambda: export_program(model, inputs))
     edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner]))
     top = edge.exported_program()
     res.weight_bytes = weight_bytes(ep, use_fp16, on_cpu=[*top.state_dict, *top.constants],

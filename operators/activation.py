@@ -8,9 +8,11 @@
   ``lse = sum(p * (x - log p)) / sum(p)`` (terms with ``p == 0`` dropped; their weight is 0 anyway)
   and ``log_softmax = x - lse``. The large-``p`` terms dominate and are accurate, so the result is
   finite wherever torch's is, and dividing by ``sum(p)`` cancels the rounding of the probabilities.
-* hardswish / hardsigmoid are kept whole (``preserve``) and written as ``x * clamp(x + 3, 0, 6) / 6``
-  and ``clamp(x + 3, 0, 6) / 6`` (torch's formulas); hardsigmoid adds ``where(isnan)`` because the
-  device's clamp NaN behaviour is not torch's (in hardswish the factor x keeps NaN anyway).
+* hardswish / hardsigmoid are kept whole (``preserve``: executorch's decomposition is seven edge
+  nodes each, with constant casts) and written as ``hardtanh(0.5 + x/6, 0, 1)`` -- one MPSAdd with
+  ``alpha = 1/6`` and one MPSHardTanh -- times ``x`` for hardswish: two and three MPS nodes. The same
+  function as torch's ``clamp(x + 3, 0, 6) / 6`` up to rounding (a few ulp). MPSHardTanh passes NaN
+  through like torch; ``hardswish(-inf) = -inf * 0 = NaN`` as in torch.
   silu is left to the default decomposition (sigmoid, mul), which is lowered.
 """
 from __future__ import annotations
@@ -110,25 +112,23 @@ def _log_softmax(node: Node, b) -> None:
     b.emit("MPSSub", input1_id=x, input2_id=lse, output_id=b.out(node), alpha=1.0)
 
 
-def _shifted_clamp(b, x: int, keep_nan: bool = True) -> int:
-    """clamp(x + 3, 0, 6), NaN kept if asked (the device's clamp may drop it)."""
+def _hard_sigmoid_value(b, x: int, out: int | None = None) -> int:
+    """``hardtanh(0.5 + x / 6, 0, 1)``: MPSAdd computes ``a + alpha * b``."""
     dt = vdtype(b, x)
-    x3 = binary(b, "MPSAdd", x, const(b, 3, dt))
-    c = b.emit_value("MPSClamp", dt, vshape(b, x3), min_max=(0.0, 6.0), input1_id=x3)
-    return where(b, isnan(b, x3), x3, c) if keep_nan else c
+    shifted = b.emit_value("MPSAdd", dt, vshape(b, x), input1_id=const(b, 0.5, dt), input2_id=x, alpha=1 / 6)
+    if out is None:
+        out = b.new_value(dt, vshape(b, x))
+    b.emit("MPSHardTanh", input1_id=shifted, output_id=out, min_value=0.0, max_value=1.0)
+    return out
 
 
 def _hardswish(node: Node, b) -> None:
     x = b.id(node.args[0])
-    prod = binary(b, "MPSMul", x, _shifted_clamp(b, x, keep_nan=False))  # a NaN x makes x * c NaN anyway
-    b.emit("MPSDiv", input1_id=prod, input2_id=const(b, 6, vdtype(b, x)), output_id=b.out(node),
-           rounding_mode=None)
+    b.emit("MPSMul", input1_id=x, input2_id=_hard_sigmoid_value(b, x), output_id=b.out(node))
 
 
 def _hardsigmoid(node: Node, b) -> None:
-    x = b.id(node.args[0])
-    b.emit("MPSDiv", input1_id=_shifted_clamp(b, x), input2_id=const(b, 6, vdtype(b, x)), output_id=b.out(node),
-           rounding_mode=None)
+    _hard_sigmoid_value(b, b.id(node.args[0]), out=b.out(node))
 
 
 LOWERINGS = [

@@ -6,8 +6,8 @@
   the schema default 0 would zero row 0.
 - ``index.Tensor`` -> MPSIndexTensor only with exactly one non-None index (the runtime aborts on
   more, and the metal-kernel graph type aborts always: never emitted). Negative index values are
-  made non-negative first (``i + (i < 0) * size``): the device gather's handling of them is
-  unverified.
+  made non-negative first (``i + (i < 0) * size``, computed once per index value and axis size):
+  the device gather's handling of them is unverified.
 - ``index_put`` -> MPSIndexPut with one index, ``accumulate=False`` only (the device always
   overwrites); ``values_shape`` is the full indexed shape ``x.shape[:k] + idx.shape +
   x.shape[k+1:]`` (what the device scatter requires, values broadcast to it right-aligned as in
@@ -58,9 +58,13 @@ def _nonneg_index(b, idx: Node, size: int) -> int:
     if data is not None and bool((data >= 0).all()):
         return vid
     dt = vdtype(b, vid)
-    neg = binary(b, "MPSLt", vid, b.scalar(0, dt))
-    shift = binary(b, "MPSMul", neg, b.scalar(int(size), dt))
-    return binary(b, "MPSAdd", vid, shift)
+
+    def make() -> int:
+        neg = b.memo(("negative index", vid), lambda: binary(b, "MPSLt", vid, b.scalar(0, dt)))
+        shift = binary(b, "MPSMul", neg, b.scalar(int(size), dt))
+        return binary(b, "MPSAdd", vid, shift)
+    # once per index value and axis size: e.g. a KV cache's input_pos indexes every layer's caches
+    return b.memo(("non-negative index", vid, int(size)), make)
 
 
 # ---- index_select / embedding ---------------------------------------------------------------------

@@ -5,8 +5,9 @@
   NaN/inf included, while the device would compute ``0 * bias``), ``alpha != 1`` a scalar multiply.
 - ``linear`` (``preserve``): ``x @ w.T (+ bias)``. A constant weight whose only readers are linear
   nodes is stored transposed, in place of the original (the blob holds one copy); otherwise the
-  device transposes it (MPSPermute). A rank-2 input with a bias is one MPSAddmm, other ranks are
-  MPSMatMul (broadcast batch matmul) plus MPSAdd of the bias.
+  device transposes it (MPSPermute). An input of rank >= 2 with a bias is one MPSAddmm (its product is
+  MPSGraph's broadcasting matmul, like MPSMatMul: ``[..., K] @ [K, N]``); without a bias one MPSMatMul;
+  a rank-1 input is viewed as ``[1, K]`` and back.
 """
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def _linear(node: Node, b) -> None:
     x, w = node.args[:2]
     bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
     wt = _weight_t(b, w)
-    if bias is not None and rank(x) == 2:
+    if bias is not None and rank(x) >= 2:
         b.emit("MPSAddmm", input1_id=b.id(bias), input2_id=b.id(x), input3_id=wt, output_id=b.out(node),
                beta=1.0, alpha=1.0)
         return

@@ -13,8 +13,12 @@
   The device has no MPSMax/MPSMin (never dispatched, §6 #28). Unverified on the device: pooling
   windows as wide as a whole row (e.g. a vocabulary), NaN propagation and the index of ties (torch:
   NaN wins, first index among equal maxima).
-- ``any``: ``x != 0`` (bool input as is) cast to 0/1 in the compute float dtype (exact), max-pooled
-  as above, compared with 0 (``all`` reaches edge as ``logical_not(any(logical_not(x)))``).
+- ``any``: ``x != 0`` (bool input as is) cast to 0/1 in the compute float dtype (exact), averaged
+  over the reduced axes with MPSMean and compared ``> 0`` (three nodes for a bool input). The mean of
+  ``n`` zeros/ones is at least ``1/n`` when one is set: with ``n <= 2^24`` (float32) or ``n <= 2^14``
+  (float16, where ``2^-14`` is the smallest normal number and the sum stays below 65504) that is a
+  positive normal number, so the test is exact. Larger reductions are max-pooled as above.
+  ``all`` reaches edge as ``logical_not(any(logical_not(x)))``.
   ``any.dims(x, [])`` reduces nothing (unlike sum/mean/amax/var, where ``[]`` means every axis).
 - ``cumsum`` over an axis of size n <= 512: a matmul with a constant lower-triangular ones matrix
   ``[n, n]`` (mathematically exact; the rounding order differs from a sequential scan).
@@ -37,6 +41,8 @@ from .shape import binary, permute, unary, vdtype, view, vshape
 
 aten = torch.ops.aten
 
+#: largest reduction ``any`` lowers as a mean of 0/1 flags (1/n stays a normal number), per compute dtype
+ANY_MEAN_MAX = {torch.float32: 2 ** 24, torch.float16: 2 ** 14}
 #: largest axis cumsum lowers: the triangular constant has n*n elements
 CUMSUM_MAX = 512
 
@@ -211,9 +217,16 @@ def _any(node: Node, b) -> None:
     if dt != torch.bool:
         vid = binary(b, "MPSNe", vid, b.scalar(0, dt))
     fdt = b.compute_dtype(torch.float32)
-    values, _ = pool_reduce(b, b.cast(vid, fdt), shape(x), dims)
-    hit = binary(b, "MPSGt", values, b.scalar(0.0, fdt))
+    flags = b.cast(vid, fdt)
     out = b.out(node)
+    if math.prod(_device_shape(x)[d] for d in dims) <= ANY_MEAN_MAX[fdt]:
+        keep = target is not aten.any.default and bool(arg(node, 2, "keepdim", False))
+        frac = b.emit_value("MPSMean", fdt, vshape(b, out), input1_id=flags, num_dims=len(dims), dims=dims,
+                            keep_dims=keep)
+        binary(b, "MPSGt", frac, b.scalar(0.0, fdt), out=out)
+        return
+    values, _ = pool_reduce(b, flags, shape(x), dims)
+    hit = binary(b, "MPSGt", values, b.scalar(0.0, fdt))
     view(b, hit, vshape(b, out), out=out)
 
 

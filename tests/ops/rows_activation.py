@@ -26,13 +26,16 @@ ROWS = [
         tol={"fp16": 3e-3}),
     row("act-log-softmax-inf", lambda x: torch.log_softmax(x, -1), values([[0.0, -INF, 1.0], [NAN, 0.0, 1.0]]),
         kinds="MPSSoftmax", tol={"fp16": 3e-3}),
-    # hardswish / hardsigmoid kept whole (preserve): x * clamp(x + 3, 0, 6) / 6; fp16: add, mul and
-    # div each round -> 2e-3
-    row("act-hardswish", F.hardswish, randn(4, 6, scale=4.0), kinds={"MPSClamp", "MPSMul", "MPSDiv"},
+    # hardswish / hardsigmoid kept whole (preserve): hardtanh(0.5 + x/6, 0, 1) (times x); fp16: the
+    # scaled add, the clamp and the product each round -> 2e-3
+    row("act-hardswish", F.hardswish, randn(4, 6, scale=4.0), kinds={"MPSAdd", "MPSHardTanh", "MPSMul"},
         tol={"fp16": 2e-3}),
-    row("act-hardswish-special", F.hardswish, values([NAN, INF, -INF, -3.0, 3.0, 0.0]), kinds="MPSClamp"),
-    row("act-hardsigmoid", F.hardsigmoid, randn(4, 6, scale=4.0), kinds={"MPSClamp", "MPSDiv"}, tol={"fp16": 2e-3}),
-    row("act-hardsigmoid-special", F.hardsigmoid, values([NAN, INF, -INF, -3.0, 3.0, 0.0]), kinds="MPSClamp"),
+    row("act-hardswish-special", F.hardswish, values([NAN, INF, -INF, -3.0, 3.0, 0.0, -2.9, 2.9]),
+        kinds="MPSHardTanh"),
+    row("act-hardsigmoid", F.hardsigmoid, randn(4, 6, scale=4.0), kinds={"MPSAdd", "MPSHardTanh"},
+        tol={"fp16": 2e-3}),
+    row("act-hardsigmoid-special", F.hardsigmoid, values([NAN, INF, -INF, -3.0, 3.0, 0.0, -2.9, 2.9]),
+        kinds="MPSHardTanh"),
     # silu: the default decomposition (sigmoid, mul) is lowered
     row("act-silu", F.silu, randn(4, 6, scale=3.0), kinds={"MPSSigmoid", "MPSMul"}, tol={"fp16": 2e-3}),
     # log_sigmoid decomposes into log1p (no exact lowering)

@@ -7,6 +7,16 @@ from .harness import randbool, randint, randn, row, values
 
 NAN = float("nan")
 
+
+def _one_hot_rows(rows: int, n: int):
+    """Bool [rows, n]: row 0 all false, the others one true element (first / last position)."""
+    def make():
+        x = torch.zeros(rows, n, dtype=torch.bool)
+        x[1:, 0] = True
+        x[-1, 0], x[-1, -1] = False, True
+        return x
+    return make
+
 ROWS = [
     # ---- mean: reduce-all must be written as every axis (empty dims = identity on the device) ---
     row("reduce-mean-all", lambda x: x.mean(), randn(2, 3, 4), kinds="MPSMean"),
@@ -49,16 +59,18 @@ ROWS = [
         kinds="MPSMaxPool2DWithIndices"),
     row("reduce-argmax-int", lambda x: x.argmax(), randint(0, 9, (3, 4)), cpu_reason="max/min of a torch.int32"),
 
-    # ---- any (all reaches edge as not(any(not x))) --------------------------------------------
-    row("reduce-any-all", lambda x: x.any(), randbool(3, 4), kinds={"MPSMaxPool2DWithIndices", "MPSGt"}),
-    row("reduce-any-dim", lambda x: x.any(1), randbool(2, 3, 4), kinds={"MPSMaxPool2DWithIndices", "MPSGt"}),
+    # ---- any: mean of 0/1 flags > 0 (max pooling past 2^24 / 2^14 elements); all = not(any(not x))
+    row("reduce-any-all", lambda x: x.any(), randbool(3, 4), kinds={"MPSCast", "MPSMean", "MPSGt"}),
+    row("reduce-any-dim", lambda x: x.any(1), randbool(2, 3, 4), kinds={"MPSMean", "MPSGt"}),
     row("reduce-any-float", lambda x: torch.any(x, -1, keepdim=True),
-        values([[0.0, 0.0, -0.0], [0.0, -1.0, 0.0], [NAN, 0.0, 0.0]]), kinds={"MPSNe", "MPSMaxPool2DWithIndices"}),
-    row("reduce-any-int-none", lambda x: torch.any(x, 0), values([[0, 0], [0, 5]], torch.int32),
-        kinds="MPSMaxPool2DWithIndices"),
-    row("reduce-all", lambda x: x.all(1), randbool(3, 5), kinds="MPSMaxPool2DWithIndices"),
-    row("reduce-any-dims", lambda x: torch.ops.aten.any.dims(x, [0, 2]), randbool(2, 3, 4),
-        kinds="MPSMaxPool2DWithIndices"),
+        values([[0.0, 0.0, -0.0], [0.0, -1.0, 0.0], [NAN, 0.0, 0.0]]), kinds={"MPSNe", "MPSMean"}),
+    row("reduce-any-int-none", lambda x: torch.any(x, 0), values([[0, 0], [0, 5]], torch.int32), kinds="MPSMean"),
+    row("reduce-all", lambda x: x.all(1), randbool(3, 5), kinds="MPSMean"),
+    row("reduce-any-dims", lambda x: torch.ops.aten.any.dims(x, [0, 2]), randbool(2, 3, 4), kinds="MPSMean"),
+    # a single set flag among 2^14 (fp16: 1/n is float16's smallest normal number, still > 0) ...
+    row("reduce-any-one-in-16384", lambda x: x.any(-1), _one_hot_rows(3, 2 ** 14), kinds="MPSMean"),
+    # ... and among more: the mean would be subnormal in float16, so fp16 max-pools (fp32 still averages)
+    row("reduce-any-one-in-20000", lambda x: x.any(-1), _one_hot_rows(3, 20000), kinds="MPSGt"),
     # any.dims with [] is the identity (x != 0), not a reduce-all
     row("reduce-any-dims-empty", lambda x: torch.ops.aten.any.dims(x, []), values([[0.0, 2.0], [-0.0, NAN]]),
         kinds="MPSNe"),

@@ -1,0 +1,125 @@
+"""Graph clean-up after lowering, before the blob is written (``simplify(builder)``).
+
+Lowerings emit node by node and cannot see what their neighbours emit; rewrites that are exact on
+the device tidy up what that leaves:
+
+* reshape chains: an ``MPSView`` reading the output of an ``MPSView`` / ``MPSSqueeze`` /
+  ``MPSUnsqueeze`` (all pure reshapes, same elements in the same order) reads that node's input
+  instead: ``view(view(x, a), b) == view(x, b)``. Edge programs are full of these
+  (``view_copy`` after ``view_copy``, ``squeeze`` then ``view``), and lowerings add their own.
+  Only an ``MPSView`` consumer is rewritten: its shape is absolute, while squeeze/unsqueeze/expand
+  are relative to their input's shape.
+* negations: ``MPSLogicalNot`` of an ``MPSEq``/``MPSNe`` result becomes the opposite comparison of
+  the same operands (exact, NaN included: ``not(NaN == c)`` is ``NaN != c``; not so for ``<`` and
+  ``>=``), and an ``MPSWhere`` whose condition is an ``MPSLogicalNot`` reads the negated value with
+  its branches swapped. Edge programs of torch's SDPA have both (``logical_not(eq(s, -inf))`` and
+  ``where(logical_not(any(...)), 0, p)``). The bypassed producers usually die.
+* dead nodes: a node none of whose outputs is read by a later node or is a graph output is
+  removed (after the rewrite above many are), repeated until nothing changes, and so are the
+  constants no remaining node reads (a weight consumed only by a removed node does not stay in
+  the blob).
+
+Value ids never change: removed nodes leave their output entries in ``mps_values`` unused (the
+device creates tensors only for inputs and constants), so user inputs stay ids 0..n-1.
+``node_origin`` (the debug-handle map) is kept in step with the node list.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from mps_backend.serialization.model import DataType, Node
+from mps_backend.serialization.reader import IGNORED_IDS, OUTPUT_FIELDS
+
+#: members whose output is their input reshaped (same elements, same order)
+RESHAPES = frozenset({"MPSView", "MPSSqueeze", "MPSUnsqueeze"})
+
+
+def _ids(node: Node, outputs: bool, ignored: bool = False) -> Iterator[int]:
+    """Value ids ``node`` reads (``outputs=False``) or writes; -1 entries skipped, and the fields
+    the runtime ignores unless ``ignored``."""
+    for name, value in node.fields.items():
+        if not (name.endswith("_id") or name.endswith("_ids")) or (name in OUTPUT_FIELDS) != outputs:
+            continue
+        if (node.op, name) in IGNORED_IDS and not ignored:
+            continue
+        for v in value if isinstance(value, list) else (value,):
+            if v >= 0:
+                yield v
+
+
+def reads(node: Node) -> Iterator[int]:
+    return _ids(node, outputs=False)
+
+
+def writes(node: Node) -> Iterator[int]:
+    return _ids(node, outputs=True)
+
+
+def _collapse_reshapes(nodes: list[Node]) -> int:
+    producer: dict[int, Node] = {}
+    rewired = 0
+    for node in nodes:
+        if node.op == "MPSView":
+            src = producer.get(node.fields["input1_id"])
+            if src is not None and src.op in RESHAPES:
+                node.fields["input1_id"] = src.fields["input1_id"]
+                rewired += 1
+        for v in writes(node):
+            producer[v] = node
+    return rewired
+
+
+#: comparison -> the comparison that is its exact negation
+NEGATED = {"MPSEq": "MPSNe", "MPSNe": "MPSEq"}
+
+
+def _fold_negations(graph) -> int:
+    nodes = graph.nodes
+    producer: dict[int, Node] = {}
+    folded = 0
+    for node in nodes:
+        src = producer.get(node.fields.get("input1_id", -1))
+        if node.op == "MPSLogicalNot" and src is not None and src.op in NEGATED:
+            node.op = NEGATED[src.op]
+            node.fields = {"input1_id": src.fields["input1_id"], "input2_id": src.fields["input2_id"],
+                           "output_id": node.fields["output_id"]}
+            folded += 1
+        elif (node.op == "MPSWhere" and src is not None and src.op == "MPSLogicalNot"
+              and graph.values[src.fields["input1_id"]].datatype == DataType.bool):  # the device's NOT of a
+            # non-bool tensor is unverified
+            f = node.fields
+            f["input1_id"], f["input2_id"], f["input3_id"] = src.fields["input1_id"], f["input3_id"], f["input2_id"]
+            folded += 1
+        for v in writes(node):
+            producer[v] = node
+    return folded
+
+
+def _remove_dead(b) -> int:
+    graph = b.graph
+    keep_values = set(graph.output_ids)
+    alive = [True] * len(graph.nodes)
+    for i in range(len(graph.nodes) - 1, -1, -1):  # one backward sweep finds every dead chain
+        node = graph.nodes[i]
+        if any(v in keep_values for v in writes(node)):
+            keep_values.update(reads(node))
+        else:
+            alive[i] = False
+    removed = alive.count(False)
+    if removed:
+        graph.nodes[:] = [n for n, a in zip(graph.nodes, alive) if a]
+        b.node_origin[:] = [o for o, a in zip(b.node_origin, alive) if a]
+    referenced = set(graph.output_ids)  # a constant named by any field of a kept node stays
+    for node in graph.nodes:
+        referenced.update(_ids(node, outputs=False, ignored=True))
+    for vid in [c for c in graph.constant_ids if c not in referenced]:
+        b.forget_constant(vid)
+    return removed
+
+
+def simplify(b) -> dict[str, int]:
+    """Apply the rewrites to builder ``b`` in place; returns how many of each were made."""
+    rewired = _collapse_reshapes(b.graph.nodes)
+    folded = _fold_negations(b.graph)
+    removed = _remove_dead(b)
+    return {"reshapes rewired": rewired, "negations folded": folded, "nodes removed": removed}

@@ -1,0 +1,64 @@
+"""export_program drops constants no node reads (they would stay in the .pte as CPU constants)."""
+from __future__ import annotations
+
+import torch
+
+from mps_backend.export import drop_unused_constants, export_model, export_program
+
+
+class _Rope(torch.nn.Module):
+    def __init__(self, table):
+        super().__init__()
+        self.register_buffer("freqs", table)  # an alias of the parent's table, never read
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        table = torch.randn(64, 64)
+        self.register_buffer("freqs", table)
+        self.inner = _Rope(table)
+        self.unused_weight = torch.nn.Parameter(torch.randn(32, 32))
+        self.register_buffer("unused_plain", torch.randn(16), persistent=False)
+        self.register_buffer("count", torch.zeros(1))
+        self.lin = torch.nn.Linear(64, 8)
+
+    def forward(self, x):
+        self.count.add_(1)  # mutated: kept
+        return self.lin(x @ self.freqs)
+
+
+def test_unread_constants_leave_the_program():
+    model, x = _Model().eval(), torch.randn(2, 64)
+    full = torch.export.export(model, (x,), strict=False)
+    before = {s.target for s in full.graph_signature.input_specs}
+    assert {"inner.freqs", "unused_weight", "unused_plain"} <= before
+    ep = drop_unused_constants(full)
+    after = {s.target for s in ep.graph_signature.input_specs if s.target}
+    # of the two names of the table, the one the graph reads stays (torch picks which)
+    dropped = before - after - {None}
+    assert {"unused_weight", "unused_plain"} < dropped and len(dropped & {"freqs", "inner.freqs"}) == 1
+    assert len(dropped) == 3 and {"count", "lin.weight", "lin.bias"} <= after
+    assert not dropped & set(ep.state_dict) and "count" in ep.state_dict
+    assert all(n.users for n in ep.graph.nodes if n.op == "placeholder" and not n.name.startswith("b_count"))
+    ep.validate() if hasattr(ep, "validate") else ep._validate()
+    fresh = _Model()
+    fresh.load_state_dict(model.state_dict())
+    torch.testing.assert_close(ep.module()(x), fresh(x))
+
+
+def test_export_model_pte_holds_no_unread_table():
+    model, x = _Model().eval(), torch.randn(2, 64)
+    res = export_model(model, [x], use_fp16=False)
+    # the 64x64 float32 table once (delegated) + linear; the unread alias and weight would add 16 + 4 KiB
+    weights = (64 * 64 + 8 * 64 + 8) * 4
+    assert res.constant_bytes >= weights
+    assert len(res.pte) < weights + 4 * 32 * 32 + 12 * 1024, len(res.pte)
+    assert export_program(model, [x]).graph_signature.input_specs  # still a program
+
+
+def test_nothing_to_drop_returns_the_program_unchanged():
+    lin = torch.nn.Linear(4, 4).eval()
+    ep = torch.export.export(lin, (torch.randn(1, 4),))
+    specs = list(ep.graph_signature.input_specs)
+    assert drop_unused_constants(ep) is ep and ep.graph_signature.input_specs == specs

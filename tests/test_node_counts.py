@@ -1,0 +1,67 @@
+"""No bloat: how many MPS nodes an edge node lowers to, for the ops that need more than one (the
+model-zoo target "MPS nodes <= edge nodes of the partition" rests on these)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from executorch.exir import to_edge_transform_and_lower
+from executorch.exir.lowered_backend_module import get_lowered_submodules
+
+from mps_backend import MPSPartitioner, zoo
+
+
+def _expansion(fn, *inputs, use_fp16=False, module=None):
+    class Op(torch.nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+
+    ep = torch.export.export((module or Op()).eval(), inputs)
+    part = MPSPartitioner(use_fp16=use_fp16)
+    edge = to_edge_transform_and_lower(ep, partitioner=[part])
+    assert not part.report().on_cpu, part.report().on_cpu
+    lowered = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)]
+    return zoo.expansion(lowered, use_fp16)
+
+
+class _KVUpdate(torch.nn.Module):
+    """Two caches written at the same positions (a KV cache layer), read back through index.Tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 2, 16, 4))
+        self.register_buffer("v", torch.zeros(1, 2, 16, 4))
+
+    def forward(self, pos, k_new, v_new):
+        k = torch.ops.aten.index_put(self.k, [None, None, pos], k_new)
+        v = torch.ops.aten.index_put(self.v, [None, None, pos], v_new)
+        mask = torch.ones(16, 16)[pos]
+        rope = torch.ones(32, 4)[pos]  # another axis size: its own (i < 0) * 32 + i, the i < 0 shared
+        return k + v, mask, rope
+
+
+@pytest.mark.parametrize("use_fp16", [False, True])
+def test_hardswish_and_hardsigmoid(use_fp16):
+    e = _expansion(lambda x: F.hardswish(x) + F.hardsigmoid(x), torch.randn(8), use_fp16=use_fp16)
+    assert e["aten::hardswish"] == (1, 3)  # 0.5 + x/6 (one MPSAdd with alpha), hardtanh, times x
+    assert e["aten::hardsigmoid"] == (1, 2)
+
+
+@pytest.mark.parametrize("use_fp16", [False, True])
+def test_any_is_cast_mean_compare(use_fp16):
+    e = _expansion(lambda m: m.any(-1, keepdim=True), torch.rand(2, 3, 8) > 0.5, use_fp16=use_fp16)
+    assert e["aten::any.dim"] == (1, 3)
+
+
+def test_linear_with_bias_is_one_addmm_for_any_input_rank():
+    lin = torch.nn.Linear(8, 5)
+    for x in (torch.randn(3, 8), torch.randn(2, 3, 8), torch.randn(2, 2, 3, 8)):
+        assert _expansion(lin, x)["aten::linear"] == (1, 1), x.shape
+
+
+def test_negative_index_fix_up_is_shared_by_the_ops_reading_one_index():
+    e = _expansion(None, torch.tensor([3]), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), module=_KVUpdate())
+    # the int64 user index may be negative: i + (i < 0) * 16 is computed once (3 nodes) for the three
+    # readers of axes of size 16, and the axis of size 32 adds its multiply and add (2 nodes)
+    assert e["aten::index_put"][0] == 2 and e["aten::index.Tensor"][0] == 2
+    assert e["aten::index_put"][1] + e["aten::index.Tensor"][1] == 4 + 3 + 2
