@@ -14,6 +14,11 @@ the device tidy up what that leaves:
   ``>=``), and an ``MPSWhere`` whose condition is an ``MPSLogicalNot`` reads the negated value with
   its branches swapped. Edge programs of torch's SDPA have both (``logical_not(eq(s, -inf))`` and
   ``where(logical_not(any(...)), 0, p)``). The bypassed producers usually die.
+* common subexpressions: small constants (<= 64 elements) with the same dtype, shape and bytes
+  become one, and a node with the same member, fields, inputs and output types as an earlier node
+  is dropped, its readers reading the earlier node's outputs (a node writing a graph output is
+  kept). Edge programs repeat computations, e.g. torch's bicubic decomposition computes the same
+  clamped source rows for every one of its 16 taps, and lifted constants repeat values.
 * dead nodes: a node none of whose outputs is read by a later node or is a graph output is
   removed (after the rewrite above many are), repeated until nothing changes, and so are the
   constants no remaining node reads (a weight consumed only by a removed node does not stay in
@@ -25,7 +30,10 @@ device creates tensors only for inputs and constants), so user inputs stay ids 0
 """
 from __future__ import annotations
 
+import math
 from typing import Iterator
+
+import torch
 
 from mps_backend.serialization.model import DataType, Node
 from mps_backend.serialization.reader import IGNORED_IDS, OUTPUT_FIELDS
@@ -95,6 +103,56 @@ def _fold_negations(graph) -> int:
     return folded
 
 
+#: constants up to this many elements are compared by value
+SMALL_CONSTANT = 64
+
+
+def _rename(node: Node, replace: dict[int, int]) -> None:
+    for name, value in node.fields.items():
+        if not (name.endswith("_id") or name.endswith("_ids")) or name in OUTPUT_FIELDS:
+            continue
+        if isinstance(value, list):
+            node.fields[name] = [replace.get(v, v) for v in value]
+        else:
+            node.fields[name] = replace.get(value, value)
+
+
+def _dedupe(b) -> int:
+    graph = b.graph
+    replace: dict[int, int] = {}
+    first_constant: dict[tuple, int] = {}
+    for vid in graph.constant_ids:
+        t = graph.values[vid]
+        if b.constants.get(vid) is None or math.prod(t.dims) > SMALL_CONSTANT:
+            continue
+        data = b.constants[vid].reshape(-1).contiguous().view(torch.uint8)
+        key = (t.datatype, tuple(t.dims), bytes(data.numpy()))
+        replace[vid] = first_constant.setdefault(key, vid)
+    graph_outputs = set(graph.output_ids)
+    first_node: dict[tuple, Node] = {}
+    kept: list[int] = []
+    for i, node in enumerate(graph.nodes):
+        _rename(node, replace)
+        outs = [n for n in node.fields if n in OUTPUT_FIELDS]
+        out_ids = [v for n in outs for v in (node.fields[n] if isinstance(node.fields[n], list) else [node.fields[n]])]
+        key = (node.op, node.min_max,
+               tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in node.fields.items() if k not in OUTPUT_FIELDS),
+               tuple((graph.values[v].datatype, tuple(graph.values[v].dims)) if v >= 0 else None for v in out_ids))
+        earlier = first_node.get(key)
+        if earlier is None or graph_outputs.intersection(out_ids):
+            first_node.setdefault(key, node)
+            kept.append(i)
+            continue
+        earlier_ids = [v for n in outs for v in (earlier.fields[n] if isinstance(earlier.fields[n], list)
+                                                 else [earlier.fields[n]])]
+        replace.update((a, c) for a, c in zip(out_ids, earlier_ids) if a >= 0)
+    removed = len(graph.nodes) - len(kept)
+    if removed:
+        graph.nodes[:] = [graph.nodes[i] for i in kept]
+        b.node_origin[:] = [b.node_origin[i] for i in kept]
+    return removed
+
+
 def _remove_dead(b) -> int:
     graph = b.graph
     keep_values = set(graph.output_ids)
@@ -121,5 +179,7 @@ def simplify(b) -> dict[str, int]:
     """Apply the rewrites to builder ``b`` in place; returns how many of each were made."""
     rewired = _collapse_reshapes(b.graph.nodes)
     folded = _fold_negations(b.graph)
+    merged = _dedupe(b)
     removed = _remove_dead(b)
-    return {"reshapes rewired": rewired, "negations folded": folded, "nodes removed": removed}
+    return {"reshapes rewired": rewired, "negations folded": folded, "duplicates merged": merged,
+            "nodes removed": removed}

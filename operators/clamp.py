@@ -1,11 +1,15 @@
 """clamp (scalar and tensor bounds) and where.
 
-* ``clamp.default`` -> MPSClamp with the bounds in ``MPSNode.min_max`` (the table has none;
-  semantics §5.8). An absent bound is written as ∓inf, which the device reads as "no bound"; at
-  least one bound is always present (the device never assigns the output otherwise, §6 #24).
-  One-bound clamps are MPSGraph maximum/minimum, which drop NaN: float clamps get
-  ``where(isnan(x), x, clamp)``. ``lo > hi`` is two one-bound clamps (torch: ``min(max(x, lo), hi)``).
-  Bounds are float32 fields: integer tensors need bounds inside the dtype and exact in float32.
+* ``clamp.default`` of a float tensor with ``lo <= hi`` -> one MPSHardTanh (bounds in its table
+  fields, an absent one as ∓inf): ``where(x < lo, lo, x)`` then ``where(x > hi, hi, ...)``, which is
+  torch's clamp, NaN passing through (semantics §5.1).
+* other scalar clamps (integer tensors, ``lo > hi``) -> MPSClamp with the bounds in
+  ``MPSNode.min_max`` (the table has none; §5.8). An absent bound is written as ∓inf, which the
+  device reads as "no bound"; at least one bound is always present (the device never assigns the
+  output otherwise, §6 #24). One-bound clamps are MPSGraph maximum/minimum, which drop NaN: float
+  clamps get ``where(isnan(x), x, clamp)``. ``lo > hi`` is two one-bound clamps (torch:
+  ``min(max(x, lo), hi)``). Bounds are float32 fields: integer tensors need bounds inside the dtype
+  and exact in float32.
 * ``clamp.Tensor`` -> the NaN-propagating ``maximum`` / ``minimum`` of unary.py (torch propagates NaN
   from the bounds too).
 * ``where.self`` -> MPSWhere with both branches cast to the result dtype (the device does not
@@ -76,6 +80,10 @@ def _clamp(node: Node, b) -> None:
     hi = math.inf if hi is None else float(np.float32(hi))
     if lo == -math.inf and hi == math.inf:  # the device would never assign the output (§6 #24)
         finish(b, node, x)
+        return
+    if lo <= hi and vdtype(b, x) in FLOAT_DTYPES:
+        r = b.emit_value("MPSHardTanh", vdtype(b, x), vshape(b, x), input1_id=x, min_value=lo, max_value=hi)
+        finish(b, node, r)
         return
     if lo > hi:  # torch: min(max(x, lo), hi); MPSGraph clamp with crossed bounds is unspecified
         r = _emit_clamp(b, _emit_clamp(b, x, lo, math.inf), -math.inf, hi)

@@ -4,8 +4,11 @@
 - ``embedding`` -> MPSEmbedding with ``padding_idx`` always written as -1: the device zeroes the rows
   whose index equals ``padding_idx`` (semantics §6 #3) while torch's forward returns the stored row;
   the schema default 0 would zero row 0.
-- ``index.Tensor`` -> MPSIndexTensor only with exactly one non-None index (the runtime aborts on
-  more, and the metal-kernel graph type aborts always: never emitted). Negative index values are
+- ``index.Tensor`` with one non-None index -> MPSIndexTensor (the runtime aborts on more, and the
+  metal-kernel graph type aborts always: never emitted). Several indices that select an outer
+  product on adjacent axes (``x[:, :, rows[:, None], cols]``, what torch's interpolation
+  decompositions gather) -> one MPSIndexSelect per axis, each distinct gather emitted once; other
+  multi-index patterns stay on CPU. Negative index values are
   made non-negative first (``i + (i < 0) * size``, computed once per index value and axis size):
   the device gather's handling of them is unverified.
 - ``index_put`` -> MPSIndexPut with one index, ``accumulate=False`` only (the device always
@@ -50,12 +53,28 @@ def _device_shape(s) -> list[int]:
     return list(s) or [1]
 
 
+_RESHAPES = (aten.view_copy.default, aten.unsqueeze_copy.default, aten.squeeze_copy.dims, aten.view.default,
+             aten.unsqueeze.default)
+
+
+def _clamped_nonneg(idx: Node) -> bool:
+    """``idx`` is the result of a clamp with a lower bound >= 0 (e.g. the source rows and
+    columns torch's interpolation decompositions compute), possibly reshaped."""
+    while idx.op == "call_function" and op_key(idx.target) in _RESHAPES:
+        idx = idx.args[0]
+    if idx.op != "call_function" or op_key(idx.target) not in (aten.clamp.default, aten.clamp_min.default):
+        return False
+    lo = arg(idx, 1, "min", None)
+    return isinstance(lo, (int, float)) and lo >= 0
+
+
 def _nonneg_index(b, idx: Node, size: int) -> int:
     """``idx + (idx < 0) * size``: torch's negative indices made explicit. Skipped for constant
-    indices that are already non-negative (lowerings may read constant data)."""
+    indices that are already non-negative (lowerings may read constant data) and for clamp
+    results with a lower bound >= 0."""
     vid = b.id(idx)
     data = b.constants.get(vid)
-    if data is not None and bool((data >= 0).all()):
+    if (data is not None and bool((data >= 0).all())) or _clamped_nonneg(idx):
         return vid
     dt = vdtype(b, vid)
 
@@ -118,9 +137,54 @@ def _single_index(node: Node):
     return present[0]
 
 
+def _outer_indices(node: Node):
+    """For two or more index tensors: [(axis, index node)] when they select an outer product of
+    per-axis indices on adjacent axes (index ``j`` of ``m`` has, right-aligned to rank ``m``, its
+    only non-1 size at position ``j``, like ``x[:, rows[:, None], cols]``), else a reason string."""
+    x = node.args[0]
+    present = [(k, i) for k, i in enumerate(node.args[1]) if i is not None]
+    m = len(present)
+    for k, idx in present:
+        reason = _index_reason(idx)
+        if reason:
+            return reason
+        if k >= rank(x):
+            return f"index at position {k} of a rank-{rank(x)} tensor"
+    axes = [k for k, _ in present]
+    if axes != list(range(axes[0], axes[0] + m)):
+        return (f"index tensors on axes {axes}, not adjacent (torch moves the indexed axes first); the "
+                "device gathers along one axis at a time")
+    for j, (_, idx) in enumerate(present):
+        s = shape(idx)
+        padded = [1] * (m - len(s)) + s
+        if len(s) > m or any(d != 1 for t, d in enumerate(padded) if t != j):
+            return (f"{m} index tensors that do not select an outer product (index {j} has shape {s}): the "
+                    "device gathers along one axis at a time (MPSIndexTensor aborts on more than one)")
+    return present
+
+
 def _index_check(node: Node):
-    found = _single_index(node)
+    n = sum(i is not None for i in node.args[1])
+    found = _single_index(node) if n <= 1 else _outer_indices(node)
     return found if isinstance(found, str) else None
+
+
+def _index_outer(node: Node, b) -> None:
+    """One MPSIndexSelect per indexed axis with the flattened index; a gather shared by several
+    nodes (the same rows of the same tensor) is emitted once."""
+    x = node.args[0]
+    vid, cur = b.id(x), shape(x)
+    for k, idx in _outer_indices(node):
+        n = math.prod(shape(idx))
+        iv = _nonneg_index(b, idx, shape(x)[k])
+        if shape(idx) != [n]:
+            iv = b.memo(("flat index", iv), lambda iv=iv, n=n: view(b, iv, [n]))
+        cur = cur[:k] + [n] + cur[k + 1:]
+
+        def gather(src=vid, k=k, iv=iv, out_shape=cur) -> int:
+            return b.emit_value("MPSIndexSelect", b.dtype(x), out_shape, input1_id=src, index_id=iv, dim=k)
+        vid = b.memo(("index_select", vid, k, iv), gather)
+    b.alias(node, vid)
 
 
 def _indexed_shape(x: Node, k: int, idx: Node) -> list[int]:
@@ -130,6 +194,9 @@ def _indexed_shape(x: Node, k: int, idx: Node) -> list[int]:
 
 
 def _index_tensor(node: Node, b) -> None:
+    if sum(i is not None for i in node.args[1]) > 1:
+        _index_outer(node, b)
+        return
     x = node.args[0]
     k, idx = _single_index(node)
     ids = [-1] * len(node.args[1])

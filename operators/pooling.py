@@ -1,5 +1,5 @@
 """Pooling: max_pool2d_with_indices -> MPSMaxPool2DWithIndices, avg_pool2d -> MPSAvgPool2D,
-adaptive_avg_pool2d, nearest upsampling.
+adaptive_avg_pool2d, nearest and bilinear upsampling.
 
 ceil_mode is lowered only where it does not change the output size: the device's ceil
 handling with padding differs from torch (semantics §5.14). Max-pool indices are int32 on
@@ -15,6 +15,16 @@ row/column of every output row/column is obtained by running the same aten op on
 lowering time (shapes only, so torch's own float scale arithmetic is reproduced exactly). Integer
 factors become view + expand + view (a broadcast copy); other mappings one MPSIndexSelect per axis
 with that constant index.
+
+Bilinear upsampling (``upsample_bilinear2d``; the union has no resize member) is separable and
+linear: ``out = A_h @ x @ A_w^T`` with constant interpolation matrices ``A_h [H', H]``,
+``A_w [W', W]`` whose rows hold torch's two lerp weights. They are obtained, like the nearest
+indices, by running the aten op itself on one-hot float32 inputs at lowering time (one axis at a
+time, the other of size 1), so the weights are torch's float32 weights bit for bit. Each resized
+axis is one MPSMatMul (broadcast over N, C); an axis of input size 1 is a broadcast (MPSExpand), an
+unchanged axis nothing. Deviation: a matmul reads every input row/column with weight 0 or more, so
+an inf or NaN in the input makes its whole output column/row NaN, where torch confines it to the
+output pixels whose two taps include it. Finite inputs match torch up to rounding.
 """
 from __future__ import annotations
 
@@ -25,7 +35,7 @@ import torch
 from torch.fx import Node
 
 from ._util import arg, is_float, rank, shape
-from .registry import Lowering
+from .registry import Lowering, op_key
 from .shape import index_select, view
 
 aten = torch.ops.aten
@@ -183,10 +193,71 @@ def _upsample_nearest(node: Node, b) -> None:
         vid = index_select(b, vid, axis, src, out=b.out(node) if i == len(steps) - 1 else None)
 
 
+def _bilinear_check(node: Node):
+    if rank(node.args[0]) != 4 or rank(node) != 4:
+        return f"bilinear upsampling of a rank-{rank(node.args[0])} tensor"
+    if not is_float(node.args[0]):
+        return "bilinear upsampling of a non-float tensor"
+    return None
+
+
+def _bilinear_matrix(node: Node, axis: int) -> torch.Tensor:
+    """``A [out, in]`` of ``axis`` (2: rows, 3: columns): the op applied to the one-hot basis of
+    that axis, the other axis of size 1 and left at 1."""
+    size, out = shape(node.args[0])[axis], shape(node)[axis]
+    basis = torch.eye(size, dtype=torch.float32).reshape(size, 1, size, 1)
+    if axis == 3:
+        basis = basis.transpose(2, 3)
+    sizes = [out, 1] if axis == 2 else [1, out]
+    align = bool(arg(node, 2, "align_corners", False))
+    if op_key(node.target) is aten.upsample_bilinear2d.vec:
+        scales = arg(node, 3, "scale_factors", None)
+        if scales is not None:  # torch then derives the scale from the factor, not from the sizes
+            scales = [float(scales[0]), 1.0] if axis == 2 else [1.0, float(scales[1])]
+        result = aten.upsample_bilinear2d.vec(basis, None if scales is not None else sizes, align, scales)
+    else:
+        scale = arg(node, 3 if axis == 2 else 4, "scales_h" if axis == 2 else "scales_w", None)
+        result = aten.upsample_bilinear2d.default(basis, sizes, align, scale if axis == 2 else None,
+                                                  scale if axis == 3 else None)
+    return result.reshape(size, out).t().contiguous()
+
+
+def _resized(node: Node, axis: int) -> bool:
+    size = shape(node.args[0])[axis]
+    return size != shape(node)[axis] or not torch.equal(_bilinear_matrix(node, axis), torch.eye(size))
+
+
+def _upsample_bilinear(node: Node, b) -> None:
+    x = node.args[0]
+    vid, cur = b.id(x), shape(x)
+    steps = [axis for axis in (3, 2) if _resized(node, axis)]
+    if not steps:
+        b.alias(node, vid)
+        return
+    dt = b.dtype(node)
+    if all(shape(x)[axis] == 1 for axis in steps):  # from single pixels/rows/columns: one broadcast
+        b.emit("MPSExpand", input1_id=vid, output_id=b.out(node), num_dims=4, shape=shape(node))
+        return
+    for k, axis in enumerate(steps):
+        cur = cur[:axis] + [shape(node)[axis]] + cur[axis + 1:]
+        out = b.out(node) if k == len(steps) - 1 else b.new_value(dt, cur)
+        if shape(x)[axis] == 1:  # every output row/column is the one input row/column
+            b.emit("MPSExpand", input1_id=vid, output_id=out, num_dims=4, shape=cur)
+        elif axis == 3:  # x @ A_w^T
+            b.emit("MPSMatMul", input1_id=vid, input2_id=b.constant(_bilinear_matrix(node, 3).t().contiguous(),
+                                                                    dtype=dt), output_id=out)
+        else:  # A_h @ x
+            b.emit("MPSMatMul", input1_id=b.constant(_bilinear_matrix(node, 2), dtype=dt), input2_id=vid,
+                   output_id=out)
+        vid = out
+
+
 LOWERINGS = [
     Lowering((aten.max_pool2d_with_indices.default,), _max_pool, _check(True), generic="args"),
     Lowering((aten.avg_pool2d.default,), _avg_pool, _check(False)),
     Lowering((aten._adaptive_avg_pool2d.default,), _adaptive, _adaptive_check),
     Lowering((aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default, aten._upsample_nearest_exact2d.vec,
               aten._upsample_nearest_exact2d.default), _upsample_nearest, _upsample_check, preserve=True),
+    Lowering((aten.upsample_bilinear2d.vec, aten.upsample_bilinear2d.default), _upsample_bilinear, _bilinear_check,
+             preserve=True),
 ]

@@ -121,15 +121,18 @@ def _permute(node: Node, b) -> None:
     b.emit("MPSPermute", input1_id=b.id(node.args[0]), output_id=b.out(node), num_dims=len(perm), perm=perm)
 
 
-def _expand(node: Node, b) -> None:
-    x, out_shape = node.args[0], shape(node)
-    vid, in_shape = b.id(x), shape(x)
+def expand(b, vid: int, in_shape: list[int], out_shape: list[int], out: int | None = None) -> int:
+    """``vid`` (of shape ``in_shape``) broadcast to ``out_shape``."""
     if len(out_shape) > len(in_shape):  # the device only reads rank(x) entries: view up first (§6 #18)
-        padded = [1] * (len(out_shape) - len(in_shape)) + in_shape
-        up = b.new_value(b.dtype(x), padded)
-        b.emit("MPSView", input1_id=vid, output_id=up, num_dims=len(padded), shape=padded)
-        vid = up
-    b.emit("MPSExpand", input1_id=vid, output_id=b.out(node), num_dims=len(out_shape), shape=out_shape)
+        vid = view(b, vid, [1] * (len(out_shape) - len(in_shape)) + list(in_shape))
+    if out is None:
+        out = b.new_value(vdtype(b, vid), out_shape)
+    b.emit("MPSExpand", input1_id=vid, output_id=out, num_dims=len(out_shape), shape=list(out_shape))
+    return out
+
+
+def _expand(node: Node, b) -> None:
+    expand(b, b.id(node.args[0]), shape(node.args[0]), shape(node), out=b.out(node))
 
 
 def _cat_check(node: Node):

@@ -42,7 +42,8 @@ class _KVUpdate(torch.nn.Module):
 
 @pytest.mark.parametrize("use_fp16", [False, True])
 def test_hardswish_and_hardsigmoid(use_fp16):
-    e = _expansion(lambda x: F.hardswish(x) + F.hardsigmoid(x), torch.randn(8), use_fp16=use_fp16)
+    # (two inputs: on the same input, hardsigmoid's two nodes are hardswish's first two, merged)
+    e = _expansion(lambda x, y: F.hardswish(x) + F.hardsigmoid(y), torch.randn(8), torch.randn(8), use_fp16=use_fp16)
     assert e["aten::hardswish"] == (1, 3)  # 0.5 + x/6 (one MPSAdd with alpha), hardtanh, times x
     assert e["aten::hardsigmoid"] == (1, 2)
 
@@ -65,3 +66,29 @@ def test_negative_index_fix_up_is_shared_by_the_ops_reading_one_index():
     # readers of axes of size 16, and the axis of size 32 adds its multiply and add (2 nodes)
     assert e["aten::index_put"][0] == 2 and e["aten::index.Tensor"][0] == 2
     assert e["aten::index_put"][1] + e["aten::index.Tensor"][1] == 4 + 3 + 2
+
+
+@pytest.mark.parametrize("use_fp16", [False, True])
+def test_float_clamp_is_one_hardtanh_and_floor_then_cast_one_cast(use_fp16):
+    e = _expansion(lambda x: (x.clamp(-1.0, 2.0) + x.clamp(min=0.5), torch.floor(x).to(torch.int64)),
+                   torch.randn(8), use_fp16=use_fp16)
+    assert e["aten::clamp"] == (2, 2)
+    assert e["dim_order_ops::_to_dim_order_copy"] == (1, 1)  # no truncation of a floored value
+
+
+def test_outer_product_indexing_shares_row_gathers_and_trusts_clamps():
+    def taps(x, r, c):
+        rows = r.clamp(0, 4)[:, None]  # interpolation-style source indices: never negative
+        return x[:, :, rows, c.clamp(min=0)] + x[:, :, rows, (c + 1).clamp(min=0)]
+
+    e = _expansion(taps, torch.randn(1, 2, 5, 4), torch.tensor([4, 7, 0]), torch.tensor([3, -4]))
+    # one row gather shared by both taps + one column gather each + one flattening view of rows; no
+    # negative-index fix-ups
+    assert e["aten::index.Tensor"] == (2, 4)
+
+
+def test_bilinear_upsampling_is_one_node_per_resized_axis():
+    up = lambda size: (lambda x: F.interpolate(x, size=size, mode="bilinear"))  # noqa: E731
+    assert _expansion(up((28, 28)), torch.randn(1, 3, 1, 1))["aten::upsample_bilinear2d.vec"] == (1, 1)
+    assert _expansion(up((4, 9)), torch.randn(1, 3, 4, 5))["aten::upsample_bilinear2d.vec"] == (1, 1)
+    assert _expansion(up((16, 20)), torch.randn(1, 3, 4, 5))["aten::upsample_bilinear2d.vec"] == (1, 2)

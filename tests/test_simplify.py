@@ -43,7 +43,7 @@ def test_reshape_chain_dead_nodes_and_unread_constants():
     b, unused_w = _graph()
     before = write_blob(copy.deepcopy(b.graph), dict(b.constants))
     stats = simplify(b)
-    assert stats == {"reshapes rewired": 2, "negations folded": 0, "nodes removed": 4}  # v2<-v1<-u rewired; u, v1, mul, exp dead
+    assert stats == {"reshapes rewired": 2, "negations folded": 0, "duplicates merged": 0, "nodes removed": 4}  # v2<-v1<-u rewired; u, v1, mul, exp dead
     ops = [n.op for n in b.graph.nodes]
     assert ops == ["MPSView", "MPSAdd", "MPSReLU", "MPSView"]
     assert b.graph.nodes[0].fields["input1_id"] == b.graph.input_ids[0]  # view [4, 6] straight from x
@@ -80,7 +80,7 @@ def test_expand_and_squeeze_consumers_are_not_rewired():
     s = b.emit_value("MPSSqueeze", torch.float32, [3], input1_id=v, num_dims=1, dims=[0])
     e = b.emit_value("MPSExpand", torch.float32, [2, 3], input1_id=v, num_dims=2, shape=[2, 3])
     b.graph.output_ids = [s, e]
-    assert simplify(b) == {"reshapes rewired": 0, "negations folded": 0, "nodes removed": 0}
+    assert simplify(b) == {"reshapes rewired": 0, "negations folded": 0, "duplicates merged": 0, "nodes removed": 0}
     assert b.graph.nodes[1].fields["input1_id"] == v and b.graph.nodes[2].fields["input1_id"] == v
 
 
@@ -120,3 +120,31 @@ def test_where_of_a_non_bool_negation_is_left_alone():
     b = _negation_graph(fold_input_dtype=torch.float32)
     simplify(b)
     assert [n.op for n in b.graph.nodes] == ["MPSNe", "MPSLogicalNot", "MPSWhere"]
+
+
+def test_duplicate_nodes_and_small_constants_merge():
+    b = GraphBuilder(use_fp16=False)
+    x = b.new_value(torch.float32, [2, 3])
+    b.graph.input_ids = [x]
+    b.current = None
+    one_a = b.constant(torch.tensor([1.0]))
+    one_b = b.constant(torch.tensor([1.0]))  # same bytes: one constant
+    two = b.constant(torch.tensor([2.0]))
+    s1 = b.emit_value("MPSSub", torch.float32, [2, 3], input1_id=x, input2_id=one_a, alpha=1.0)
+    s2 = b.emit_value("MPSSub", torch.float32, [2, 3], input1_id=x, input2_id=one_b, alpha=1.0)  # = s1
+    s3 = b.emit_value("MPSSub", torch.float32, [2, 3], input1_id=x, input2_id=two, alpha=1.0)
+    c1 = b.emit_value("MPSClamp", torch.float32, [2, 3], min_max=(0.0, 1.0), input1_id=s1)
+    c2 = b.emit_value("MPSClamp", torch.float32, [2, 3], min_max=(0.0, 2.0), input1_id=s2)  # other bounds
+    e1 = b.emit_value("MPSExp", torch.float32, [2, 3], input1_id=s2)  # reads s1 after the merge
+    e2 = b.emit_value("MPSExp", torch.float32, [2, 3], input1_id=s1)  # same as e1 but a graph output
+    b.graph.output_ids = [c1, c2, s3, e1, e2]
+    before = write_blob(copy.deepcopy(b.graph), dict(b.constants))
+    stats = simplify(b)
+    assert stats["duplicates merged"] == 1 and stats["nodes removed"] == 0
+    assert [n.op for n in b.graph.nodes] == ["MPSSub", "MPSSub", "MPSClamp", "MPSClamp", "MPSExp", "MPSExp"]
+    assert b.graph.nodes[3].fields["input1_id"] == s1 and b.graph.nodes[4].fields["input1_id"] == s1
+    assert one_b not in b.graph.constant_ids and {one_a, two} <= set(b.graph.constant_ids)
+    x_in = torch.randn(2, 3)
+    for got, want in zip(execute(read_blob(write_blob(b.graph, b.constants)), [x_in]),
+                         execute(read_blob(before), [x_in])):
+        assert torch.equal(got, want)

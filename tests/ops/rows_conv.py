@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .harness import randn, row
@@ -38,5 +39,16 @@ ROWS = [
         tol=CONV_TOL),
     row("conv-transposed", None, randn(1, 3, 5, 5), module=lambda: nn.ConvTranspose2d(3, 2, 3),
         cpu_reason="transposed convolution"),
+    row("conv-transposed-padded", None, randn(1, 3, 5, 5), module=lambda: nn.ConvTranspose2d(3, 2, 2, 2, padding=1),
+        cpu_reason="transposed convolution"),
+    # kernel == stride (upsampling): 1x1 conv to C_out*r*r channels + pixel shuffle
+    row("conv-transposed-k2s2", None, randn(2, 3, 5, 6), module=lambda: nn.ConvTranspose2d(3, 4, 2, stride=2),
+        kinds={"MPSConv2D", "MPSPixelShuffle"}, tol={"fp16": 2e-3}),
+    row("conv-transposed-k3s3-no-bias", None, randn(1, 5, 4, 3),
+        module=lambda: nn.ConvTranspose2d(5, 2, 3, stride=3, bias=False), kinds={"MPSConv2D", "MPSPixelShuffle"},
+        tol={"fp16": 2e-3}),
+    # a computed weight and bias: permuted / broadcast on the device
+    row("conv-transposed-weight-input", lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2), randn(1, 3, 4, 4),
+        randn(3, 2, 2, 2), randn(2), kinds={"MPSPermute", "MPSConv2D", "MPSPixelShuffle"}, tol={"fp16": 2e-3}),
     row("conv3d", None, randn(1, 2, 4, 4, 4), module=lambda: nn.Conv3d(2, 2, 3), cpu_reason="3-d convolution"),
 ]

@@ -86,16 +86,20 @@ UNARY = [
 ]
 
 CLAMP = [
-    row("clamp-both", lambda x: x.clamp(-0.5, 0.75), values(SPECIAL + [0.6, -0.7]), kinds="MPSClamp"),
-    row("clamp-min", lambda x: x.clamp(min=0.25), values(SPECIAL), kinds={"MPSClamp", "MPSIsnan"}),
-    row("clamp-max", lambda x: x.clamp(max=-0.25), values(SPECIAL), kinds={"MPSClamp", "MPSIsnan"}),
-    row("clamp-crossed", lambda x: x.clamp(1.0, -1.0), values(SPECIAL), kinds="MPSClamp"),
+    # float clamps are one MPSHardTanh (NaN passes through, an absent bound is -inf/inf) ...
+    row("clamp-both", lambda x: x.clamp(-0.5, 0.75), values(SPECIAL + [0.6, -0.7]), kinds="MPSHardTanh"),
+    row("clamp-min", lambda x: x.clamp(min=0.25), values(SPECIAL), kinds="MPSHardTanh"),
+    row("clamp-max", lambda x: x.clamp(max=-0.25), values(SPECIAL), kinds="MPSHardTanh"),
+    row("clamp-equal-bounds", lambda x: x.clamp(0.5, 0.5), values(SPECIAL), kinds="MPSHardTanh"),
+    # ... except crossed bounds (torch: min(max(x, lo), hi) = hi): two one-bound MPSClamps + NaN fix
+    row("clamp-crossed", lambda x: x.clamp(1.0, -1.0), values(SPECIAL), kinds={"MPSClamp", "MPSIsnan"}),
     # infinite bounds are no bounds (an MPSClamp without bounds never sets its output)
     row("clamp-infinite-bounds", lambda x: x.clamp(-INF, INF) * 2, values(SPECIAL), kinds="MPSMul"),
     row("clamp-int", lambda x: x.clamp(-2, 3), randint(-5, 6, (3, 4)), kinds="MPSClamp"),
     row("clamp-int64-min", lambda x: x.clamp(min=0), randint(-5, 6, (3, 4), torch.int64), kinds="MPSClamp"),
     # int tensor, float bounds: float result (cast first)
-    row("clamp-int-float-bounds", lambda x: x.clamp(-1.5, 2.5), randint(-5, 6, (3, 4)), kinds={"MPSCast", "MPSClamp"}),
+    row("clamp-int-float-bounds", lambda x: x.clamp(-1.5, 2.5), randint(-5, 6, (3, 4)),
+        kinds={"MPSCast", "MPSHardTanh"}),
     row("clamp-int-bound-not-f32", lambda x: x.clamp(max=2 ** 25 + 1), randint(-5, 6, (4,), torch.int64),
         cpu_reason="not exact in float32"),
     row("clamp-relu6", torch.nn.functional.relu6, randn(3, 4, scale=5.0), kinds="MPSHardTanh"),
@@ -159,6 +163,13 @@ REGRESSIONS = [
         kinds={"MPSFloor", "MPSCeil", "MPSCast"}),
     row("regress-to-copy-float-to-int-special", lambda x: x.to(torch.int64),
         values([-0.0, -0.5, 0.5, -1.5, 2.75, -2.75, -3.0, 1000.5]), kinds="MPSCast"),
+    # functional copy(self, src): src broadcast to self's shape, cast to self's dtype
+    row("copy-same", lambda a, b: torch.ops.aten.copy(a, b) * 2, randn(3, 4), randn(3, 4), kinds="MPSMul"),
+    row("copy-broadcast-cast", lambda a, b: torch.ops.aten.copy(a, b), randint(-9, 9, (3, 4), torch.int64),
+        randn(4, scale=8.0), kinds={"MPSExpand", "MPSCast"}),
+    # straight from floor/ceil/round: already integral, one MPSCast
+    row("regress-to-copy-floored", lambda x: torch.floor(x).to(torch.int64) - torch.ceil(x).to(torch.int32),
+        randn(4, 5, scale=20.0), kinds={"MPSFloor", "MPSCeil", "MPSCast"}),
     row("regress-to-copy-narrow", lambda x: x.to(torch.int8),
         values([0, 1, -1, 127, 128, -128, -129, 300, -300, 2 ** 31 - 1, -2 ** 31], torch.int32),
         kinds={"MPSBitwiseAnd", "MPSCast"}),

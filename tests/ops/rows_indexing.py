@@ -57,7 +57,18 @@ ROWS = [
     row("index-tensor-first", lambda x, i: x[i], randn(5, 3), values([4, 0, 4], torch.int32),
         kinds="MPSIndexTensor"),
     row("index-tensor-constant-index", ConstantIndex, randn(2, 3, 4), kinds="MPSIndexTensor"),
-    row("index-tensor-two", lambda x, i: x[i, :, i], randn(2, 3, 4), i64([0, 1]), cpu_reason="2 index tensors"),
+    row("index-tensor-two", lambda x, i: x[i, :, i], randn(2, 3, 4), i64([0, 1]), cpu_reason="not adjacent"),
+    # several indices: an outer product on adjacent axes is one index_select per axis ...
+    row("index-tensor-outer", lambda x, r, c: x[:, r[:, None], c], randn(2, 5, 4), i64([4, -1, 0]), i64([3, -4]),
+        kinds="MPSIndexSelect"),
+    row("index-tensor-outer-three", lambda x, a, r, c: x[a[:, None, None], r[:, None], c], randn(3, 5, 4),
+        i64([2, 0]), i64([4, -1, 0]), i64([3, -4]), kinds="MPSIndexSelect"),
+    # ... clamped at >= 0 (interpolation decompositions): no negative-index fix-up
+    row("index-tensor-outer-clamped", lambda x, r, c: x[:, :, r.clamp(0, 4)[:, None], c.clamp(min=0)],
+        randn(1, 2, 5, 4), i64([4, 7, 0, 2]), i64([3, -4, 1]), kinds="MPSIndexSelect"),
+    # ... but pairs of indices (a zip, not an outer product) stay on CPU
+    row("index-tensor-zip", lambda x, r, c: x[r, c], randn(5, 4), i64([4, 0]), i64([3, 1]),
+        cpu_reason="do not select an outer product"),
 
     # ---- index_put: one index, accumulate=False, values_shape = full indexed shape --------------
     row("index-put-first", lambda x, i, v: x.index_put((i,), v), randn(4, 3, 2), i64([1, -4]), randn(2, 3, 2),

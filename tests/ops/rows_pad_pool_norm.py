@@ -84,6 +84,28 @@ ROWS = [
     row("pool-upsample-nearest-exact-preserved", lambda x: F.interpolate(x, size=(5, 6), mode="nearest-exact"),
         randn(1, 2, 3, 4), kinds="MPSIndexSelect"),
 
+    # ---- bilinear upsampling: one matmul per resized axis with torch's own weights ---------------
+    # fp16: weights and the two products rounded -> 2e-3
+    row("pool-upsample-bilinear-size", lambda x: F.interpolate(x, size=(7, 9), mode="bilinear"), randn(2, 3, 4, 5),
+        kinds="MPSMatMul", tol={"fp16": 2e-3}),
+    row("pool-upsample-bilinear-align-corners", lambda x: F.interpolate(x, size=(8, 3), mode="bilinear",
+                                                                        align_corners=True),
+        randn(1, 2, 5, 6), kinds="MPSMatMul", tol={"fp16": 2e-3}),
+    # a scale factor: torch derives the source positions from 1 / factor, not from the sizes
+    row("pool-upsample-bilinear-scale", lambda x: F.interpolate(x, scale_factor=(1.7, 2.5), mode="bilinear"),
+        randn(1, 2, 5, 3), kinds="MPSMatMul", tol={"fp16": 2e-3}),
+    row("pool-upsample-bilinear-8x", lambda x: F.interpolate(x, scale_factor=8, mode="bilinear"),
+        randn(1, 2, 3, 4), kinds="MPSMatMul", tol={"fp16": 2e-3}),
+    # a 1x1 input (deeplab's image pooling branch) is a broadcast; one unchanged axis is skipped
+    row("pool-upsample-bilinear-from-1x1", lambda x: F.interpolate(x, size=(5, 6), mode="bilinear"),
+        randn(2, 3, 1, 1), kinds="MPSExpand"),
+    row("pool-upsample-bilinear-width-only", lambda x: F.interpolate(x, size=(4, 9), mode="bilinear"),
+        randn(1, 2, 4, 3), kinds="MPSMatMul", tol={"fp16": 2e-3}),
+    row("pool-upsample-bilinear-downscale", lambda x: F.interpolate(x, size=(3, 2), mode="bilinear"),
+        randn(1, 2, 7, 5), kinds="MPSMatMul", tol={"fp16": 2e-3}),
+    row("pool-upsample-bilinear-antialias", lambda x: F.interpolate(x, size=(3, 2), mode="bilinear", antialias=True),
+        randn(1, 2, 7, 5), cpu_reason="_upsample_bilinear2d_aa"),
+
     # ---- normalization --------------------------------------------------------------------------
     row("norm-batch-norm", None, randn(2, 3, 4, 4), kinds="MPSBatchNorm",
         module=lambda: torch.nn.BatchNorm2d(3).eval()),
