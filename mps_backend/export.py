@@ -105,10 +105,14 @@ def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
         return out
 
     partitioner = MPSPartitioner(use_fp16=use_fp16)
-    ep = stage("torch.export", lambda: export_program(model, example_inputs))
-    edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner]))
-    blobs = _delegate_blobs(edge)
-    pte = stage("to_executorch", lambda: edge.to_executorch().buffer)
+    # no_grad: an inference export. With grad mode on, a model whose buffers are updated in place from
+    # values computed with grad-requiring weights (a KV cache) fails in to_executorch ("a leaf Variable
+    # that requires grad is being used in an in-place operation"); the model itself is not modified.
+    with torch.no_grad():
+        ep = stage("torch.export", lambda: export_program(model, example_inputs))
+        edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner]))
+        blobs = _delegate_blobs(edge)
+        pte = stage("to_executorch", lambda: edge.to_executorch().buffer)
     constant_bytes = sum(Header.from_bytes(b[:24]).segment_size for b in blobs)
     return ExportResult(pte=pte, report=partitioner.report(), use_fp16=use_fp16, delegates=len(blobs),
                         constant_bytes=constant_bytes, seconds=seconds)

@@ -488,6 +488,9 @@ def render(results: dict[tuple[str, str], ZooResult], precisions: Sequence[str])
         lines.append("None.")
     lines += ["", "## Targets missed", ""]
     lines += failed or ["None."]
+    notes = [f"- `{spec}`: {ZOO[spec].note}." for spec in specs if spec in ZOO and ZOO[spec].note]
+    if notes:
+        lines += ["", "## Notes", "", *notes]
     return "\n".join(lines) + "\n"
 
 

@@ -62,3 +62,34 @@ def test_nothing_to_drop_returns_the_program_unchanged():
     ep = torch.export.export(lin, (torch.randn(1, 4),))
     specs = list(ep.graph_signature.input_specs)
     assert drop_unused_constants(ep) is ep and ep.graph_signature.input_specs == specs
+
+
+class _KVCache(torch.nn.Module):
+    """A user model with trainable (requires_grad) weights and a cache buffer updated in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("cache", torch.zeros(16, 8))
+
+    def forward(self, x, pos):
+        self.cache.index_put_([pos], self.lin(x))
+        return self.cache.sum(0, keepdim=True) * 2
+
+
+def test_kv_cache_model_with_grad_requiring_weights_exports_and_verifies():
+    from mps_backend.export import verify  # noqa: PLC0415
+
+    model = _KVCache().eval()
+    inputs = [torch.randn(1, 8), torch.tensor([3])]
+    res = export_model(model, inputs, use_fp16=False)
+    assert res.delegates == 1 and not res.report.on_cpu, res.report.on_cpu
+    assert all(p.requires_grad for p in model.parameters())  # the user's model is left as it was
+    check = verify(res.pte, _fresh(model), inputs, use_fp16=False)  # a fresh copy: the cache starts at zero
+    assert check.ok, check
+
+
+def _fresh(model):
+    copy = _KVCache().eval()
+    copy.load_state_dict(model.state_dict())
+    return copy

@@ -132,3 +132,13 @@ def test_cli_zoo_lists_the_table(capsys):
     assert main(["zoo", "--list"]) == 0
     out = capsys.readouterr().out
     assert all(spec in out for spec in zoo.ZOO)
+
+
+def test_render_lists_notes_leftovers_and_misses():
+    r = zoo.ZooResult("torchvision:mobilenet_v3_large", "fp32", delegates=1, delegated=186, total=186,
+                      mps_nodes=236, pte_bytes=100, weight_bytes=100, max_abs=1e-6, scale=1.0,
+                      expansion={"aten::hardswish": (21, 63)})
+    md = zoo.render({(r.spec, "fp32"): r}, ["fp32"])
+    assert "| `torchvision:mobilenet_v3_large` |" in md and "`aten::hardswish` 21 → 63" in md
+    assert "236 MPS nodes > 186 edge nodes" in md
+    assert "## Notes" in md and zoo.ZOO[r.spec].note in md
