@@ -17,9 +17,8 @@ import torch
 from executorch.exir import to_edge
 
 from mps_backend import MPSPartitioner
-from mps_backend.export import TOLERANCE, drop_unused_constants
+from mps_backend.export import drop_unused_constants, verify
 from mps_backend.models import load
-from mps_backend.runtime import run_pte
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,16 +42,9 @@ def main(argv: list[str] | None = None) -> int:
             f.write(pte)
         print(f"wrote {args.out} ({len(pte):,} bytes)")
 
-    with torch.no_grad():
-        eager = model(*inputs)
-    eager = eager if isinstance(eager, (tuple, list)) else [eager]
-    device = run_pte(pte, inputs)
-    scale = max(float(e.float().abs().max()) for e in eager) or 1.0
-    error = max(float((d.float() - e.float()).abs().max()) for d, e in zip(device, eager))
-    tolerance = TOLERANCE[not args.fp32]
-    print(f"device model vs eager: max abs error {error:.3g} = {error / scale:.3g} of the output scale "
-          f"(tolerance {tolerance:g})")
-    return 0 if error / scale <= tolerance else 1
+    check = verify(pte, model, inputs, use_fp16=not args.fp32)  # device model vs eager PyTorch
+    print(f"device model vs eager: {check}")
+    return 0 if check.ok else 1
 
 
 if __name__ == "__main__":

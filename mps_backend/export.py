@@ -138,13 +138,21 @@ class Verification:
                 f"(tolerance {self.tolerance:g}) {verdict}")
 
 
-def verify(pte: bytes, model: torch.nn.Module, inputs: Sequence[torch.Tensor], use_fp16: bool) -> Verification:
-    """Run the .pte through the emulated MPS runtime and compare with eager PyTorch."""
+def flat_outputs(out) -> list[torch.Tensor]:
+    """The tensors of a model output (a tensor, or nested lists/tuples of them), in order."""
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in flat_outputs(o)]
+    return [out] if isinstance(out, torch.Tensor) else []
+
+
+def compare(pte: bytes, model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """(max |device - eager| over the finite values, max |eager|) across all outputs, running the .pte
+    through the emulated MPS runtime. A different shape, NaN pattern or infinity makes the error
+    infinite (Python's ``max(0.0, nan)`` would hide a NaN)."""
     from mps_backend.runtime import run_pte  # noqa: PLC0415
 
     with torch.no_grad():
-        expected = model(*inputs)
-    expected = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+        expected = flat_outputs(model(*inputs))
     got = run_pte(pte, list(inputs))
     if len(got) != len(expected):
         raise AssertionError(f"{len(got)} outputs from the .pte, {len(expected)} from eager")
@@ -152,11 +160,16 @@ def verify(pte: bytes, model: torch.nn.Module, inputs: Sequence[torch.Tensor], u
     for g, e in zip(got, expected):
         g, e = g.float(), e.float()
         if g.shape != e.shape or not torch.equal(torch.isnan(g), torch.isnan(e)):
-            return Verification(float("inf"), 1.0, TOLERANCE[use_fp16])  # shape or NaN pattern differs
+            return float("inf"), 1.0  # shape or NaN pattern differs
         finite = torch.isfinite(e) & torch.isfinite(g)
         if not torch.equal(g[~finite].nan_to_num(), e[~finite].nan_to_num()):
-            return Verification(float("inf"), 1.0, TOLERANCE[use_fp16])  # an inf where eager differs
+            return float("inf"), 1.0  # an inf where eager differs
         if finite.any():
             max_abs = max(max_abs, (g[finite] - e[finite]).abs().max().item())
             scale = max(scale, e[finite].abs().max().item())
-    return Verification(max_abs, scale, TOLERANCE[use_fp16])
+    return max_abs, scale
+
+
+def verify(pte: bytes, model: torch.nn.Module, inputs: Sequence[torch.Tensor], use_fp16: bool) -> Verification:
+    """Run the .pte through the emulated MPS runtime and compare with eager PyTorch."""
+    return Verification(*compare(pte, model, inputs), TOLERANCE[use_fp16])

@@ -8,8 +8,8 @@ description); ``mps-backend zoo`` / ``python -m mps_backend.zoo`` and ``tests/te
 For each model and precision a fresh subprocess (so models don't pollute each other's memory
 figures) builds the model (random weights, nothing downloaded), lowers it with the
 calls of ``mps_backend.export.export_model`` (what ``mps-backend export`` runs), runs the real ``.pte``
-through the emulated MPS runtime (``compare``: ``run_pte`` vs eager like ``mps_backend.export.verify``, with
-non-finite outputs counted as errors) and reports:
+through the emulated MPS runtime (``mps_backend.export.compare``, what ``export --verify`` uses: a
+different NaN/inf pattern counts as an infinite error) and reports:
 
 * MPS delegates, operator nodes delegated / total, every node left on CPU with the partitioner's reason;
 * MPS nodes in the blobs vs the edge nodes of the partition (``report().delegated``): no bloat;
@@ -251,7 +251,7 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
 
     from mps_backend import MPSPartitioner, models  # noqa: PLC0415
-    from mps_backend.export import export_program  # noqa: PLC0415
+    from mps_backend.export import compare, export_program  # noqa: PLC0415
     from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph  # noqa: PLC0415
     from mps_backend.serialization.model import Header  # noqa: PLC0415
 
@@ -293,48 +293,19 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     return res
 
 
-def compare(pte: bytes, model, inputs) -> tuple[float, float]:
-    """(max |device - eager|, max |eager|) over all outputs, running the .pte through the emulated MPS
-    runtime (``run_pte``), as ``mps_backend.export.verify`` does, except that a non-finite device output
-    where eager is finite counts as an infinite error (Python's ``max(0.0, nan)`` is 0.0)."""
-    import torch  # noqa: PLC0415
-
-    from mps_backend.runtime import run_pte  # noqa: PLC0415
-
-    with torch.no_grad():
-        want = _flat(model(*inputs))
-    got = run_pte(pte, list(inputs))
-    if len(got) != len(want):
-        raise AssertionError(f"{len(got)} outputs from the .pte, {len(want)} from eager")
-    max_abs, scale = 0.0, 0.0
-    for g, w in zip(got, want):
-        g, w = g.float(), w.float()
-        if not torch.equal(torch.isfinite(g), torch.isfinite(w)):
-            max_abs = float("inf")
-        finite = torch.isfinite(w)
-        if finite.any():
-            max_abs = max(max_abs, (g[finite] - w[finite]).abs().max().item())
-            scale = max(scale, w[finite].abs().max().item())
-    return max_abs, scale
-
-
-def _flat(out) -> list:
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _flat(o)]
-    return [out] if hasattr(out, "float") else []
-
-
 def eager_half_error(model, inputs) -> float:
     """max |eager float16 - eager float32| / max |eager float32| (NaN where eager float16 fails on CPU)."""
     import copy  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
 
+    from mps_backend.export import flat_outputs  # noqa: PLC0415
+
     try:
         with torch.no_grad():
-            want = _flat(model(*inputs))
+            want = flat_outputs(model(*inputs))
             half = copy.deepcopy(model).half()
-            got = _flat(half(*[x.half() if x.is_floating_point() else x for x in inputs]))
+            got = flat_outputs(half(*[x.half() if x.is_floating_point() else x for x in inputs]))
     except Exception:  # noqa: BLE001  (an op without a CPU float16 kernel: no reference, fixed tolerance)
         return float("nan")
     scale = max(w.float().abs().max().item() for w in want)
