@@ -84,9 +84,11 @@ def build_graph(ep: ExportedProgram, use_fp16: bool) -> GraphBuilder:
 
 def debug_handle_map(b: GraphBuilder) -> dict:
     mapping = DelegateMappingBuilder(generated_identifiers=False)
-    for index, origin in enumerate(b.node_origin):
-        if origin is not None and origin.meta.get("debug_handle") is not None:
-            mapping.insert_delegate_mapping_entry(nodes=origin, identifier=index)
+    for index, origin in enumerate(b.node_origin):  # a node, a tuple of fused nodes, or None
+        nodes = [n for n in (origin if isinstance(origin, tuple) else (origin,))
+                 if n is not None and n.meta.get("debug_handle") is not None]
+        if nodes:
+            mapping.insert_delegate_mapping_entry(nodes=nodes, identifier=index)
     return mapping.get_delegate_mapping()
 
 

@@ -48,6 +48,26 @@ class _Cast:
         dst.view(self.tensor.shape).copy_(self.tensor)  # any strides, one pass
 
 
+class _Scaled(_Cast):
+    """``tensor * scale`` in ``dtype``, ``scale`` one factor per index of dim 0 (e.g. a batch norm
+    folded into a convolution's output channels), computed when read or written: like ``_Cast``, the
+    result never exists next to the blob as a whole-model copy. The product is taken in ``scale``'s
+    dtype (float64) and rounded once to ``dtype``."""
+
+    __slots__ = ("scale",)
+
+    def __init__(self, tensor: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+        super().__init__(tensor, dtype)
+        self.scale = scale.reshape(-1, *[1] * (tensor.dim() - 1))
+
+    def materialize(self) -> torch.Tensor:
+        return (self.tensor * self.scale).to(self.dtype)
+
+    def write_into(self, out: memoryview) -> None:
+        dst = torch.frombuffer(out, dtype=self.dtype, count=self.tensor.numel())
+        dst.view(self.tensor.shape).copy_(self.tensor * self.scale)  # one tensor's temporary at a time
+
+
 class ConstantTable(MutableMapping):
     """Value id -> data of a blob constant, in the dtype the blob declares.
 
@@ -80,6 +100,14 @@ class ConstantTable(MutableMapping):
     def __len__(self) -> int:
         return len(self._data)
 
+    def original(self, vid: int) -> torch.Tensor | None:
+        """The data of a plain or converted entry in its source precision (float32 before an fp16
+        conversion), or None when ``vid`` is not such an entry (a computed one, int4 bytes, ...)."""
+        v = self._data.get(vid)
+        if type(v) is _Cast:
+            return v.tensor
+        return v if isinstance(v, torch.Tensor) else None
+
     def source(self, vid: int) -> Any:
         """The stored entry: a tensor, or a deferred conversion (``nbytes``, ``write_into``)."""
         return self._data[vid]
@@ -96,7 +124,8 @@ class GraphBuilder:
         self.ids: dict[FxNode, Any] = {}  # fx node -> value id, or tuple of ids for multi-output nodes
         self._scalars: dict[tuple, int] = {}
         self.current: FxNode | None = None  # the fx node being lowered, for error messages
-        self.node_origin: list[FxNode | None] = []  # fx node that emitted each MPS node
+        #: fx node that emitted each MPS node (a tuple for a fused one: conv + batch norm), None for casts
+        self.node_origin: list[Any] = []
         self._memo: dict[Any, Any] = {}  # results of memo(key, make): one per key per graph
 
     # ---- dtypes -------------------------------------------------------------------------
@@ -156,6 +185,19 @@ class GraphBuilder:
         else:
             self.constants[vid] = tensor.to(target)
         return vid
+
+    def scaled_constant(self, vid: int, scale: torch.Tensor) -> int | None:
+        """A new constant: constant ``vid``'s source data times ``scale`` (one factor per index of
+        dim 0), in ``vid``'s device dtype, computed straight into the blob. None when ``vid`` has no
+        float source data (not a constant, or a computed entry)."""
+        data = self.constants.original(vid)
+        if data is None or not data.is_floating_point():
+            return None
+        t = self.graph.values[vid]
+        out = self.new_value(self.compute_dtype(data.dtype), t.dims)
+        self.graph.constant_ids.append(out)
+        self.constants[out] = _Scaled(data.detach(), scale.to(torch.float64), self.compute_dtype(data.dtype))
+        return out
 
     def scalar(self, value: float | int | bool, dtype: torch.dtype) -> int:
         """A one-element constant of exactly ``dtype`` (bytes and declared dtype agree)."""

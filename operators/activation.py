@@ -12,7 +12,9 @@
   nodes each, with constant casts) and written as ``hardtanh(0.5 + x/6, 0, 1)`` -- one MPSAdd with
   ``alpha = 1/6`` and one MPSHardTanh -- times ``x`` for hardswish: two and three MPS nodes. The same
   function as torch's ``clamp(x + 3, 0, 6) / 6`` up to rounding (a few ulp). MPSHardTanh passes NaN
-  through like torch; ``hardswish(-inf) = -inf * 0 = NaN`` as in torch.
+  through like torch; ``hardswish(-inf) = -inf * 0 = NaN`` as in torch. A hardsigmoid that is the
+  only reader of a convolution with constant weights is one MPSHardTanh: the convolution folds
+  ``x / 6 + 0.5`` into its weights and bias (convolution.py).
   silu is left to the default decomposition (sigmoid, mul), which is lowered.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch.fx import Node
 import torch
 
 from ._util import arg, is_float, norm_dim, rank
+from .convolution import folded_into
 from .registry import Lowering
 from .unary import binary, compare, const, isnan, unary, vdtype, vshape, where
 
@@ -128,6 +131,10 @@ def _hardswish(node: Node, b) -> None:
 
 
 def _hardsigmoid(node: Node, b) -> None:
+    if b.remembers(folded_into(node)):  # the convolution computing x computed x / 6 + 0.5
+        b.emit("MPSHardTanh", input1_id=b.memo(folded_into(node), None), output_id=b.out(node),
+               min_value=0.0, max_value=1.0)
+        return
     _hard_sigmoid_value(b, b.id(node.args[0]), out=b.out(node))
 
 

@@ -30,16 +30,18 @@ from __future__ import annotations
 import math
 
 import torch
+from executorch.exir.passes import dim_order_ops_registry  # noqa: F401  (defines torch.ops.dim_order_ops)
 from torch.fx import Node
 
 from mps_backend.dtypes import FLOAT_DTYPES
 
 from ._util import arg, is_float, scalar_dtype, val
-from .registry import Lowering
+from .registry import Lowering, op_key
 from .unary import (binary, compare, const, convert, finish, full_like, maximum, minimum, trunc, unary, vdtype,
                     where)
 
 aten = torch.ops.aten
+dim_order_ops = torch.ops.dim_order_ops
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,9 +106,70 @@ def _div_check(node: Node):
     return None
 
 
+def _power_of_two(c) -> bool:
+    return (isinstance(c, (int, float)) and not isinstance(c, bool) and c != 0 and math.isfinite(c)
+            and math.frexp(abs(c))[0] == 0.5)
+
+
+_CASTS = (dim_order_ops._to_dim_order_copy.default, aten._to_copy.default)
+
+
+def _scalar(b, a) -> int | float | None:
+    """The number a scalar operand holds: a Python number, or a one-element constant of this graph
+    read through dtype casts (edge graphs lift ``x * 1024``'s scalar into a 0-dim int64 constant cast
+    to x's dtype); None otherwise. (Lowerings may read constant data; support checks may not.)"""
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        return a
+    casts = []
+    while isinstance(a, Node) and a.op == "call_function" and op_key(a.target) in _CASTS:
+        casts.append(val(a).dtype)
+        a = a.args[0]
+    data = b.constants.original(b.ids.get(a, -1)) if isinstance(a, Node) else None
+    if data is None or data.numel() != 1 or data.dtype == torch.bool:
+        return None
+    v = data.reshape(())
+    for dtype in reversed(casts):
+        v = v.to(dtype)
+    return v.item()
+
+
+def _rescaling(node: Node, b) -> tuple[Node, float] | None:
+    """(x, a / d) when ``node`` is ``(x * a) / d`` of a float ``x`` with scalars ``a``, ``d`` powers of
+    two whose ratio is a normal number of the compute dtype (see ``_div``)."""
+    m, d = node.args[0], _scalar(b, node.args[1])
+    if not (isinstance(m, Node) and m.op == "call_function"
+            and op_key(m.target) in (aten.mul.Tensor, aten.mul.Scalar) and _power_of_two(d)):
+        return None
+    for x, a in (m.args[:2], m.args[1::-1]):
+        if (isinstance(x, Node) and is_float(x) and val(x).dtype == val(node).dtype
+                and list(val(x).shape) == list(val(node).shape) and _power_of_two(_scalar(b, a))):
+            break
+    else:
+        return None
+    a = _scalar(b, a)
+    ratio = a / d  # exact: a quotient of powers of two
+    info = torch.finfo(b.dtype(node))
+    return (x, ratio) if info.tiny <= abs(ratio) <= info.max else None
+
+
 def _div(node: Node, b) -> None:
     """True division. Integer operands are cast to the result dtype first: the device would
-    otherwise divide integers (semantics §6 #12)."""
+    otherwise divide integers (semantics §6 #12).
+
+    ``(x * a) / d`` with scalars ``a``, ``d`` powers of two (SAM's prompt rescaling ``points * 1024 / 1024``)
+    is ``x * (a / d)``, one MPSMul, or ``x`` itself when ``a == d``: scaling by powers of two is exact, so
+    the result is torch's bit for bit except where ``x * a`` leaves the normal range of the compute dtype
+    -- there torch's result is inf or loses bits and this one is the exact value. It matters in fp16
+    graphs: ``points * 1024`` overflows float16 (65504) where the float32 model is finite. The multiply
+    is left to dead-node removal when nothing else reads it."""
+    rescaling = _rescaling(node, b)
+    if rescaling is not None:
+        x, ratio = rescaling
+        if ratio == 1:
+            b.alias(node, b.id(x))
+        else:
+            b.emit("MPSMul", input1_id=b.id(x), input2_id=const(b, ratio, b.dtype(node)), output_id=b.out(node))
+        return
     x, y = _operands(node, b, val(node).dtype)
     b.emit("MPSDiv", input1_id=x, input2_id=y, output_id=b.out(node), rounding_mode=None)
     # rounding_mode absent (null) = plain division; any other string is a device assert

@@ -10,14 +10,30 @@ That is a 1x1 MPSConv2D to ``C_out * r * r`` channels (weight ``W.permute(1, 2, 
 channel order ``o*r*r + i*r + j`` is exactly that layout. Constant weights are re-laid out once
 (the original leaves the blob when nothing else reads it); computed ones are permuted on the device.
 Other transposed and 3-d convolutions stay on CPU.
+
+Epilogue folding: when the only reader of a forward convolution with constant weights (and bias)
+first maps each output channel affinely, ``y * s + t``, the map goes into the weights and bias:
+``W' = W * s``, ``b' = b * s + t`` (computed in float64 and rounded once to the graph's dtype; ``W'``
+is computed straight into the blob), and the convolution writes the mapped value. Readers folded:
+
+* an inference batch norm with constant statistics and affine parameters:
+  ``s = gamma / sqrt(var + eps)``, ``t = beta - mean * s``; it then emits nothing
+  (``normalization._batch_norm``);
+* hardsigmoid: ``s = 1/6``, ``t = 0.5``; it then emits only its MPSHardTanh(0, 1)
+  (``activation._hardsigmoid``): one MPS node instead of two (mobilenet_v3's squeeze-excitation).
+
+The reader finds the value under ``folded_into(reader)``; the MPS node's debug handle names both fx
+nodes. The original weights leave the blob when nothing else reads them. Against eager PyTorch the
+folded result differs by rounding only (one rounding of ``W * s`` instead of one per output): on
+a deep random-weight network the device stays as close to a float64 reference as eager float32 is.
 """
 from __future__ import annotations
 
 import torch
 from torch.fx import Node
 
-from ._util import arg, is_float, shape
-from .registry import Lowering
+from ._util import arg, is_float, shape, val
+from .registry import Lowering, op_key
 from .shape import expand, permute, vdtype, view
 
 aten = torch.ops.aten
@@ -92,6 +108,57 @@ def _transposed(node: Node, b) -> None:
     b.emit("MPSPixelShuffle", input1_id=y, output_id=b.out(node), upscale_factor=r)
 
 
+def folded_into(reader: Node) -> tuple[str, Node]:
+    """Builder memo key under which a convolution records the value id it computed for ``reader``
+    (a batch norm's output, or hardsigmoid's ``x / 6 + 0.5``) after folding it in."""
+    return ("folded into convolution", reader)
+
+
+def _epilogue(node: Node, b) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
+    """(reader, scale, shift): the per-output-channel map ``y * scale + shift`` (float64) that the
+    only reader of convolution ``node``'s result applies first, when the weights, bias and the
+    reader's parameters are constants of this graph; None otherwise (see the module doc)."""
+    if len(node.users) != 1:
+        return None
+    (reader,) = node.users
+    target = op_key(reader.target)
+    c = shape(node.args[1])[0]
+    if target is aten.hardsigmoid.default:
+        params = []
+    elif target is aten._native_batch_norm_legit_no_training.default and reader.args[0] is node:
+        params = list(reader.args[1:5])
+    else:
+        return None
+    if not all(b.constants.original(b.ids.get(a, -1)) is not None
+               for a in (node.args[1], node.args[2], *params) if a is not None):
+        return None
+
+    def data(a, fill: float) -> torch.Tensor:
+        return (b.constants.original(b.id(a)).double() if isinstance(a, Node)
+                else torch.full((c,), fill, dtype=torch.float64))
+
+    if not params:  # hardsigmoid(y) = hardtanh(y / 6 + 0.5, 0, 1)
+        return reader, data(None, 1 / 6), data(None, 0.5)
+    gamma, beta, mean, var = (data(a, f) for a, f in zip(params, (1.0, 0.0, 0.0, 1.0)))
+    scale = gamma / torch.sqrt(var + float(reader.args[6]))
+    return reader, scale, beta - mean * scale
+
+
+def _folded(node: Node, b) -> tuple[Node, int, int] | None:
+    """(reader, weight id, bias id) of the convolution with its reader's epilogue folded in."""
+    epilogue = _epilogue(node, b)
+    if epilogue is None:
+        return None
+    reader, scale, shift = epilogue
+    w, bias = node.args[1:3]
+    wid = b.scaled_constant(b.id(w), scale)  # float64 product, rounded once, written into the blob
+    if wid is None:
+        return None
+    c = shape(w)[0]
+    b0 = b.constants.original(b.id(bias)).double() if isinstance(bias, Node) else torch.zeros(c, dtype=torch.float64)
+    return reader, wid, b.constant((b0 * scale + shift).to(val(w).dtype), dtype=vdtype(b, wid))
+
+
 def _lower(node: Node, b) -> None:
     if arg(node, 6, "transposed", False):
         _transposed(node, b)
@@ -104,8 +171,17 @@ def _lower(node: Node, b) -> None:
         stride, padding, dilation = [1, stride[0]], [0, padding[0]], [1, dilation[0]]
     c_in = shape(x)[1]
     depthwise = len(wshape) == 4 and groups > 1 and groups == c_in and wshape[0] == c_in and wshape[1] == 1
-    _emit(b, "MPSDepthwiseConv2D" if depthwise else "MPSConv2D", b.id(x), b.id(w),
-          b.id(bias) if isinstance(bias, Node) else -1, b.out(node), stride, padding, dilation, groups)
+    op = "MPSDepthwiseConv2D" if depthwise else "MPSConv2D"
+    folded = _folded(node, b)
+    if folded is not None:
+        reader, wid, bid = folded
+        out = b.out(node)  # holds the reader's pre-activation, not the convolution's result
+        _emit(b, op, b.id(x), wid, bid, out, stride, padding, dilation, groups)
+        b.node_origin[-1] = (node, reader)
+        b.memo(folded_into(reader), lambda: out)
+        return
+    _emit(b, op, b.id(x), b.id(w), b.id(bias) if isinstance(bias, Node) else -1, b.out(node),
+          stride, padding, dilation, groups)
 
 
 LOWERINGS = [Lowering((aten.convolution.default,), _lower, _check)]

@@ -9,6 +9,9 @@ Group norm (``native_group_norm``) is MPSLayerNorm over the last axis of the ``[
 view (population variance, ``(x - mean) / sqrt(var + eps)``: torch's formula) with scalar unit
 weight and zero bias constants, then the per-channel affine as MPSMul / MPSAdd over ``[N, C, HxW]``.
 Its mean / rstd outputs are never lowered.
+
+A batch norm whose input is a convolution read by nothing else, with constant parameters, is folded
+into that convolution's weights and bias (``convolution`` module doc) and emits nothing.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import torch
 from torch.fx import Node
 
 from ._util import is_float, shape, val
+from .convolution import folded_into
 from .registry import Lowering
 from .shape import binary, view
 
@@ -59,6 +63,10 @@ def _batch_norm(node: Node, b) -> None:
     x, weight, bias, mean, var, momentum, eps = node.args[:7]
     c = shape(x)[1]
     dt = b.dtype(x)
+    if b.remembers(folded_into(node)):  # the convolution computing x computed this node's output
+        out = b.memo(folded_into(node), None)
+        b.ids[node] = (out, None, None)  # the statistics outputs are never read (the check)
+        return
     # outputs 1 and 2 are empty tensors in eval graphs; on the device they are [C] statistics
     out, stat2, stat3 = b.new_value(dt, shape(x)), b.new_value(dt, [c]), b.new_value(dt, [c])
     b.ids[node] = (out, stat2, stat3)

@@ -15,13 +15,17 @@ class _Net(torch.nn.Module):
         self.a = torch.nn.Linear(16, 32)
         self.b = torch.nn.Linear(32, 8)
         self.register_buffer("shift", torch.randn(8))
+        self.conv = torch.nn.Conv2d(3, 4, 3)  # batch norm folded into the conv: new constants, originals read
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
 
-    def forward(self, x):
-        return torch.relu(self.b(torch.relu(self.a(x)))) + self.shift
+    def forward(self, x, img):
+        return torch.relu(self.b(torch.relu(self.a(x)))) + self.shift, self.bn(self.conv(img))
 
 
 def _edge():
-    ep = torch.export.export(_Net().eval(), (torch.randn(4, 16),))
+    ep = torch.export.export(_Net().eval(), (torch.randn(4, 16), torch.randn(1, 3, 5, 5)))
     return to_edge(ep)
 
 
@@ -66,7 +70,7 @@ def test_preprocess_reads_shared_weights_and_leaves_them_unchanged():
         shared = seen[0].state_dict
         # the program preprocess saw holds the very tensors of the partitioned program
         assert {k: id(t) for k, t in shared.items()} == {k: id(owner[k]) for k in shared}
-        # and preprocess (transposed linear weights, fp16 conversion) wrote nothing into them
+        # and preprocess (transposed linear weights, batch norm folding, fp16 conversion) wrote nothing into them
         for k, t in before.items():
             assert torch.equal(owner[k], t), k
-            assert owner[k].dtype == torch.float32
+            assert owner[k].dtype == t.dtype, k  # (float32 weights stay float32 in fp16 mode)

@@ -92,3 +92,59 @@ def test_bilinear_upsampling_is_one_node_per_resized_axis():
     assert _expansion(up((28, 28)), torch.randn(1, 3, 1, 1))["aten::upsample_bilinear2d.vec"] == (1, 1)
     assert _expansion(up((4, 9)), torch.randn(1, 3, 4, 5))["aten::upsample_bilinear2d.vec"] == (1, 1)
     assert _expansion(up((16, 20)), torch.randn(1, 3, 4, 5))["aten::upsample_bilinear2d.vec"] == (1, 2)
+
+
+@pytest.mark.parametrize("use_fp16", [False, True])
+def test_batch_norm_after_convolution_is_folded_into_it(use_fp16):
+    from tests.ops.rows_conv import ConvBN
+
+    for conv, x in ((torch.nn.Conv2d(3, 8, 3), torch.randn(1, 3, 6, 6)),
+                    (torch.nn.Conv2d(4, 4, 3, groups=4, bias=False), torch.randn(1, 4, 6, 6)),
+                    (torch.nn.Conv1d(3, 5, 3), torch.randn(2, 3, 9))):
+        e = _expansion(None, x, use_fp16=use_fp16, module=ConvBN(conv))
+        assert e["aten::convolution"] == (1, 1), conv
+        assert e["aten::_native_batch_norm_legit_no_training"] == (1, 0), conv
+
+
+@pytest.mark.parametrize("use_fp16", [False, True])
+def test_hardsigmoid_after_convolution_is_one_node(use_fp16):
+    se = torch.nn.Sequential(torch.nn.Conv2d(6, 6, 1), torch.nn.Hardsigmoid())  # mobilenet_v3's excitation
+    e = _expansion(None, torch.randn(1, 6, 1, 1), use_fp16=use_fp16, module=se)
+    assert e["aten::convolution"] == (1, 1)
+    assert e["aten::hardsigmoid"] == (1, 1)
+
+
+@pytest.mark.parametrize("use_fp16", [False, True])
+def test_power_of_two_rescale_is_one_multiply_or_nothing(use_fp16):
+    e = _expansion(lambda x: x * 4096 / 16, torch.randn(8), use_fp16=use_fp16)
+    assert e["aten::mul.Tensor"] == (1, 0) and e["aten::div.Tensor"] == (1, 1)
+    e = _expansion(lambda x: torch.relu(x * 1024 / 1024), torch.randn(8), use_fp16=use_fp16)
+    assert e["aten::mul.Tensor"] == (1, 0) and e["aten::div.Tensor"] == (1, 0)
+
+
+def test_batch_norm_stays_when_the_convolution_result_is_read_elsewhere():
+    from tests.ops.rows_conv import ConvBN
+
+    e = _expansion(None, torch.randn(1, 3, 6, 6), module=ConvBN(torch.nn.Conv2d(3, 4, 3), also_conv=True))
+    assert e["aten::convolution"] == (1, 1)
+    assert e["aten::_native_batch_norm_legit_no_training"] == (1, 1)
+
+
+def test_folded_batch_norm_leaves_only_the_folded_constants_in_the_blob():
+    """Folded: the blob holds the conv's new weight and bias only (the original weight, bias and the
+    four batch norm vectors are gone), and the debug handle of the conv node names both fx nodes."""
+    from executorch.exir.lowered_backend_module import get_lowered_submodules
+
+    from mps_backend.serialization.reader import read_blob
+    from tests.ops.rows_conv import ConvBN
+
+    model = ConvBN(torch.nn.Conv2d(3, 8, 3))
+    edge = to_edge_transform_and_lower(torch.export.export(model, (torch.randn(1, 3, 6, 6),)),
+                                       partitioner=[MPSPartitioner(use_fp16=False)])
+    (lowered,) = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)]
+    g = read_blob(lowered.processed_bytes).graph
+    sizes = sorted(g.values[i].constant_buffer_size for i in g.constant_ids)
+    assert sizes == [8 * 4, 8 * 3 * 3 * 3 * 4], sizes
+    assert [n.op for n in g.nodes] == ["MPSConv2D", "MPSReLU"]
+    handles = lowered.meta["debug_handle_map"]
+    assert len(handles[0]) == 2 and len(handles[1]) == 1, handles

@@ -32,17 +32,8 @@ CASES = {
 SLOW = [spec for spec, e in zoo.ZOO.items() if e.slow]
 CRITERIA = ("delegation", "accuracy", "size", "nodes")
 
-_HARD = ("aten.hardswish / aten.hardsigmoid have no MPS node: 3 / 2 MPS nodes each (0.5 + x/6 as one MPSAdd "
-         "with alpha, MPSHardTanh, times x); executorch's own decomposition would be 7 edge nodes each")
-_BILINEAR = ("aten.upsample_bilinear2d has no MPS node: the 28x28 -> 224x224 upsampling is two MPSMatMuls, one "
-             "node more than the edge graph's")
-
 #: (case or zoo spec, criterion, "fp32"/"fp16"/None for both) -> cause
 KNOWN_MISSES = {
-    # full size (pytest -m slow), measured in docs/model-zoo.md
-    ("torchvision:mobilenet_v3_large", "nodes", None): _HARD,
-    ("torchvision:deeplabv3_resnet50", "nodes", None): _BILINEAR,
-    ("executorch:efficient_sam", "accuracy", "fp16"): "points x 1024 overflows float16 (zoo.ZOO note)",
 }
 
 

@@ -32,6 +32,10 @@ ARITH = [
     row("binary-mul-int-float", torch.mul, randint(-9, 9, (3, 4)), randn(3, 4), kinds={"MPSCast", "MPSMul"}),
     row("binary-div", torch.div, randn(3, 4), nonzero(3, 4), kinds="MPSDiv"),
     row("binary-div-scalar", lambda x: x / 3.0, randn(3, 4), kinds="MPSDiv"),
+    # (x * a) / d, a and d powers of two: x * (a / d), exact; x * 1024 alone overflows float16 here
+    row("binary-mul-div-pow2-rescale", lambda x: x * 1024 / 1024 + 1, uniform(-1000, 1000, 3, 4), kinds="MPSAdd"),
+    row("binary-mul-div-pow2-ratio", lambda x: x * 4096 / 16, uniform(-200, 200, 3, 4), kinds="MPSMul"),
+    row("binary-mul-div-not-pow2", lambda x: x * 3 / 1024, uniform(-1000, 1000, 3, 4), kinds={"MPSMul", "MPSDiv"}),
     # integer true division: cast first (the device divides integers, §6 #12)
     row("binary-div-int", torch.div, randint(-50, 50, (3, 4)), nonzero_int(3, 4, dtype=torch.int32),
         kinds={"MPSCast", "MPSDiv"}),
