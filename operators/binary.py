@@ -142,11 +142,13 @@ def _rescaling(node: Node, b) -> tuple[Node, float] | None:
         return None
     for x, a in (m.args[:2], m.args[1::-1]):
         if (isinstance(x, Node) and is_float(x) and val(x).dtype == val(node).dtype
-                and list(val(x).shape) == list(val(node).shape) and _power_of_two(_scalar(b, a))):
+                and list(val(x).shape) == list(val(node).shape)):
+            a = _scalar(b, a)
             break
     else:
         return None
-    a = _scalar(b, a)
+    if not _power_of_two(a):
+        return None
     ratio = a / d  # exact: a quotient of powers of two
     info = torch.finfo(b.dtype(node))
     return (x, ratio) if info.tiny <= abs(ratio) <= info.max else None

@@ -114,6 +114,13 @@ def folded_into(reader: Node) -> tuple[str, Node]:
     return ("folded into convolution", reader)
 
 
+def _per_channel(b, a, c: int, fill: float) -> torch.Tensor:
+    """Float64 data of constant ``a`` (a ``[C]`` parameter), or ``fill`` for an absent one."""
+    if isinstance(a, Node):
+        return b.constants.original(b.id(a)).double()
+    return torch.full((c,), fill, dtype=torch.float64)
+
+
 def _epilogue(node: Node, b) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
     """(reader, scale, shift): the per-output-channel map ``y * scale + shift`` (float64) that the
     only reader of convolution ``node``'s result applies first, when the weights, bias and the
@@ -123,7 +130,7 @@ def _epilogue(node: Node, b) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
     (reader,) = node.users
     target = op_key(reader.target)
     c = shape(node.args[1])[0]
-    if target is aten.hardsigmoid.default:
+    if target is aten.hardsigmoid.default:  # hardsigmoid(y) = hardtanh(y / 6 + 0.5, 0, 1)
         params = []
     elif target is aten._native_batch_norm_legit_no_training.default and reader.args[0] is node:
         params = list(reader.args[1:5])
@@ -132,14 +139,9 @@ def _epilogue(node: Node, b) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
     if not all(b.constants.original(b.ids.get(a, -1)) is not None
                for a in (node.args[1], node.args[2], *params) if a is not None):
         return None
-
-    def data(a, fill: float) -> torch.Tensor:
-        return (b.constants.original(b.id(a)).double() if isinstance(a, Node)
-                else torch.full((c,), fill, dtype=torch.float64))
-
-    if not params:  # hardsigmoid(y) = hardtanh(y / 6 + 0.5, 0, 1)
-        return reader, data(None, 1 / 6), data(None, 0.5)
-    gamma, beta, mean, var = (data(a, f) for a, f in zip(params, (1.0, 0.0, 0.0, 1.0)))
+    if not params:
+        return reader, _per_channel(b, None, c, 1 / 6), _per_channel(b, None, c, 0.5)
+    gamma, beta, mean, var = (_per_channel(b, a, c, f) for a, f in zip(params, (1.0, 0.0, 0.0, 1.0)))
     scale = gamma / torch.sqrt(var + float(reader.args[6]))
     return reader, scale, beta - mean * scale
 
@@ -154,9 +156,8 @@ def _folded(node: Node, b) -> tuple[Node, int, int] | None:
     wid = b.scaled_constant(b.id(w), scale)  # float64 product, rounded once, written into the blob
     if wid is None:
         return None
-    c = shape(w)[0]
-    b0 = b.constants.original(b.id(bias)).double() if isinstance(bias, Node) else torch.zeros(c, dtype=torch.float64)
-    return reader, wid, b.constant((b0 * scale + shift).to(val(w).dtype), dtype=vdtype(b, wid))
+    folded_bias = _per_channel(b, bias, shape(w)[0], 0.0) * scale + shift
+    return reader, wid, b.constant(folded_bias.to(val(w).dtype), dtype=vdtype(b, wid))
 
 
 def _lower(node: Node, b) -> None:
