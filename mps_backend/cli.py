@@ -1,4 +1,4 @@
-"""The ``mps-backend`` command: export | inspect | run | ops."""
+"""The ``mps-backend`` command: export | inspect | run | generate | ops | zoo."""
 from __future__ import annotations
 
 import argparse
@@ -11,9 +11,71 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _use_fp16(args) -> bool:
+    if args.dtype and (args.fp32 or args.fp16) and (args.dtype == "fp32") != args.fp32:
+        raise SystemExit(f"--dtype {args.dtype} contradicts --{'fp32' if args.fp32 else 'fp16'}")
+    return not (args.fp32 or args.dtype == "fp32")
+
+
+def cmd_export_llm(args) -> int:
+    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
+    from mps_backend.llm.export import export_llm  # noqa: PLC0415
+    from mps_backend.progress import Progress  # noqa: PLC0415
+
+    if args.verify:
+        raise SystemExit("--verify applies to single-step models; for a language model run "
+                         "`mps-backend generate OUT.pte --tokenizer ...` (tests/test_llm.py compares with eager)")
+    out = args.output or "model_mps.pte"
+    try:
+        result = export_llm(args.model, out, dtype="fp16" if _use_fp16(args) else "fp32", quantize=args.quantize,
+                            group_size=args.group_size, max_seq_len=args.max_seq_len, params=args.params,
+                            clamp_fp16=args.clamp_fp16, progress=Progress(enabled=True))
+    except (CheckpointError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(result.summary())
+    print(f"wrote {result.path}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from mps_backend.llm.generate import GenerationStats, Tokenizer, generate, generate_with_executorch_runner  # noqa: PLC0415
+
+    pte = pathlib.Path(args.file)
+    if not pte.is_file():
+        print(f"error: {pte}: no such file", file=sys.stderr)
+        return 2
+    try:
+        tok = Tokenizer(args.tokenizer)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.runner == "executorch":
+        pieces = generate_with_executorch_runner(pte, tok.path, args.prompt, args.max_new_tokens)
+        print(args.prompt + "".join(pieces))
+        return 0
+    stats = GenerationStats()
+    print(args.prompt, end="", flush=True)
+    try:
+        for piece in generate(pte.read_bytes(), tok, args.prompt, args.max_new_tokens, stats=stats, bos=args.bos):
+            print(piece, end="", flush=True)
+    except ValueError as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        return 2
+    print()
+    _say(str(stats))
+    return 0
+
+
 def cmd_export(args) -> int:
     from mps_backend import models  # noqa: PLC0415
     from mps_backend.export import export_model, verify  # noqa: PLC0415
+
+    if args.model.split(":", 1)[0] in ("hf", "llama"):
+        return cmd_export_llm(args)
+    for flag in ("max_seq_len", "params"):
+        if getattr(args, flag) is not None:
+            raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model hf:... or llama:...)")
 
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
@@ -23,7 +85,7 @@ def cmd_export(args) -> int:
         _say(f"[quantize] {args.quantize} weight-only, " + (f"group size {group}" if group else "per channel")
              + (" (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else ""))
         model = quantize_model(model, args.quantize, group)
-    result = export_model(model, inputs, use_fp16=not args.fp32, progress=_say)
+    result = export_model(model, inputs, use_fp16=_use_fp16(args), progress=_say)
     out = pathlib.Path(args.output or ("mps_demo.pte" if args.model == "demo" else "model_mps.pte"))
     out.write_bytes(result.pte)
     print(result.summary())
@@ -141,14 +203,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mps-backend", description="Lower PyTorch models to the ExecuTorch MPS delegate.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("export", help="export a model (default: the built-in demo) to a .pte")
-    p.add_argument("--model", default="demo", help="demo | torchvision:NAME | path/file.py:factory | "
-                   "legacy PyTorch Mobile flatbuffer path.ff/.ptl")
+    p.add_argument("--model", default="demo", help="demo | torchvision:NAME | executorch:NAME | "
+                   "torch:transformer_encoder | path/file.py:factory | legacy PyTorch Mobile flatbuffer path.ff/.ptl | "
+                   "hf:FOLDER (Hugging Face checkpoint: a language model) | llama:CHECKPOINT.pth (with --params)")
     p.add_argument("--input-shape", action="append", metavar="SHAPE",
                    help="input shape of a .ff/.ptl model, once per forward input: 1,3,32,32 or 1,16:int64 "
                    "(default: the file's mps_backend/input_shapes.json extra file)")
     prec = p.add_mutually_exclusive_group()
     prec.add_argument("--fp32", action="store_true", help="keep float32 on the device")
     prec.add_argument("--fp16", action="store_true", help="compute in float16 (default)")
+    p.add_argument("--dtype", choices=("fp16", "fp32"), help="the same as --fp16 / --fp32")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="language models: static KV-cache length (default 2048, capped by the model's positions)")
+    p.add_argument("--params", default=None, help="llama:CHECKPOINT.pth: its params.json (default: beside it)")
+    p.add_argument("--clamp-fp16", action="store_true",
+                   help="language models: clamp weights beyond the float16 range to ±65504 instead of failing")
     p.add_argument("--verify", action="store_true", help="run the .pte in the device model and compare with eager")
     p.add_argument("-o", "--output", help="output .pte path")
     p.add_argument("--quantize", choices=("int4", "int8"),
@@ -168,6 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write outputs to this .npz")
     p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("generate", help="greedy generation with a language-model .pte on the emulated runtime")
+    p.add_argument("file", help="the .pte (mps-backend export --model hf:...)")
+    p.add_argument("--tokenizer", required=True, help="tokenizer.json, tokenizer.model, or a checkpoint folder")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--bos", action="store_true", help="put the model's BOS id before the prompt tokens")
+    p.add_argument("--runner", choices=("python", "executorch"), default="python",
+                   help="python: the runner's loop over the emulated runtime (streams tokens, prints tokens/s); "
+                   "executorch: executorch's C++ TextLLMRunner binding")
+    p.set_defaults(fn=cmd_generate)
     p = sub.add_parser("ops", help="list the aten targets with an MPS lowering")
     p.set_defaults(fn=cmd_ops)
     p = sub.add_parser("zoo", add_help=False,

@@ -12,7 +12,8 @@ The exported edge graph then holds ``torchao.dequantize_affine`` on int8 weights
 - ``int4``: ``MPSDequantizePerChannelGroup`` on a packed 4-bit weight (0.5 byte per weight plus
   float16 scales). **The device needs macOS 15 / iOS 18** for that node (older systems fail at
   model load with NotImplemented). Layers with ``out_features % 8 != 0`` or
-  ``in_features % 32 != 0`` are lowered but stay on CPU (the device int4 layout cannot take them).
+  ``in_features % 32 != 0`` stay in float (the device int4 layout cannot take them, and their
+  dequantization left on CPU would have no kernel in the runtime).
 - ``int8``: int8 weight constant (1 byte per weight), cast, scale multiply and matmul on the device
   (any OS the MPS delegate supports).
 
@@ -57,6 +58,8 @@ def quantize_model(model: torch.nn.Module, scheme: str, group_size: Optional[int
     if group_size is not None and group_size < 0:
         raise ValueError(f"group size must be positive, got {group_size}")
     from torchao.quantization import IntxWeightOnlyConfig, quantize_  # noqa: PLC0415
+
+    from mps_backend.operators.quant import int4_layout_fits  # noqa: PLC0415
     from torchao.quantization.granularity import PerAxis, PerGroup  # noqa: PLC0415
     from torchao.quantization.quant_primitives import MappingType  # noqa: PLC0415
 
@@ -72,6 +75,8 @@ def quantize_model(model: torch.nn.Module, scheme: str, group_size: Optional[int
         w = getattr(module, "weight", None)
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.dtype.is_floating_point:
             return False  # not a float weight (e.g. already quantized)
+        if scheme == "int4" and not int4_layout_fits(w.shape[0], w.shape[1]):
+            return False
         return not group_size or w.shape[1] % group_size == 0
 
     quantize_(model, config, filter_fn=wanted)

@@ -66,6 +66,12 @@ qd = torch.ops.quantized_decomposed
 
 #: the device's int4 layout constraints (upstream-coverage §5.2 #8)
 INT4_N_MULTIPLE, INT4_K_MULTIPLE = 8, 32
+
+
+def int4_layout_fits(n: int, k: int) -> bool:
+    """Whether an int4 weight ``[N, K]`` fits the device's packed layout."""
+    return n % INT4_N_MULTIPLE == 0 and k % INT4_K_MULTIPLE == 0
+
 _F16_MAX_EXP, _F16_MIN_NORMAL_EXP = 15, -14
 
 
@@ -176,7 +182,7 @@ def _dequant_check(node: Node):
         if len(dims) != 2 or spec.block[0] != 1:
             return f"4-bit weight {dims} with block size {list(spec.block)}: the device int4 dequantize takes 2-D weights in [1, group] blocks"
         n, k = dims
-        if n % INT4_N_MULTIPLE or k % INT4_K_MULTIPLE:
+        if not int4_layout_fits(n, k):
             return (f"int4 weight [N={n}, K={k}]: the MPS int4 layout needs N % {INT4_N_MULTIPLE} == 0 and "
                     f"K % {INT4_K_MULTIPLE} == 0")
     return None

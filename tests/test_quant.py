@@ -188,11 +188,26 @@ def test_blob_holds_the_packed_weight():
 
 @pytest.mark.parametrize("n,k,group,why", [(12, 64, 32, "N % 8"), (16, 48, 16, "K % 32"), (20, 80, 16, "N % 8")])
 def test_int4_shapes_the_device_cannot_pack_stay_on_cpu(n, k, group, why):
-    _, qmodel, x = linear_pair(n, k, "int4", group, False)
+    from torchao.quantization import IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    fmodel, _, x = linear_pair(n, k, "int8", None, False)
+    qmodel = copy.deepcopy(fmodel)  # quantized by the user with torchao directly: every layer
+    quantize_(qmodel, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group)))
     _, report, blobs = lower(qmodel, (x,))
     (cpu,) = [c for c in report.on_cpu if "dequantize" in c.target]
     assert why in cpu.reason and f"[N={n}, K={k}]" in cpu.reason
     assert all(DataType.int4 not in [dt for dt, _, _ in constants(read_blob(b).graph)] for b in blobs)
+
+
+@pytest.mark.parametrize("n,k", [(12, 64), (16, 48)])
+def test_quantize_model_keeps_unpackable_int4_layers_float(n, k):
+    """quantize_model leaves layers the int4 layout cannot take in float: they are delegated as plain
+    linears instead of leaving a dequantize on CPU that the runtime has no kernel for."""
+    fmodel, qmodel, x = linear_pair(n, k, "int4", 16, False)
+    assert type(qmodel[0].weight) is torch.nn.Parameter and torch.equal(qmodel[0].weight, fmodel[0].weight)
+    _, report, blobs = lower(qmodel, (x,))
+    assert report.on_cpu == [] and len(blobs) == 1
 
 
 def test_int8_has_no_shape_limits():

@@ -12,7 +12,9 @@ if TYPE_CHECKING:
         EmulatorBuildError,
         EmulatorError,
         InputMismatchError,
+        LoadedMethod,
         build_shim,
+        constant_method_values,
         load_emulator,
         run_pte,
     )
@@ -25,6 +27,8 @@ _LAZY = {
     "EmulatorError": "emulator",
     "EmulatorBuildError": "emulator",
     "InputMismatchError": "emulator",
+    "LoadedMethod": "emulator",
+    "constant_method_values": "emulator",
 }
 
 __all__ = sorted(_LAZY)

@@ -40,6 +40,8 @@ __all__ = [
     "EmulatorError",
     "InputMismatchError",
     "build_shim",
+    "LoadedMethod",
+    "constant_method_values",
     "load_emulator",
     "run_pte",
 ]
@@ -460,64 +462,106 @@ def _prepare(value: Any) -> Any:
     return value
 
 
+class LoadedMethod:
+    """One method of an ExecuTorch program, loaded once and run any number of times with its MPS
+    delegates emulated. State the program keeps between calls (mutable buffers such as a KV cache)
+    persists from one call to the next, as in an app that keeps its ``Module`` loaded::
+
+        step = LoadedMethod(pte)              # "forward"
+        logits = step([tokens, input_pos])[0]
+
+    ``mode`` is passed to the device-model interpreter (``"faithful"`` reproduces what the device
+    computes, bugs included). Wrong inputs raise :class:`InputMismatchError`; an exception raised
+    while executing a delegate is re-raised as is; other runtime failures raise
+    :class:`EmulatorError`.
+    """
+
+    def __init__(self, pte: bytes | str | os.PathLike, method: str = "forward", mode: str = "faithful"):
+        if not isinstance(mode, str):
+            raise TypeError(f"mode must be a string, not {type(mode).__name__}")
+        self.name, self.mode = method, mode
+        self._data = _read_program(pte)  # the program may point into this buffer: keep it alive
+        self._emulator = load_emulator()
+        _C = self._emulator.pybindings
+        try:
+            self._program = _C._load_program_from_buffer(
+                self._data, program_verification=_C.Verification.InternalConsistency)
+        except RuntimeError as exc:
+            raise EmulatorError(f"ExecuTorch could not load the program: {exc}") from exc
+        names = {self._program.get_method_name(i) for i in range(self._program.num_methods())}
+        if method not in names:
+            raise EmulatorError(f"the program has no method {method!r} (methods: {sorted(names)})")
+        self.meta = self._program.method_meta(method)
+        try:
+            self._method = self._program.load_method(method)
+        except RuntimeError as exc:
+            raise EmulatorError(
+                f"ExecuTorch could not load method {method!r} (a delegate failed to initialise, "
+                f"e.g. an MPSBackend payload that is not an MP00 blob, or a backend that is not "
+                f"registered; registered: {_C._get_registered_backend_names()}): {exc}"
+            ) from exc
+
+    def __call__(self, inputs: Sequence[Any] = ()) -> list[Any]:
+        inputs = [_prepare(v) for v in inputs]
+        _check_inputs(self.meta, inputs, self.name)
+        loaded = self._method
+        try:
+            loaded.set_inputs(inputs)
+        except RuntimeError as exc:
+            meta = loaded.method_meta()
+            wanted = []
+            for i in range(meta.num_inputs()):
+                try:
+                    info = meta.input_tensor_meta(i)
+                    wanted.append(f"{_SCALAR_TYPES.get(info.dtype())} {list(info.sizes())}")
+                except Exception:  # noqa: BLE001
+                    wanted.append("non-tensor")
+            given = [f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+                     for v in inputs]
+            raise InputMismatchError(
+                f"ExecuTorch rejected the inputs of {self.name!r}: expected {wanted}, got {given} ({exc})"
+            ) from exc
+        with self._emulator.session(self.mode) as state:
+            try:
+                loaded.execute()
+            except RuntimeError as exc:
+                error = state.error
+                state.error = None
+                if error is not None:
+                    raise error from exc
+                raise EmulatorError(f"ExecuTorch failed to execute {self.name!r}: {exc}") from exc
+        return list(loaded.get_outputs(clone_outputs=True))
+
+
 def run_pte(pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tensor], mode: str = "faithful",
             *, method: str = "forward") -> list[torch.Tensor]:
-    """Run ``method`` of an ExecuTorch program with ExecuTorch's runtime, MPS delegates emulated.
+    """Run ``method`` of an ExecuTorch program once with ExecuTorch's runtime, MPS delegates
+    emulated (a fresh load: mutable buffers start from their initial state). See
+    :class:`LoadedMethod` for the errors, and to keep a program loaded across calls."""
+    return LoadedMethod(pte, method, mode)(inputs)
 
-    ``mode`` is passed to the device-model interpreter (``"faithful"`` reproduces what the
-    device computes, bugs included). Wrong inputs raise :class:`InputMismatchError`; an
-    exception raised while executing a delegate is re-raised as is; other runtime failures
-    raise :class:`EmulatorError`.
-    """
-    if not isinstance(mode, str):
-        raise TypeError(f"mode must be a string, not {type(mode).__name__}")
+
+def constant_method_values(pte: bytes | str | os.PathLike) -> dict[str, Any]:
+    """The values of a program's constant methods (methods without inputs that return a constant,
+    like the LLM metadata ``get_max_seq_len``): name -> int, float, bool or list of them."""
     data = _read_program(pte)
-    emulator = load_emulator()
-    _C = emulator.pybindings
+    _C = load_emulator().pybindings
     try:
-        program = _C._load_program_from_buffer(
-            data, program_verification=_C.Verification.InternalConsistency)
+        program = _C._load_program_from_buffer(data, program_verification=_C.Verification.InternalConsistency)
     except RuntimeError as exc:
         raise EmulatorError(f"ExecuTorch could not load the program: {exc}") from exc
-    names = {program.get_method_name(i) for i in range(program.num_methods())}
-    if method not in names:
-        raise EmulatorError(f"the program has no method {method!r} (methods: {sorted(names)})")
-    inputs = [_prepare(v) for v in inputs]
-    _check_inputs(program.method_meta(method), inputs, method)
-    try:
-        loaded = program.load_method(method)
-    except RuntimeError as exc:
-        raise EmulatorError(
-            f"ExecuTorch could not load method {method!r} (a delegate failed to initialise, "
-            f"e.g. an MPSBackend payload that is not an MP00 blob, or a backend that is not "
-            f"registered; registered: {_C._get_registered_backend_names()}): {exc}"
-        ) from exc
-    try:
-        loaded.set_inputs(inputs)
-    except RuntimeError as exc:
-        meta = loaded.method_meta()
-        wanted = []
-        for i in range(meta.num_inputs()):
-            try:
-                info = meta.input_tensor_meta(i)
-                wanted.append(f"{_SCALAR_TYPES.get(info.dtype())} {list(info.sizes())}")
-            except Exception:  # noqa: BLE001
-                wanted.append("non-tensor")
-        given = [f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
-                 for v in inputs]
-        raise InputMismatchError(
-            f"ExecuTorch rejected the inputs of {method!r}: expected {wanted}, got {given} ({exc})"
-        ) from exc
-    with emulator.session(mode) as state:
-        try:
-            loaded.execute()
-        except RuntimeError as exc:
-            error = state.error
-            state.error = None
-            if error is not None:
-                raise error from exc
-            raise EmulatorError(f"ExecuTorch failed to execute {method!r}: {exc}") from exc
-    return list(loaded.get_outputs(clone_outputs=True))
+    values: dict[str, Any] = {}
+    for i in range(program.num_methods()):
+        name = program.get_method_name(i)
+        meta = program.method_meta(name)
+        if meta.num_inputs() != 0:
+            continue
+        method = program.load_method(name)
+        method.set_inputs([])
+        method.execute()
+        outputs = list(method.get_outputs(clone_outputs=True))
+        values[name] = outputs[0] if len(outputs) == 1 else outputs
+    return values
 
 
 def program_input_specs(pte: bytes | str | os.PathLike, *, method: str = "forward"

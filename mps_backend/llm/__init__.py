@@ -1,0 +1,36 @@
+"""Language models for the MPS delegate: checkpoints on disk -> runner-ready ``.pte``, and greedy
+generation with it on the emulated runtime.
+
+    from mps_backend.llm import export_llm, generate
+    export_llm("hf:./my-checkpoint", "model.pte", dtype="fp16", max_seq_len=512)
+    for piece in generate("model.pte", "./my-checkpoint", "Hello", max_new_tokens=32):
+        print(piece, end="", flush=True)
+
+Needs the ``llm`` extra (transformers): ``pip install 'mps-backend[llm]'``.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "export_llm": "export",
+    "LLMExportResult": "export",
+    "load_checkpoint": "export",
+    "CheckpointError": "checkpoint",
+    "generate": "generate",
+    "generate_ids": "generate",
+    "iter_tokens": "generate",
+    "GenerationStats": "generate",
+    "Tokenizer": "generate",
+    "generate_with_executorch_runner": "generate",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,128 @@
+"""Static-shape decode-step programs for language models: what the MPS delegate can run.
+
+The device has no dynamic shapes, so a language model becomes one method with fixed shapes, the
+signature executorch's LLM runner calls for a model with a KV cache and no dynamic shapes:
+
+    forward(tokens: int64 [1, 1], input_pos: int64 [1]) -> logits: float32 [1, vocab]
+
+The KV cache is one pair of mutable buffers per layer, ``[1, kv_heads, max_seq_len, head_dim]``,
+updated in place at ``input_pos`` (``cache[:, :, input_pos] = k``); the prompt is prefilled token by
+token through the same method (the runner does so when ``enable_dynamic_shape`` is false). Attention
+reads the whole cache under a mask computed from ``input_pos``: key position ``k`` is visible to
+the query at position ``p`` when ``k <= p`` (and, for a sliding-window layer of width ``w``,
+``p - k < w``), the rule transformers' own masks implement.
+
+- :class:`HFDecoder` wraps a transformers ``*ForCausalLM`` (Llama, Qwen2/3, Mistral, Phi-3,
+  Gemma 2/3, SmolLM, ...): transformers' own modeling code runs with the cache passed as
+  ``past_key_values`` and the mask(s) passed precomputed, so no transformers cache or mask machinery
+  (data-dependent lengths, vmap) enters the graph.
+- :class:`ExecutorchLlamaDecoder` wraps executorch's example llama (``use_kv_cache=True``), whose
+  own KV cache already has this shape.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _head_dim(config) -> int:
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def _additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where visible, -inf elsewhere, shaped ``[1, 1, 1, S]`` (added to the attention scores)."""
+    zero = torch.zeros((), dtype=dtype)
+    return torch.where(visible, zero, torch.full((), float("-inf"), dtype=dtype)).view(1, 1, 1, -1)
+
+
+class _StaticCache:
+    """The object transformers' attention layers see as ``past_key_values``: ``update`` writes the
+    new key/value at ``input_pos`` into the layer's buffers and returns the whole buffers."""
+
+    is_compileable = True
+
+    def __init__(self, owner: HFDecoder, input_pos: torch.Tensor):
+        self.owner, self.input_pos = owner, input_pos
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        k_cache = getattr(self.owner, f"k_cache_{layer_idx}")
+        v_cache = getattr(self.owner, f"v_cache_{layer_idx}")
+        k_cache[:, :, self.input_pos] = key
+        v_cache[:, :, self.input_pos] = value
+        return k_cache, v_cache
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # never reached: position_ids are given
+        raise RuntimeError("the static decode step passes position_ids; get_seq_length is not used")
+
+
+class HFDecoder(torch.nn.Module):
+    """One decode step of a transformers causal LM over a static KV cache (see the module doc)."""
+
+    def __init__(self, model: torch.nn.Module, max_seq_len: int):
+        super().__init__()
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.model = model
+        self.max_seq_len = int(max_seq_len)
+        self.n_layers = int(config.num_hidden_layers)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        shape = (1, kv_heads, self.max_seq_len, _head_dim(config))
+        dtype = next(model.parameters()).dtype
+        for i in range(self.n_layers):
+            self.register_buffer(f"k_cache_{i}", torch.zeros(shape, dtype=dtype), persistent=False)
+            self.register_buffer(f"v_cache_{i}", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.mask_dtype = dtype
+        window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None)
+        if isinstance(layer_types, (list, tuple)):
+            # models that take a dict of masks keyed by layer type (Qwen2/3, Gemma 2/3, SmolLM3, ...)
+            self.mask_kinds: tuple[str, ...] | None = tuple(sorted(set(layer_types)))
+            self.window = int(window) if window else None
+        else:
+            # one mask for every layer: sliding when the config sets a window (Mistral, Phi-3)
+            self.mask_kinds = None
+            self.window = int(window) if window else None
+        if self.mask_kinds and "sliding_attention" in self.mask_kinds and not self.window:
+            raise ValueError(f"{type(model).__name__}: sliding_attention layers but no sliding_window in the config")
+
+    def _masks(self, input_pos: torch.Tensor):
+        k = torch.arange(self.max_seq_len, dtype=input_pos.dtype)
+        visible = k <= input_pos
+        full = _additive_mask(visible, self.mask_dtype)
+        if self.window is not None:
+            sliding = _additive_mask(visible & (k > input_pos - self.window), self.mask_dtype)
+        if self.mask_kinds is None:
+            return sliding if self.window is not None else full
+        masks = {}
+        for kind in self.mask_kinds:
+            if kind == "full_attention":
+                masks[kind] = full
+            elif kind == "sliding_attention":
+                masks[kind] = sliding
+            else:
+                raise ValueError(f"layer type {kind!r} is not supported by the static decode step")
+        return masks
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=tokens, attention_mask=self._masks(input_pos),
+                         position_ids=input_pos.view(1, -1), past_key_values=_StaticCache(self, input_pos),
+                         use_cache=True)
+        return out.logits[:, -1, :].float()
+
+
+class ExecutorchLlamaDecoder(torch.nn.Module):
+    """executorch's example llama built with ``use_kv_cache=True``: ``(tokens, input_pos)`` ->
+    float32 logits of the last token."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        logits = self.model(tokens, {"input_pos": input_pos})
+        if isinstance(logits, tuple):
+            logits = logits[0]
+        return logits.reshape(1, -1, logits.shape[-1])[:, -1, :].float()
+
+
+def example_inputs(position: int = 0, token: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens [1, 1], input_pos [1])`` for one decode step."""
+    return torch.tensor([[token]], dtype=torch.long), torch.tensor([position], dtype=torch.long)

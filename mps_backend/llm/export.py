@@ -1,0 +1,202 @@
+"""Language model checkpoint on disk -> runner-ready ``.pte`` for the MPS delegate.
+
+    from mps_backend.llm import export_llm
+    result = export_llm("hf:./SmolLM2-135M", "smollm2.pte", dtype="fp16", max_seq_len=1024)
+    print(result.summary())
+
+What the ``.pte`` holds (see :mod:`mps_backend.llm.decoder`): ``forward(tokens [1, 1], input_pos
+[1]) -> float32 logits [1, vocab]`` with the KV cache as mutable buffers, delegated to MPS as one
+partition, plus the constant methods executorch's LLM runner reads (:data:`METADATA_METHODS`).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, load_hf, load_llama
+from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
+from mps_backend.partitioner import PartitionReport
+from mps_backend.progress import CountingWriter, Progress
+
+#: the constant methods executorch's LLM runner (``extension/llm/runner``) reads, as executorch's
+#: own llama export writes them
+METADATA_METHODS = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_n_layers", "get_bos_id",
+                    "get_eos_ids", "use_kv_cache", "use_sdpa_with_kv_cache", "enable_dynamic_shape")
+
+#: default KV-cache length (capped by the model's ``max_position_embeddings``)
+DEFAULT_MAX_SEQ_LEN = 2048
+
+DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class LLMExportResult:
+    path: pathlib.Path
+    model_type: str
+    precision: str
+    max_seq_len: int
+    report: PartitionReport
+    delegates: int
+    pte_bytes: int
+    weight_bytes: int
+    metadata: dict[str, Any]
+    quantize: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        r = self.report
+        lines = [
+            f"model            {self.model_type} ({self.precision}"
+            + (f", {self.quantize} weight-only" if self.quantize else "") + ")",
+            f"max_seq_len      {self.max_seq_len} (static shapes: decode step tokens [1, 1], input_pos [1])",
+            f"MPS delegates    {self.delegates}",
+            f"nodes delegated  {len(r.delegated)}/{r.total}",
+            f".pte size        {self.pte_bytes:,} bytes (checkpoint weights {self.weight_bytes:,})",
+            "seconds          " + ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items()),
+        ]
+        lines += [f"note             {n}" for n in self.notes]
+        if r.on_cpu:
+            lines.append(str(r).split("\n", 1)[1])
+        return "\n".join(lines)
+
+
+def parse_model_spec(spec: str) -> tuple[str, str]:
+    """``hf:PATH`` or ``llama:CHECKPOINT.pth`` -> (kind, path)."""
+    kind, sep, path = spec.partition(":")
+    if not sep or kind not in ("hf", "llama") or not path:
+        raise CheckpointError(f"not a language-model spec: {spec!r} (use hf:FOLDER or llama:CHECKPOINT.pth)")
+    return kind, path
+
+
+def load_checkpoint(spec: str, dtype: str = "fp16", *, params: str | None = None, max_seq_len: int | None = None,
+                    clamp_fp16: bool = False) -> LoadedLM:
+    """Load ``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` in the export precision (no export)."""
+    if dtype not in DTYPES:
+        raise CheckpointError(f"unknown dtype {dtype!r}: use fp16 or fp32")
+    kind, path = parse_model_spec(spec)
+    if kind == "hf":
+        return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16)
+    return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16)
+
+
+def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str | None]:
+    """The KV-cache length: the request, else DEFAULT_MAX_SEQ_LEN capped by the model's positions."""
+    if requested is not None:
+        if requested < 2:
+            raise CheckpointError(f"--max-seq-len must be at least 2, got {requested}")
+        if lm.max_positions and requested > lm.max_positions:
+            return requested, (f"max_seq_len {requested} exceeds the model's max_position_embeddings "
+                               f"{lm.max_positions}: quality past that length is the model's own")
+        return requested, None
+    if lm.max_positions:
+        return min(DEFAULT_MAX_SEQ_LEN, lm.max_positions), None
+    return DEFAULT_MAX_SEQ_LEN, None
+
+
+def decoder_for(lm: LoadedLM, max_seq_len: int) -> torch.nn.Module:
+    """The static decode-step module of a loaded model."""
+    if lm.kind == "hf":
+        return HFDecoder(lm.model, max_seq_len).eval()
+    return ExecutorchLlamaDecoder(lm.model).eval()
+
+
+def metadata(lm: LoadedLM, max_seq_len: int) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "get_max_seq_len": max_seq_len,
+        "get_max_context_len": max_seq_len,
+        "get_vocab_size": lm.vocab_size,
+        "get_n_layers": lm.n_layers,
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": False,
+        "enable_dynamic_shape": False,
+    }
+    if lm.bos_id is not None:
+        meta["get_bos_id"] = lm.bos_id
+    if lm.eos_ids:
+        meta["get_eos_ids"] = list(lm.eos_ids)
+    return meta
+
+
+def write_atomically(path: pathlib.Path, write) -> int:
+    """``write(f)`` into a temporary file beside ``path``, then rename it to ``path``: an interrupted
+    export never leaves a truncated file nor destroys the file that was there. Returns the size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", quantize: str | None = None,
+               group_size: int | None = None, max_seq_len: int | None = None, params: str | None = None,
+               clamp_fp16: bool = False, progress: bool | Progress = False) -> LLMExportResult:
+    """Export a language-model checkpoint (``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` with ``params``)
+    to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
+
+    ``dtype``: ``fp16`` (default) or ``fp32`` on the device. ``quantize``: ``int4`` or ``int8``
+    weight-only (torchao, ``group_size`` as in ``mps-backend export``). ``max_seq_len``: the static
+    KV-cache length (default 2048 capped by the model's positions)."""
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower  # noqa: PLC0415
+
+    from mps_backend.export import drop_unused_constants  # noqa: PLC0415
+    from mps_backend.partitioner import MPSPartitioner  # noqa: PLC0415
+
+    out = pathlib.Path(output)
+    kind, source = parse_model_spec(model)
+    if out.resolve() == pathlib.Path(source).resolve():
+        raise CheckpointError(f"output {out} is the input checkpoint")
+    prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
+    with prog.stage("load checkpoint"):
+        lm = load_checkpoint(model, dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16)
+    notes = list(lm.notes)
+    seq_len, note = resolve_max_seq_len(lm, max_seq_len)
+    if note:
+        notes.append(note)
+    if quantize:
+        from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
+
+        with prog.stage(f"quantize {quantize}"):
+            quantize_model(lm.model, quantize, resolve_group_size(quantize, group_size))
+    decoder = decoder_for(lm, seq_len)
+    meta = metadata(lm, seq_len)
+    model_type, weight_bytes = lm.model_type, lm.weight_bytes
+    del lm  # the decoder holds the model; nothing else may keep the weights alive past lowering
+    partitioner = MPSPartitioner(use_fp16=dtype == "fp16")
+    with torch.no_grad():
+        with prog.stage("torch.export"):
+            ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
+        del decoder
+        with prog.stage("lower to MPS"):
+            edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], constant_methods=meta)
+        del ep
+        delegates = _count_mps_delegates(edge)
+        with prog.stage("to_executorch"):
+            program = edge.to_executorch(ExecutorchBackendConfig())
+        del edge
+    with prog.stage(f"write {out.name}"):
+        bar = prog.bytes_bar("write", 0)
+        size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
+        bar.close()
+    del program
+    return LLMExportResult(path=out, model_type=model_type, precision="float16" if dtype == "fp16" else "float32",
+                           max_seq_len=seq_len, report=partitioner.report(), delegates=delegates, pte_bytes=size,
+                           weight_bytes=weight_bytes, metadata=meta, quantize=quantize, seconds=dict(prog.seconds),
+                           notes=notes)
+
+
+def _count_mps_delegates(edge) -> int:
+    from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
+
+    return sum(1 for _, lowered, _ in get_lowered_submodules(edge.exported_program().graph_module)
+               if lowered.backend_id == "MPSBackend")

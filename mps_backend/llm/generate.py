@@ -1,0 +1,195 @@
+"""Greedy generation with an exported language-model ``.pte`` on the emulated MPS runtime.
+
+    from mps_backend.llm import generate
+    for piece in generate("model.pte", "tokenizer.json", "Once upon a time", max_new_tokens=32):
+        print(piece, end="", flush=True)
+
+Two runners, the same methods and the same tokens:
+
+- ``"python"`` (default): the loop executorch's LLM runner runs, written out here over
+  :class:`mps_backend.runtime.LoadedMethod`: read the metadata methods, prefill the prompt one token
+  per ``forward`` call (``enable_dynamic_shape`` is false), then feed back the argmax until an EOS
+  id, ``max_new_tokens`` or ``get_max_seq_len``.
+- ``"executorch"``: executorch's own C++ ``TextLLMRunner`` (the wheel's ``_llm_runner`` binding),
+  with the MPS delegates emulated in the same process; temperature 0 (greedy).
+
+Speeds printed are of the emulation on this machine's CPU, not of a device.
+"""
+from __future__ import annotations
+
+import pathlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+
+class Tokenizer:
+    """encode/decode over a Hugging Face ``tokenizer.json`` (or a folder holding one) or a
+    ``tokenizer.model`` (SentencePiece or tiktoken, through executorch's pytorch_tokenizers)."""
+
+    def __init__(self, path: str | pathlib.Path):
+        p = pathlib.Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"{path}: no tokenizer file (tokenizer.json, tokenizer.model, or a folder)")
+        self.path = p
+        if p.suffix == ".json":
+            from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
+
+            self._hf = HFTokenizer.from_file(str(p))
+            self._pt = None
+        else:
+            from pytorch_tokenizers import get_tokenizer  # noqa: PLC0415
+
+            self._hf = None
+            self._pt = get_tokenizer(str(p))
+
+    def encode(self, text: str) -> list[int]:
+        if self._hf is not None:
+            return list(self._hf.encode(text).ids)
+        return list(self._pt.encode(text, bos=False, eos=False))
+
+    def decode(self, ids: list[int]) -> str:
+        if self._hf is not None:
+            return self._hf.decode(ids, skip_special_tokens=False)
+        return self._pt.decode(ids)
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    stopped_by: str = ""
+    #: set to a list to receive the logits each generated token was chosen from
+    logits: list[torch.Tensor] | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        n = max(len(self.generated) - 1, 0)  # the first token comes from the prefill's last step
+        return n / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        return (f"{self.prompt_tokens} prompt tokens, {len(self.generated)} generated ({self.stopped_by}); "
+                f"emulated on this CPU, not a device: prefill {self.prefill_seconds:.2f}s, "
+                f"decode {self.tokens_per_second:.1f} tokens/s")
+
+
+def _as_ids(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    return [int(value)]
+
+
+def read_metadata(pte: bytes | str | pathlib.Path) -> dict:
+    from mps_backend.runtime import constant_method_values  # noqa: PLC0415
+
+    meta = constant_method_values(pte)
+    if "get_max_seq_len" not in meta:
+        raise ValueError("the program has no get_max_seq_len method: not an LLM export (mps-backend export --model hf:...)")
+    return meta
+
+
+def iter_tokens(pte: bytes | str | pathlib.Path, prompt_ids: list[int], max_new_tokens: int = 32, *,
+                stats: GenerationStats | None = None, mode: str = "faithful") -> Iterator[int]:
+    """Greedy continuation of ``prompt_ids`` by the ``.pte``, one id at a time: the loop of
+    executorch's LLM runner over the emulated runtime. Stops after an EOS id (yielded),
+    ``max_new_tokens`` or at ``get_max_seq_len``."""
+    from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
+
+    if isinstance(pte, (str, pathlib.Path)):
+        pte = pathlib.Path(pte).read_bytes()
+    meta = read_metadata(pte)
+    max_len = int(meta["get_max_seq_len"])
+    eos = set(_as_ids(meta.get("get_eos_ids")))
+    stats = stats if stats is not None else GenerationStats()
+    if not prompt_ids:
+        raise ValueError("empty prompt")
+    if len(prompt_ids) >= max_len:
+        raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit max_seq_len {max_len}")
+    step = LoadedMethod(pte, "forward", mode)
+
+    def forward(token: int, pos: int) -> torch.Tensor:
+        return step([torch.tensor([[token]], dtype=torch.long), torch.tensor([pos], dtype=torch.long)])[0]
+
+    stats.prompt_tokens = len(prompt_ids)
+    t0 = time.perf_counter()
+    for pos, token in enumerate(prompt_ids):
+        logits = forward(token, pos)
+    stats.prefill_seconds = time.perf_counter() - t0
+    pos = len(prompt_ids)
+    stats.stopped_by = "max_new_tokens"
+    while len(stats.generated) < max_new_tokens:
+        token = int(torch.argmax(logits.reshape(-1)))
+        stats.generated.append(token)
+        if stats.logits is not None:
+            stats.logits.append(logits.reshape(-1).clone())
+        yield token
+        if token in eos:
+            stats.stopped_by = "EOS"
+            return
+        if pos >= max_len:
+            stats.stopped_by = "max_seq_len"
+            return
+        if len(stats.generated) < max_new_tokens:
+            t0 = time.perf_counter()  # decode time: the forward calls only, not the caller's work
+            logits = forward(token, pos)
+            stats.decode_seconds += time.perf_counter() - t0
+            pos += 1
+
+
+def generate_ids(pte: bytes | str | pathlib.Path, prompt_ids: list[int], max_new_tokens: int = 32, *,
+                 stats: GenerationStats | None = None, mode: str = "faithful") -> list[int]:
+    """The greedy continuation of ``prompt_ids`` as a list (see :func:`iter_tokens`)."""
+    return list(iter_tokens(pte, prompt_ids, max_new_tokens, stats=stats, mode=mode))
+
+
+def generate(pte: bytes | str | pathlib.Path, tokenizer: str | pathlib.Path | Tokenizer, prompt: str,
+             max_new_tokens: int = 32, *, stats: GenerationStats | None = None,
+             bos: bool = False) -> Iterator[str]:
+    """Stream the greedy continuation of ``prompt`` as text pieces (python runner). ``bos``: put the
+    model's BOS id (``get_bos_id``) before the prompt's tokens when the tokenizer did not."""
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
+    if isinstance(pte, (str, pathlib.Path)):
+        pte = pathlib.Path(pte).read_bytes()
+    ids = tok.encode(prompt)
+    if bos:
+        bos_id = read_metadata(pte).get("get_bos_id")
+        if bos_id is not None and (not ids or ids[0] != int(bos_id)):
+            ids = [int(bos_id), *ids]
+    out: list[int] = []
+    done = ""
+    for token in iter_tokens(pte, ids, max_new_tokens, stats=stats):
+        out.append(token)
+        text = tok.decode(out)
+        # a multi-byte character split across tokens decodes to U+FFFD until it is complete
+        if text.endswith("\ufffd") or not text.startswith(done):
+            continue
+        piece, done = text[len(done):], text
+        if piece:
+            yield piece
+
+
+def generate_with_executorch_runner(pte: str | pathlib.Path, tokenizer: str | pathlib.Path, prompt: str,
+                                    max_new_tokens: int = 32) -> list[str]:
+    """Greedy generation by executorch's C++ ``TextLLMRunner`` (MPS delegates emulated). Returns the
+    text pieces its token callback received."""
+    from mps_backend.runtime.emulator import load_emulator  # noqa: PLC0415
+
+    load_emulator()  # registers MPSBackend in the libexecutorch the runner binding links
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner  # noqa: PLC0415
+
+    tok = pathlib.Path(tokenizer)
+    if tok.is_dir():
+        tok = tok / "tokenizer.json"
+    runner = TextLLMRunner(str(pte), str(tok))
+    pieces: list[str] = []
+    runner.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False),
+                    token_callback=pieces.append)
+    return pieces

@@ -1,0 +1,99 @@
+"""Tiny random language-model checkpoints on disk for the LLM tests (nothing is downloaded):
+a byte-level BPE tokenizer trained here on a few ASCII sentences, and one transformers config per
+architecture family, saved with ``save_pretrained`` the way a hub checkpoint folder looks."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import torch
+
+CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, this is a small test of the tokenizer",
+          "once upon a time there was a tiny language model"] * 20
+
+#: one small config per architecture: (transformers config class name, extra kwargs). sliding windows
+#: of 8 positions are shorter than the tests' generations, so the sliding masks matter.
+ARCHS = {
+    "llama": ("LlamaConfig", {}),
+    "smollm": ("LlamaConfig", {"tie_word_embeddings": True}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "mistral": ("MistralConfig", {"sliding_window": 8}),
+    "phi3": ("Phi3Config", {}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 8}),
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 8}),
+}
+
+
+def train_tokenizer():
+    """A byte-level BPE tokenizer over ASCII only (every token decodes to valid UTF-8 on its own,
+    which executorch's runner binding needs to hand pieces to Python)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=160, special_tokens=["<s>", "</s>"], show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
+def save_checkpoint(folder: pathlib.Path, arch: str, *, dtype: torch.dtype = torch.float32, layers: int = 2,
+                    seed: int = 0, tokenizer=None, edit=None) -> pathlib.Path:
+    """Write a random ``arch`` checkpoint (config.json, model.safetensors, generation_config.json,
+    tokenizer files) into ``folder``; ``edit(model)`` may change weights before saving."""
+    import transformers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = tokenizer or train_tokenizer()
+    cls, extra = ARCHS[arch]
+    config = getattr(transformers, cls)(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1, **extra)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # trained-like norm weights and biases (initialised to ones / zeros)
+        gen = torch.Generator().manual_seed(seed)
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+    if edit is not None:
+        with torch.no_grad():
+            edit(model)
+    model.to(dtype).save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(folder)
+    return folder
+
+
+def eager_model(folder: pathlib.Path, dtype: torch.dtype):
+    """The checkpoint loaded by transformers itself (the reference)."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager").eval()
+
+
+def eager_greedy(folder: pathlib.Path, prompt: list[int], n: int, dtype=torch.float32) -> list[int]:
+    """transformers' own greedy ``generate`` (its dynamic cache and masks), EOS ignored."""
+    model = eager_model(folder, dtype)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                             pad_token_id=1)
+    return out[0, len(prompt):].tolist()
+
+
+def save_llama_checkpoint(folder: pathlib.Path, seed: int = 0) -> tuple[pathlib.Path, pathlib.Path, dict]:
+    """A Meta-format llama checkpoint (``consolidated.pth`` + ``params.json``) of executorch's example
+    llama with random weights."""
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    params = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 160, "multiple_of": 32,
+              "norm_eps": 1e-5, "rope_theta": 10000.0}
+    torch.manual_seed(seed)
+    model = construct_transformer(ModelArgs(**params, max_seq_len=64))
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith(("freqs_cos", "freqs_sin", ".mask"))}
+    ckpt, pfile = folder / "consolidated.pth", folder / "params.json"
+    torch.save(state, ckpt)
+    pfile.write_text(json.dumps(params))
+    return ckpt, pfile, params
