@@ -11,6 +11,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import tag_constant_data
 from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
 from torch.fx import Node
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
@@ -62,6 +63,21 @@ class _Support(OperatorSupportBase):
         return reason is None
 
 
+def _absorb_unread_constants(ep: ExportedProgram, tag: str) -> None:
+    """Give parameters, buffers and lifted constants that no node reads a delegation tag: they move
+    into that delegate, which stores nothing for a value no node reads (a partitioner may not remove
+    graph inputs itself; left untagged they would be stored in the program as CPU constants)."""
+    sig = ep.graph_signature
+    mutated = set(sig.buffers_to_mutate.values())
+    constant_inputs = {s.arg.name for s in sig.input_specs
+                       if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+                       and s.target not in mutated}
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and not node.users and node.name in constant_inputs \
+                and "delegation_tag" not in node.meta:
+            node.meta["delegation_tag"] = tag
+
+
 def _target_name(target) -> str:
     return str(getattr(op_key(target), "_name", None) or getattr(target, "__name__", target))
 
@@ -104,6 +120,8 @@ class MPSPartitioner(Partitioner):
                 node.meta["delegation_tag"] = tag
                 delegated.add(node)
         tag_constant_data(exported_program)
+        if tags:
+            _absorb_unread_constants(exported_program, next(iter(tags)))
         report = PartitionReport(partitions=len(tags))
         for node in gm.graph.nodes:
             if node.op != "call_function" or node.target is operator.getitem:

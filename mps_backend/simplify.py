@@ -14,8 +14,10 @@ the device tidy up what that leaves:
   ``>=``), and an ``MPSWhere`` whose condition is an ``MPSLogicalNot`` reads the negated value with
   its branches swapped. Edge programs of torch's SDPA have both (``logical_not(eq(s, -inf))`` and
   ``where(logical_not(any(...)), 0, p)``). The bypassed producers usually die.
-* common subexpressions: small constants (<= 64 elements) with the same dtype, shape and bytes
-  become one, and a node with the same member, fields, inputs and output types as an earlier node
+* common subexpressions: constants with the same dtype, shape and contents become one (small ones,
+  <= 64 elements, compared by bytes; larger ones by a 16-element sample of their source tensor, then
+  in full only when the samples match, so weights are never converted or hashed whole: executorch's
+  llama gives every layer the same attention-mask buffer), and a node with the same member, fields, inputs and output types as an earlier node
   is dropped, its readers reading the earlier node's outputs (a node writing a graph output is
   kept). Edge programs repeat computations, e.g. torch's bicubic decomposition computes the same
   clamped source rows for every one of its 16 taps, and lifted constants repeat values.
@@ -117,17 +119,63 @@ def _rename(node: Node, replace: dict[int, int]) -> None:
             node.fields[name] = replace.get(value, value)
 
 
-def _dedupe(b) -> int:
+#: elements sampled to tell large constants apart before comparing them in full
+SAMPLE = 16
+
+
+def _source_tensor(b, vid: int) -> torch.Tensor | None:
+    """The tensor whose contents decide constant ``vid``'s bytes (before a deferred float16
+    conversion), or None for a computed entry (a scaled fold, ...)."""
+    if vid not in b.constants:
+        return None
+    return b.constants.original(vid)
+
+
+def _sample(t: torch.Tensor) -> bytes:
+    n = t.numel()
+    flat = torch.linspace(0, n - 1, min(n, SAMPLE)).long()
+    picked = t[torch.unravel_index(flat, t.shape)] if t.dim() else t.reshape(1)
+    return bytes(picked.contiguous().view(torch.uint8).numpy())
+
+
+def _same_constant(a: torch.Tensor, c: torch.Tensor) -> bool:
+    if a.dtype != c.dtype or a.shape != c.shape:
+        return False
+    if a.data_ptr() == c.data_ptr() and a.stride() == c.stride():
+        return True
+    return bool(torch.equal(a, c))
+
+
+def _dedupe_constants(b) -> dict[int, int]:
+    """constant id -> the first constant with the same dtype, shape and contents."""
     graph = b.graph
     replace: dict[int, int] = {}
-    first_constant: dict[tuple, int] = {}
+    first_small: dict[tuple, int] = {}
+    large: dict[tuple, list[int]] = {}
     for vid in graph.constant_ids:
         t = graph.values[vid]
-        if b.constants.get(vid) is None or math.prod(t.dims) > SMALL_CONSTANT:
+        if math.prod(t.dims) <= SMALL_CONSTANT:
+            if b.constants.get(vid) is None:
+                continue
+            data = b.constants[vid].reshape(-1).contiguous().view(torch.uint8)
+            key = (t.datatype, tuple(t.dims), bytes(data.numpy()))
+            replace[vid] = first_small.setdefault(key, vid)
             continue
-        data = b.constants[vid].reshape(-1).contiguous().view(torch.uint8)
-        key = (t.datatype, tuple(t.dims), bytes(data.numpy()))
-        replace[vid] = first_constant.setdefault(key, vid)
+        src = _source_tensor(b, vid)
+        if src is None:
+            continue
+        candidates = large.setdefault((t.datatype, tuple(t.dims), src.dtype, _sample(src)), [])
+        same = next((c for c in candidates if _same_constant(src, _source_tensor(b, c))), None)
+        if same is None:
+            candidates.append(vid)
+        else:
+            replace[vid] = same
+    return replace
+
+
+def _dedupe(b) -> int:
+    graph = b.graph
+    replace = _dedupe_constants(b)
     graph_outputs = set(graph.output_ids)
     first_node: dict[tuple, Node] = {}
     kept: list[int] = []

@@ -1,6 +1,7 @@
 """export_program drops constants no node reads (they would stay in the .pte as CPU constants)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mps_backend.export import drop_unused_constants, export_model, export_program
@@ -93,3 +94,59 @@ def _fresh(model):
     copy = _KVCache().eval()
     copy.load_state_dict(model.state_dict())
     return copy
+
+
+def _plain_pte(model, inputs, entry):
+    """A .pte through the plain executorch calls (no mps_backend.export helper)."""
+    from executorch.exir import to_edge, to_edge_transform_and_lower
+
+    from mps_backend import MPSPartitioner
+
+    ep = torch.export.export(model, tuple(inputs))
+    if entry == "to_edge_transform_and_lower":
+        edge = to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner(use_fp16=False)])
+    else:
+        edge = to_edge(ep).to_backend(MPSPartitioner(use_fp16=False))
+    return edge.to_executorch().buffer
+
+
+@pytest.mark.parametrize("entry", ["to_edge_transform_and_lower", "to_backend"])
+def test_plain_path_pte_holds_no_unread_constants(entry):
+    """The partitioner drops parameters and buffers no node reads: through executorch's own calls too."""
+    model, x = _Model().eval(), torch.randn(2, 64)
+    pte = _plain_pte(model, [x], entry)
+    weights = (64 * 64 + 8 * 64 + 8) * 4
+    # an unread 32x32 float32 parameter (4 KiB) and the table's 16 KiB alias would show up here
+    assert weights <= len(pte) < weights + 12 * 1024, len(pte)
+    from mps_backend.runtime import run_pte
+
+    fresh = _Model()
+    fresh.load_state_dict(model.state_dict())
+    torch.testing.assert_close(run_pte(pte, [x])[0], fresh(x))
+
+
+class _SameMasks(torch.nn.Module):
+    """Per-layer buffers with identical contents (executorch's llama: one causal mask per layer)."""
+
+    def __init__(self, layers=4, n=64):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(n, n) for _ in range(layers))
+        for i in range(layers):
+            self.register_buffer(f"mask_{i}", torch.triu(torch.full((n, n), -1e4), 1))  # equal, not shared
+
+    def forward(self, x):
+        for i, lin in enumerate(self.layers):
+            x = torch.softmax(lin(x) + getattr(self, f"mask_{i}"), -1)
+        return x
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_equal_constants_are_stored_once(fp16):
+    model, x = _SameMasks().eval(), torch.randn(64, 64)
+    res = export_model(model, [x], use_fp16=fp16)
+    item = 2 if fp16 else 4
+    mask, linears = 64 * 64 * item, 4 * (64 * 64 + 64) * item
+    assert linears + mask <= res.constant_bytes < linears + 2 * mask, res.constant_bytes
+    from mps_backend.export import verify
+
+    assert verify(res.pte, model, [x], use_fp16=fp16).ok

@@ -14,10 +14,11 @@ A weight that does not fit float16 (|x| > 65504) is an error naming the tensor, 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -94,6 +95,127 @@ def check_fp16_range(model: torch.nn.Module, *, clamp: bool = False) -> int:
     return clamped
 
 
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Build a module with its parameters on the meta device (no memory, no random init) and its
+    buffers real (rotary tables, embedding scales: computed by the constructors)."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _safetensors_index(path: pathlib.Path) -> tuple[int, dict[str, tuple[torch.dtype, list[int], int, int]]]:
+    """(offset of the data, name -> (dtype, shape, start, end)) from a .safetensors header."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise CheckpointError(f"{path}: not a safetensors file (too short)")
+        n = int.from_bytes(head, "little")
+        if n <= 0 or n > 100 * 1024 * 1024:
+            raise CheckpointError(f"{path}: not a safetensors file (header length {n})")
+        try:
+            header = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path}: safetensors header is not JSON ({e})") from e
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info.get('dtype')}")
+        start, end = info["data_offsets"]
+        entries[name] = (dtype, list(info["shape"]), 8 + n + start, 8 + n + end)
+    return 8 + n, entries
+
+
+def _read_tensor(f: Any, path: pathlib.Path, name: str, dtype: torch.dtype, shape: list[int], start: int,
+                 end: int) -> torch.Tensor:
+    t = torch.empty(shape, dtype=dtype)
+    raw = t.reshape(-1).view(torch.uint8)
+    if raw.numel() != end - start:
+        raise CheckpointError(f"{path}: tensor {name} holds {end - start} bytes, its shape needs {raw.numel()}")
+    f.seek(start)
+    if f.readinto(memoryview(raw.numpy())) != raw.numel():
+        raise CheckpointError(f"{path}: tensor {name} is truncated")
+    return t
+
+
+def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool) -> int:
+    """Read the checkpoint's tensors one at a time with plain file reads (no memory map: its pages
+    would count as resident memory next to the converted weights), convert each to ``dtype`` and
+    put it in place of the meta parameter. Returns how many values were clamped to float16."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no *.safetensors weights (other formats: convert with transformers' "
+                              "save_pretrained(..., safe_serialization=True))")
+    names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    loaded: set[str] = set()
+    clamped = 0
+    for path in files:
+        _, entries = _safetensors_index(path)
+        with open(path, "rb", buffering=0) as f:
+            for name, (file_dtype, shape, start, end) in entries.items():
+                if name not in names:
+                    continue
+                t = _read_tensor(f, path, name, file_dtype, shape, start, end)
+                if t.is_floating_point() and t.dtype != dtype:
+                    # a reduction first: no whole-tensor temporaries unless something overflows
+                    if dtype == torch.float16 and _beyond_fp16(t):
+                        converted = t.to(dtype)
+                        over = torch.isinf(converted) & torch.isfinite(t)
+                        if over.any():
+                            if not clamp_fp16:
+                                raise CheckpointError(
+                                    f"weights outside the float16 range (|x| > 65504) in {name} "
+                                    f"({int(over.sum())} values): export with --dtype fp32, or --clamp-fp16 "
+                                    "to clamp them to ±65504")
+                            clamped += int(over.sum())
+                            converted.clamp_(-FP16_MAX, FP16_MAX)
+                        t = converted
+                    else:
+                        t = t.to(dtype)
+                _set_parameter(model, name, t)
+                loaded.add(name)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise CheckpointError(f"{folder}: the checkpoint has no weights for {', '.join(missing[:5])}"
+                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+    return clamped
+
+
+def _beyond_fp16(t: torch.Tensor) -> bool:
+    """Whether a float tensor holds a value of magnitude above float16's largest (one reduction)."""
+    if not t.numel():
+        return False
+    low, high = torch.aminmax(t)
+    return max(-float(low), float(high)) > FP16_MAX
+
+
+def _set_parameter(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    old = module._parameters[leaf]
+    if list(old.shape) != list(value.shape):
+        raise CheckpointError(f"tensor {name}: shape {list(value.shape)} in the checkpoint, {list(old.shape)} in the model")
+    module._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
+
+
 def _dtype_of_checkpoint(config: Any) -> torch.dtype | None:
     value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if isinstance(value, str):
@@ -102,27 +224,9 @@ def _dtype_of_checkpoint(config: Any) -> torch.dtype | None:
 
 
 def _hf_weight_bytes(folder: pathlib.Path) -> int:
-    files = list(folder.glob("*.safetensors")) or list(folder.glob("pytorch_model*.bin"))
-    if not files:
-        return 0
-    if files[0].suffix == ".safetensors":
-        from safetensors import safe_open  # noqa: PLC0415
-
-        total = 0
-        for f in files:
-            with safe_open(str(f), "pt") as st:
-                for key in st.keys():
-                    sl = st.get_slice(key)
-                    numel = 1
-                    for d in sl.get_shape():
-                        numel *= d
-                    total += numel * _SAFETENSORS_ITEMSIZE.get(sl.get_dtype(), 4)
-        return total
-    return sum(f.stat().st_size for f in files)
-
-
-_SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-                         "U8": 1, "BOOL": 1}
+    """Bytes of the tensors in the checkpoint's safetensors files."""
+    return sum(end - start for f in sorted(folder.glob("*.safetensors"))
+               for _, _, start, end in _safetensors_index(f)[1].values())
 
 
 def load_hf(folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool = False,
@@ -147,13 +251,12 @@ def load_hf(folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool 
         notes.append("bfloat16 checkpoint: weights converted to float16 (the MPS delegate has no bfloat16)")
     # eager attention: transformers' plain matmul/softmax attention (every architecture has it;
     # some, like Gemma 2's soft-capped attention, have no sdpa path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, local_files_only=True, dtype=dtype, attn_implementation="eager")
+    with _parameters_on_meta():
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+    clamped = _load_weights(model, folder, dtype, clamp_fp16=clamp_fp16)
+    if clamped:
+        notes.append(f"{clamped} weight values beyond ±65504 clamped to the float16 range")
     model.eval().requires_grad_(False)
-    if dtype == torch.float16:
-        clamped = check_fp16_range(model, clamp=clamp_fp16)
-        if clamped:
-            notes.append(f"{clamped} weight values beyond ±65504 clamped to the float16 range")
     gen = _read_json(folder / "generation_config.json")
     bos = gen.get("bos_token_id", getattr(config, "bos_token_id", None))
     eos = _ids(gen.get("eos_token_id", getattr(config, "eos_token_id", None)))

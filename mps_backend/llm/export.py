@@ -20,7 +20,7 @@ import torch
 
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, load_hf, load_llama
 from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
-from mps_backend.partitioner import PartitionReport
+from mps_backend.partitioner import MPSPartitioner, PartitionReport
 from mps_backend.progress import CountingWriter, Progress
 
 #: the constant methods executorch's LLM runner (``extension/llm/runner``) reads, as executorch's
@@ -150,8 +150,6 @@ def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", qu
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower  # noqa: PLC0415
 
     from mps_backend.export import drop_unused_constants  # noqa: PLC0415
-    from mps_backend.partitioner import MPSPartitioner  # noqa: PLC0415
-
     out = pathlib.Path(output)
     kind, source = parse_model_spec(model)
     if out.resolve() == pathlib.Path(source).resolve():
