@@ -50,6 +50,20 @@ def export_program(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor
     return drop_unused_constants(torch.export.export(model.eval(), tuple(example_inputs), strict=False))
 
 
+def make_static(ep: torch.export.ExportedProgram, example_inputs: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
+    """The same program with every shape fixed to those of ``example_inputs``: a program exported
+    with ``dynamic_shapes`` (e.g. a dynamic prompt length) is re-exported from its own module, so
+    the MPS delegate, which compiles static shapes only, can take all of it as one partition."""
+    import warnings  # noqa: PLC0415
+
+    symbolic = sorted({str(d) for n in ep.graph.nodes if n.op == "placeholder"
+                       for d in getattr(n.meta.get("val"), "shape", ()) if not isinstance(d, int)})
+    if symbolic:
+        shapes = ", ".join(str(list(x.shape)) for x in example_inputs if isinstance(x, torch.Tensor))
+        warnings.warn(f"dynamic dimensions {', '.join(symbolic)} made static: inputs {shapes}", stacklevel=2)
+    return drop_unused_constants(torch.export.export(ep.module(), tuple(example_inputs), strict=False))
+
+
 def _delegate_blobs(edge) -> list[bytes]:
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
 

@@ -3,6 +3,7 @@ graph allows, and remembers why each other node stays on CPU."""
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -21,6 +22,10 @@ from mps_backend.backend import MPSBackend  # noqa: F401  (to_backend finds back
 from mps_backend.operators.registry import Registry, default_registry, op_key
 
 BACKEND_ID = "MPSBackend"
+
+
+class DynamicShapeWarning(UserWarning):
+    """Nodes stay on CPU because the program has dynamic shapes (the device has none)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,13 @@ class MPSPartitioner(Partitioner):
                 reason = reasons.get(node) or registry.check(node) or "not connected to a supported region"
                 report.on_cpu.append(CpuNode(node.name, _target_name(node.target), reason))
         self._report = report
+        dynamic = [n for n in report.on_cpu if "dynamic shape" in n.reason]
+        if dynamic:
+            warnings.warn(DynamicShapeWarning(
+                f"{len(dynamic)} operator node(s) stay on CPU because their shapes are dynamic (first: "
+                f"{dynamic[0].name}: {dynamic[0].reason}); the MPS delegate compiles static shapes only. "
+                "Export with static shapes (torch.export.export without dynamic_shapes), or make an "
+                "exported program static: mps_backend.export.make_static(ep, example_inputs)"), stacklevel=2)
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
 
     def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[torch._ops.OpOverload],

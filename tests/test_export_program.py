@@ -150,3 +150,27 @@ def test_equal_constants_are_stored_once(fp16):
     from mps_backend.export import verify
 
     assert verify(res.pte, model, [x], use_fp16=fp16).ok
+
+
+def test_dynamic_shapes_warn_and_make_static_gives_one_partition():
+    from executorch.exir import to_edge_transform_and_lower
+
+    from mps_backend import MPSPartitioner
+    from mps_backend.export import make_static
+    from mps_backend.partitioner import DynamicShapeWarning
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    x = torch.randn(3, 8)
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", max=16)},))
+    part = MPSPartitioner(use_fp16=False)
+    with pytest.warns(DynamicShapeWarning, match="dynamic"):
+        to_edge_transform_and_lower(ep, partitioner=[part])
+    assert part.report().on_cpu
+    with pytest.warns(UserWarning, match="made static: inputs \\[3, 8\\]"):
+        static = make_static(ep, (x,))
+    part = MPSPartitioner(use_fp16=False)
+    edge = to_edge_transform_and_lower(static, partitioner=[part])
+    assert part.report().partitions == 1 and not part.report().on_cpu
+    from mps_backend.runtime import run_pte
+
+    torch.testing.assert_close(run_pte(edge.to_executorch().buffer, [x])[0], model(x))

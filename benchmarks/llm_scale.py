@@ -1,0 +1,176 @@
+"""Language models at real scale: a Llama-3.2-1B-shaped random checkpoint on disk -> .pte with the CLI.
+
+Shape: dim 2048, 16 layers, 32 heads, 8 KV heads, hidden 8192, vocab 128256, untied lm_head
+(1.50 B parameters), written as one model.safetensors by a separate process (random normal weights;
+nothing is downloaded). ``--sizes 1b,3b`` adds the Llama-3.2-3B shape (dim 3072, 28 layers, 24 heads,
+8 KV heads, hidden 8192, tied embeddings), float16 checkpoint only.
+
+Measured, each export in a fresh process (``mps-backend export --model hf:DIR --max-seq-len 2048``,
+float16 on the device), its peak RSS taken from ``os.wait4``'s rusage of that child:
+(a) float32 checkpoint: peak RSS / the checkpoint's tensor bytes — target <= 1.6;
+(b) float16 checkpoint: peak RSS / the checkpoint's tensor bytes — target <= 2.0;
+(c) .pte size / the unique float16 weight bytes — target <= 1.002;
+(d) lowering time: in one process, the same ``torch.export`` program (float16 weights) lowered with
+    ``to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner()])`` + ``to_executorch()``, then
+    with executorch's ``XnnpackPartitioner()`` + ``to_executorch()``: the ratio MPS / XNNPACK —
+    target <= 0.5.
+The yardsticks (checkpoint bytes, XNNPACK's time) are measured in the same run. Exit status 1 when a
+target is missed. Needs ~24 GB of RAM and ~10 GB of disk (temporary folder, removed at the end).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+SHAPES = {
+    "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+               intermediate_size=8192, vocab_size=128256, tie_word_embeddings=False),
+    "3b": dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+               intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
+}
+TARGET_FP32, TARGET_FP16, TARGET_SIZE, TARGET_TIME = 1.6, 2.0, 1.002, 0.5
+MAX_SEQ_LEN = 2048
+
+
+def make_checkpoint(folder: pathlib.Path, shape: str, dtype: str) -> None:
+    """(child) a random checkpoint of ``shape`` in ``dtype``, one tensor generated at a time."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=131072, rope_theta=500000.0,
+                         bos_token_id=128000, eos_token_id=128001, dtype=dtype)
+    from mps_backend.llm.checkpoint import _parameters_on_meta
+    from transformers import AutoModelForCausalLM
+
+    with _parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(config)
+    gen = torch.Generator().manual_seed(0)
+    state = {}
+    for name, p in model.named_parameters():
+        scale, base = (0.02, 0.0) if p.dim() > 1 else (0.1, 1.0)
+        state[name] = (base + scale * torch.randn(p.shape, generator=gen)).to(getattr(torch, dtype))
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(folder)
+
+
+def run_measured(cmd: list[str]) -> tuple[int, float, int]:
+    """(exit status, seconds, peak RSS in bytes) of a child process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    err = proc.stderr.read()
+    if status:
+        print(err[-3000:], file=sys.stderr)
+    return status >> 8, time.perf_counter() - t0, usage.ru_maxrss * 1024
+
+
+def timing_child(folder: pathlib.Path) -> None:
+    """(child) MPS vs XNNPACK lowering of the same exported program; prints JSON."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from mps_backend import MPSPartitioner
+    from mps_backend.llm.decoder import example_inputs
+    from mps_backend.llm.export import decoder_for, load_checkpoint
+    from mps_backend.passes import drop_unused_constants
+
+    lm = load_checkpoint(f"hf:{folder}", "fp16")
+    decoder = decoder_for(lm, MAX_SEQ_LEN)
+    with torch.no_grad():
+        ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
+        seconds = {}
+        for name, partitioner in (("mps", MPSPartitioner()), ("xnnpack", XnnpackPartitioner())):
+            t0 = time.perf_counter()
+            program = to_edge_transform_and_lower(ep, partitioner=[partitioner]).to_executorch()
+            seconds[name] = time.perf_counter() - t0
+            del program
+    print(json.dumps(seconds))
+
+
+def weight_bytes(folder: pathlib.Path) -> tuple[int, int]:
+    """(tensor bytes in the checkpoint, their float16 bytes)."""
+    from mps_backend.llm.checkpoint import _safetensors_index
+
+    _, entries = _safetensors_index(folder / "model.safetensors")
+    total = sum(end - start for _, _, start, end in entries.values())
+    numel = 0
+    for dtype, shape, _, _ in entries.values():
+        n = 1
+        for d in shape:
+            n *= d
+        numel += n
+    return total, numel * 2
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="1b")
+    parser.add_argument("--child", nargs=3, metavar=("KIND", "FOLDER", "ARG"))
+    args = parser.parse_args()
+    if args.child:
+        kind, folder, arg = args.child
+        if kind == "make":
+            shape, dtype = arg.split(",")
+            make_checkpoint(pathlib.Path(folder), shape, dtype)
+        else:
+            timing_child(pathlib.Path(folder))
+        return 0
+    missed = []
+    cli = [sys.executable, "-m", "mps_backend.cli"]
+    with tempfile.TemporaryDirectory(prefix="mps_llm_bench_") as tmp:
+        tmp = pathlib.Path(tmp)
+        for size in args.sizes.split(","):
+            dtypes = ("float32", "float16") if size == "1b" else ("float16",)
+            for dtype in dtypes:
+                ckpt = tmp / f"{size}-{dtype}"
+                subprocess.run([sys.executable, __file__, "--child", "make", str(ckpt), f"{size},{dtype}"], check=True)
+                total, fp16_bytes = weight_bytes(ckpt)
+                out = tmp / f"{size}-{dtype}.pte"
+                status, seconds, peak = run_measured(
+                    [*cli, "export", "--model", f"hf:{ckpt}", "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(out)])
+                if status:
+                    print(f"{size} {dtype} checkpoint: export FAILED (exit {status})")
+                    missed.append(f"{size}-{dtype} export")
+                    continue
+                ratio = peak / total
+                size_ratio = out.stat().st_size / fp16_bytes
+                target = TARGET_FP32 if dtype == "float32" else TARGET_FP16
+                print(f"{size} {dtype} checkpoint ({total / 2**30:.2f} GiB): export {seconds:.0f}s, peak RSS "
+                      f"{peak / 2**30:.2f} GiB = {ratio:.2f}x the checkpoint (target <= {target}); .pte "
+                      f"{out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights "
+                      f"(target <= {TARGET_SIZE})", flush=True)
+                if size == "1b" and ratio > target:
+                    missed.append(f"{size}-{dtype} peak RSS {ratio:.2f}")
+                if size_ratio > TARGET_SIZE:
+                    missed.append(f"{size}-{dtype} .pte size {size_ratio:.4f}")
+                out.unlink()
+                if size == "1b" and dtype == "float16":
+                    r = subprocess.run([sys.executable, __file__, "--child", "time", str(ckpt), "-"],
+                                       capture_output=True, text=True)
+                    if r.returncode:
+                        print(r.stderr[-3000:])
+                        missed.append("lowering time (failed)")
+                    else:
+                        secs = json.loads(r.stdout.strip().splitlines()[-1])
+                        t = secs["mps"] / secs["xnnpack"]
+                        print(f"1b lowering + to_executorch: MPS {secs['mps']:.0f}s, XNNPACK {secs['xnnpack']:.0f}s: "
+                              f"{t:.2f}x (target <= {TARGET_TIME})", flush=True)
+                        if t > TARGET_TIME:
+                            missed.append(f"lowering time {t:.2f}")
+                for f in ckpt.iterdir():
+                    f.unlink()
+    print("targets missed: " + (", ".join(missed) if missed else "none"))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
