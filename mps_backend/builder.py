@@ -68,6 +68,22 @@ class _Scaled(_Cast):
         dst.view(self.tensor.shape).copy_(self.tensor * self.scale)  # one tensor's temporary at a time
 
 
+class _Transposed(_Cast):
+    """``tensor.T`` (2-d) in ``dtype``, computed when read or written: a linear's weight stored
+    transposed goes straight from the model's tensor into the blob, without a transposed copy of
+    every weight held next to the blob."""
+
+    __slots__ = ()
+
+    def materialize(self) -> torch.Tensor:
+        return self.tensor.t().to(self.dtype).contiguous()
+
+    def write_into(self, out: memoryview) -> None:
+        rows, cols = self.tensor.shape
+        dst = torch.frombuffer(out, dtype=self.dtype, count=self.tensor.numel())
+        dst.view(cols, rows).copy_(self.tensor.t())  # strided read, one pass
+
+
 class ConstantTable(MutableMapping):
     """Value id -> data of a blob constant, in the dtype the blob declares.
 
@@ -206,6 +222,20 @@ class GraphBuilder:
         if vid is None:
             vid = self._scalars[key] = self.constant(torch.tensor([value], dtype=dtype), dtype=dtype)
         return vid
+
+    def transposed_constant(self, vid: int) -> int | None:
+        """A new constant holding constant ``vid``'s 2-d data transposed, in ``vid``'s device dtype,
+        written straight into the blob (no transposed copy is made). None when ``vid`` has no plain
+        source tensor (a computed entry)."""
+        data = self.constants.original(vid)
+        if data is None or data.dim() != 2:
+            return None
+        entry = self.constants.source(vid)
+        dtype = entry.dtype if isinstance(entry, _Cast) else data.dtype
+        out = self.new_value(dtype, [data.shape[1], data.shape[0]])
+        self.graph.constant_ids.append(out)
+        self.constants[out] = _Transposed(data.detach(), dtype)
+        return out
 
     def int4_constant(self, packed: torch.Tensor, shape: Iterable[int]) -> int:
         """An int4 constant of ``shape`` ``[N, K]`` from its device bytes (uint8 ``[N, K/2]``,

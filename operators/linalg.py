@@ -83,7 +83,9 @@ def _weight_t(b, w: Node) -> int:
     key = ("linear weight transposed", wid)
     if b.remembers(key) or (wid in b.constants and _only_linear_weight(w)):
         def make() -> int:  # once: later linears share it (the original is dropped by then)
-            tid = b.constant(b.constants[wid].t().contiguous(), dtype=vdtype(b, wid))
+            tid = b.transposed_constant(wid)  # written transposed straight into the blob
+            if tid is None:  # a computed entry: transpose its data now
+                tid = b.constant(b.constants[wid].t().contiguous(), dtype=vdtype(b, wid))
             b.drop_constant(wid)
             return tid
         return b.memo(key, make)
