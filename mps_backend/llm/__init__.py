@@ -10,8 +10,7 @@ Needs the ``llm`` extra (transformers): ``pip install 'mps-backend[llm]'``.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from mps_backend._lazy import lazy_attributes
 
 _LAZY = {
     "export_llm": "export",
@@ -29,8 +28,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

@@ -15,6 +15,7 @@ A weight that does not fit float16 (|x| > 65504) is an error naming the tensor, 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import pathlib
 from dataclasses import dataclass, field
@@ -146,12 +147,15 @@ def _safetensors_index(path: pathlib.Path) -> tuple[int, dict[str, tuple[torch.d
 def _read_tensor(f: Any, path: pathlib.Path, name: str, dtype: torch.dtype, shape: list[int], start: int,
                  end: int) -> torch.Tensor:
     t = torch.empty(shape, dtype=dtype)
-    raw = t.reshape(-1).view(torch.uint8)
-    if raw.numel() != end - start:
-        raise CheckpointError(f"{path}: tensor {name} holds {end - start} bytes, its shape needs {raw.numel()}")
-    f.seek(start)
-    if f.readinto(memoryview(raw.numpy())) != raw.numel():
-        raise CheckpointError(f"{path}: tensor {name} is truncated")
+    nbytes = t.numel() * t.element_size()
+    if nbytes != end - start:
+        raise CheckpointError(f"{path}: tensor {name} holds {end - start} bytes, its shape needs {nbytes}")
+    if nbytes:
+        # read straight into the tensor's memory (through ctypes, not numpy: a numpy view would make
+        # the storage non-resizable, and the export frees each weight's storage once it is in the blob)
+        f.seek(start)
+        if f.readinto(memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")) != nbytes:
+            raise CheckpointError(f"{path}: tensor {name} is truncated")
     return t
 
 

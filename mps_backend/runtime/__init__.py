@@ -4,8 +4,9 @@ Import-light: the submodules (and torch/executorch) load on first attribute acce
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from mps_backend._lazy import lazy_attributes
+
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .emulator import (
@@ -34,12 +35,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return list(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
