@@ -27,12 +27,13 @@ class Progress:
             print(message, file=self.stream, flush=True)
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        """A stage of unknown length: a ticking elapsed-time bar while it runs."""
+    def stage(self, name: str, *, ticker: bool = True) -> Iterator[None]:
+        """A stage: a ticking elapsed-time bar while it runs (``ticker=False`` when the stage draws a
+        determinate bar of its own, :meth:`bytes_bar`), then its summary line."""
         t0 = time.perf_counter()
         stop = threading.Event()
-        ticker = None
-        if self.live:
+        thread = None
+        if ticker and self.live:
             from tqdm import tqdm  # noqa: PLC0415
 
             bar = tqdm(desc=f"[{name}]", total=None, file=self.stream, leave=False,
@@ -42,16 +43,16 @@ class Progress:
                 while not stop.wait(0.5):
                     bar.refresh()
 
-            ticker = threading.Thread(target=tick, daemon=True)
-            ticker.start()
-        else:
+            thread = threading.Thread(target=tick, daemon=True)
+            thread.start()
+        elif not self.live:
             self.say(f"[{name}] ...")
         try:
             yield
         finally:
             stop.set()
-            if ticker is not None:
-                ticker.join()
+            if thread is not None:
+                thread.join()
                 bar.close()
             self.seconds[name] = time.perf_counter() - t0
         self.say(f"[{name}] done in {self.seconds[name]:.1f}s")
@@ -62,7 +63,7 @@ class Progress:
             return _NoBar()
         from tqdm import tqdm  # noqa: PLC0415
 
-        return tqdm(desc=f"[{name}]", total=total, unit="B", unit_scale=True, unit_divisor=1024,
+        return tqdm(desc=f"[{name}]", total=total or None, unit="B", unit_scale=True, unit_divisor=1024,
                     file=self.stream, leave=False)
 
 

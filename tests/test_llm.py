@@ -32,9 +32,10 @@ PROMPT = [5, 17, 9, 40, 3]
 STEPS = 32
 MAX_SEQ_LEN = 48
 #: max |device - eager| / max |eager| of the logits, float16: each device op rounds to float16
-#: (2^-11 relative) through ~40 ops per layer; measured <= 4e-3 on these models. An error in a
-#: lowering or in the decode step is of order 1.
-FP16_LOGIT_TOL = 2e-2
+#: (2^-11 relative) through ~40 ops per layer, in another order than eager's CPU kernels; measured
+#: 0.8e-3 to 1.7e-3 on these models (eager float16 itself is 0.5e-3 to 1.3e-3 off eager float32).
+#: An error in a lowering or in the decode step is of order 1.
+FP16_LOGIT_TOL = 1e-2
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +59,13 @@ def test_fp32_tokens_equal_transformers(tmp_path, tokenizer, arch):
     assert got == eager_greedy(folder, PROMPT, STEPS)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma2", "qwen3"])
+@pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_fp16_logits_close_to_eager_fp16(tmp_path, tokenizer, arch):
     folder = save_checkpoint(tmp_path / arch, arch, tokenizer=tokenizer)
     result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
     assert result.delegates == 1 and not result.report.on_cpu, result.summary()
     stats = GenerationStats(logits=[])
-    got = generate_ids(result.path, PROMPT, STEPS, stats=stats)
+    got = generate_ids(result.path, PROMPT, STEPS // 2, stats=stats)
     # eager float16 over the same sequence in one pass (no cache): logits at each generated position
     model = eager_model(folder, torch.float16)
     with torch.no_grad():

@@ -159,7 +159,8 @@ def _read_tensor(f: Any, path: pathlib.Path, name: str, dtype: torch.dtype, shap
     return t
 
 
-def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool) -> int:
+def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool,
+                  bar: Any = None) -> int:
     """Read the checkpoint's tensors one at a time with plain file reads (no memory map: its pages
     would count as resident memory next to the converted weights), convert each to ``dtype`` and
     put it in place of the meta parameter. Returns how many values were clamped to float16."""
@@ -177,6 +178,8 @@ def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dty
                 if name not in names:
                     continue
                 t = _read_tensor(f, path, name, file_dtype, shape, start, end)
+                if bar is not None:
+                    bar.update(end - start)
                 if t.is_floating_point() and t.dtype != dtype:
                     # a reduction first: no whole-tensor temporaries unless something overflows
                     if dtype == torch.float16 and _beyond_fp16(t):
@@ -234,8 +237,9 @@ def _hf_weight_bytes(folder: pathlib.Path) -> int:
 
 
 def load_hf(folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool = False,
-            say: Callable[[str], None] = lambda m: None) -> LoadedLM:
-    """A transformers causal LM from a local checkpoint folder, weights in ``dtype``."""
+            bar: Callable[[int], Any] | None = None) -> LoadedLM:
+    """A transformers causal LM from a local checkpoint folder, weights in ``dtype``. ``bar(total)``
+    makes a progress bar (``update(nbytes)``, ``close()``) for the bytes read."""
     folder = pathlib.Path(folder)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)")
@@ -257,7 +261,13 @@ def load_hf(folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool 
     # some, like Gemma 2's soft-capped attention, have no sdpa path)
     with _parameters_on_meta():
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
-    clamped = _load_weights(model, folder, dtype, clamp_fp16=clamp_fp16)
+    weight_bytes = _hf_weight_bytes(folder)
+    progress = bar(weight_bytes) if bar is not None else None
+    try:
+        clamped = _load_weights(model, folder, dtype, clamp_fp16=clamp_fp16, bar=progress)
+    finally:
+        if progress is not None:
+            progress.close()
     if clamped:
         notes.append(f"{clamped} weight values beyond ±65504 clamped to the float16 range")
     model.eval().requires_grad_(False)
@@ -268,7 +278,7 @@ def load_hf(folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool 
     return LoadedLM(model=model, kind="hf", model_type=model_type, n_layers=int(text.num_hidden_layers),
                     vocab_size=int(text.vocab_size), max_positions=int(getattr(text, "max_position_embeddings", 0) or 0),
                     bos_id=None if bos is None else int(_ids(bos)[0]), eos_ids=eos, dtype=dtype, source_dtype=source,
-                    weight_bytes=_hf_weight_bytes(folder), tokenizer_path=tok if tok.is_file() else None,
+                    weight_bytes=weight_bytes, tokenizer_path=tok if tok.is_file() else None,
                     notes=notes)
 
 

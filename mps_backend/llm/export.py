@@ -75,13 +75,14 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
 
 
 def load_checkpoint(spec: str, dtype: str = "fp16", *, params: str | None = None, max_seq_len: int | None = None,
-                    clamp_fp16: bool = False) -> LoadedLM:
+                    clamp_fp16: bool = False, progress: Progress | None = None) -> LoadedLM:
     """Load ``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` in the export precision (no export)."""
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown dtype {dtype!r}: use fp16 or fp32")
     kind, path = parse_model_spec(spec)
     if kind == "hf":
-        return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16)
+        bar = (lambda total: progress.bytes_bar("read weights", total)) if progress is not None else None
+        return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar)
     return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16)
 
 
@@ -155,8 +156,9 @@ def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", qu
     if out.resolve() == pathlib.Path(source).resolve():
         raise CheckpointError(f"output {out} is the input checkpoint")
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
-    with prog.stage("load checkpoint"):
-        lm = load_checkpoint(model, dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16)
+    with prog.stage("load checkpoint", ticker=False):
+        lm = load_checkpoint(model, dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16,
+                             progress=prog)
     notes = list(lm.notes)
     seq_len, note = resolve_max_seq_len(lm, max_seq_len)
     if note:
@@ -182,7 +184,7 @@ def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", qu
         with prog.stage("to_executorch"):
             program = edge.to_executorch(ExecutorchBackendConfig())
         del edge
-    with prog.stage(f"write {out.name}"):
+    with prog.stage(f"write {out.name}", ticker=False):
         bar = prog.bytes_bar("write", 0)
         size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
         bar.close()

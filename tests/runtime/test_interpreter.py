@@ -239,10 +239,10 @@ class TestNodesAndOutputs:
             prev = nxt
         g.output(prev)
         interp = Interpreter(g.blob())
-        start = time.perf_counter()
+        start = time.thread_time()  # CPU time of this thread: machine load does not count
         (y,) = interp.run([x])
         assert torch.equal(y, x)
-        assert time.perf_counter() - start < 2.0  # ~2000 torch calls; generous bound
+        assert time.thread_time() - start < 2.0  # ~2000 torch calls; generous CPU-time budget
 
 
 def _blob_without_writer(g: GraphSpec):
