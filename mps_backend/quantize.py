@@ -46,27 +46,29 @@ def resolve_group_size(scheme: str, group_size: Optional[int]) -> Optional[int]:
     return group_size or None
 
 
-def quantize_model(model: torch.nn.Module, scheme: str, group_size: Optional[int] = None, *,
-                   asymmetric: bool = False, embeddings: bool = False) -> torch.nn.Module:
-    """Quantize ``model``'s linear weights in place (torchao weight-only) and return it.
-
-    ``scheme``: ``"int4"`` or ``"int8"``. ``group_size``: columns sharing one scale (``None`` or 0:
-    one scale per output channel, ``PerAxis(0)``). ``embeddings``: also quantize ``nn.Embedding``.
-    """
+def weight_only_config(scheme: str, group_size: Optional[int] = None, *, asymmetric: bool = False):
+    """torchao's ``IntxWeightOnlyConfig`` for ``scheme`` (``"int4"`` / ``"int8"``) with one scale per
+    ``group_size`` columns (``None`` or 0: per output channel)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown quantization scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
     if group_size is not None and group_size < 0:
         raise ValueError(f"group size must be positive, got {group_size}")
-    from torchao.quantization import IntxWeightOnlyConfig, quantize_  # noqa: PLC0415
-
-    from mps_backend.operators.quant import int4_layout_fits  # noqa: PLC0415
+    from torchao.quantization import IntxWeightOnlyConfig  # noqa: PLC0415
     from torchao.quantization.granularity import PerAxis, PerGroup  # noqa: PLC0415
     from torchao.quantization.quant_primitives import MappingType  # noqa: PLC0415
 
-    config = IntxWeightOnlyConfig(
+    return IntxWeightOnlyConfig(
         weight_dtype=torch.int4 if scheme == "int4" else torch.int8,
         granularity=PerGroup(group_size) if group_size else PerAxis(0),
         mapping_type=MappingType.ASYMMETRIC if asymmetric else MappingType.SYMMETRIC)
+
+
+def quantizable(scheme: str, group_size: Optional[int] = None, *, embeddings: bool = False):
+    """The filter ``(module, fqn) -> bool`` of the layers ``scheme`` quantizes: float 2-d weights of
+    ``nn.Linear`` (and ``nn.Embedding`` with ``embeddings``) whose columns the group size divides and,
+    for int4, whose shape the device's packed layout takes."""
+    from mps_backend.operators.quant import int4_layout_fits  # noqa: PLC0415
+
     kinds = (torch.nn.Linear, torch.nn.Embedding) if embeddings else (torch.nn.Linear,)
 
     def wanted(module: torch.nn.Module, fqn: str) -> bool:
@@ -79,5 +81,18 @@ def quantize_model(model: torch.nn.Module, scheme: str, group_size: Optional[int
             return False
         return not group_size or w.shape[1] % group_size == 0
 
-    quantize_(model, config, filter_fn=wanted)
+    return wanted
+
+
+def quantize_model(model: torch.nn.Module, scheme: str, group_size: Optional[int] = None, *,
+                   asymmetric: bool = False, embeddings: bool = False) -> torch.nn.Module:
+    """Quantize ``model``'s linear weights in place (torchao weight-only) and return it.
+
+    ``scheme``: ``"int4"`` or ``"int8"``. ``group_size``: columns sharing one scale (``None`` or 0:
+    one scale per output channel, ``PerAxis(0)``). ``embeddings``: also quantize ``nn.Embedding``.
+    """
+    from torchao.quantization import quantize_  # noqa: PLC0415
+
+    config = weight_only_config(scheme, group_size, asymmetric=asymmetric)
+    quantize_(model, config, filter_fn=quantizable(scheme, group_size, embeddings=embeddings))
     return model
