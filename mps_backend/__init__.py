@@ -3,8 +3,12 @@
     from mps_backend import MPSPartitioner
     edge = to_edge_transform_and_lower(torch.export.export(model, args), partitioner=[MPSPartitioner()])
 
-Importing this package has no side effects; the partitioner and backend load on first use.
+Importing this package registers the MPS recipe provider with ``executorch.export`` (as XNNPACK, CoreML
+and QNN register theirs; ``mps_backend.recipes``), its one side effect; the partitioner and backend
+load on first use.
 """
+from . import recipes as _recipes  # noqa: F401  (registers MPSRecipeProvider with executorch.export)
+
 __version__ = "0.1.0"
 
 __all__ = ["MPSBackend", "MPSPartitioner", "__version__"]
