@@ -12,9 +12,39 @@ def _say(msg: str) -> None:
 
 
 def _use_fp16(args) -> bool:
-    if args.dtype and (args.fp32 or args.fp16) and (args.dtype == "fp32") != args.fp32:
-        raise SystemExit(f"--dtype {args.dtype} contradicts --{'fp32' if args.fp32 else 'fp16'}")
-    return not (args.fp32 or args.dtype == "fp32")
+    """The precision from --fp16/--fp32, --dtype and the old example script's --use_fp16/--no-use_fp16."""
+    said = set()
+    if args.fp32 or args.fp16:
+        said.add(not args.fp32)
+    if args.dtype:
+        said.add(args.dtype == "fp16")
+    if getattr(args, "use_fp16", None) is not None:
+        said.add(bool(args.use_fp16))
+    if len(said) > 1:
+        raise SystemExit("error: the precision flags contradict each other (--fp16/--fp32, --dtype, --use_fp16)")
+    return said.pop() if said else True
+
+
+def _model_stem(spec: str) -> str:
+    """A file-name stem for a --model spec: demo, resnet18, llama-kv, mymodel, SmolLM2-135M, ..."""
+    kind, _, rest = spec.partition(":")
+    if spec.endswith((".ff", ".ptl")):
+        name = pathlib.Path(spec).stem
+    elif kind == "hf":
+        name = pathlib.Path(rest).resolve().name
+    elif kind == "llama" or kind.endswith(".py"):
+        name = pathlib.Path(rest if kind == "llama" else kind).stem
+    else:
+        name = rest or kind  # torchvision:resnet18, executorch:llama-kv, demo
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "model"
+
+
+def _output_path(args, use_fp16: bool) -> pathlib.Path:
+    """-o as given, else ``<output_dir>/<model>_mps_<fp16|fp32>.pte`` (``.bpte`` with --bundled)."""
+    if args.output:
+        return pathlib.Path(args.output)
+    suffix = ".bpte" if getattr(args, "bundled", False) else ".pte"
+    return pathlib.Path(args.output_dir or ".") / f"{_model_stem(args.model)}_mps_{'fp16' if use_fp16 else 'fp32'}{suffix}"
 
 
 def cmd_export_llm(args) -> int:
@@ -25,7 +55,9 @@ def cmd_export_llm(args) -> int:
     if args.verify:
         raise SystemExit("--verify applies to single-step models; for a language model run "
                          "`mps-backend generate OUT.pte --tokenizer ...` (tests/test_llm.py compares with eager)")
-    out = args.output or "model_mps.pte"
+    if args.bundled or args.etrecord:
+        raise SystemExit("error: --bundled and --etrecord apply to single-step models, not to language models")
+    out = _output_path(args, _use_fp16(args))
     try:
         result = export_llm(args.model, out, dtype="fp16" if _use_fp16(args) else "fp32", quantize=args.quantize,
                             group_size=args.group_size, max_seq_len=args.max_seq_len, params=args.params,
@@ -85,13 +117,29 @@ def cmd_export(args) -> int:
         _say(f"[quantize] {args.quantize} weight-only, " + (f"group size {group}" if group else "per channel")
              + (" (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else ""))
         model = quantize_model(model, args.quantize, group)
-    result = export_model(model, inputs, use_fp16=_use_fp16(args), progress=_say)
-    out = pathlib.Path(args.output or ("mps_demo.pte" if args.model == "demo" else "model_mps.pte"))
-    out.write_bytes(result.pte)
+    use_fp16 = _use_fp16(args)
+    result = export_model(model, inputs, use_fp16=use_fp16, progress=_say, etrecord=bool(args.etrecord))
+    out = _output_path(args, use_fp16)
+    data = result.pte
+    if args.bundled:
+        from mps_backend.export import bundle, flat_outputs  # noqa: PLC0415
+        import torch  # noqa: PLC0415
+
+        with torch.no_grad():
+            expected = flat_outputs(getattr(model, "reference_module", model)(*inputs))
+        data = bundle(result.pte, [list(inputs)], [expected])
+    from mps_backend.llm.export import write_atomically  # noqa: PLC0415
+
+    write_atomically(out, lambda f: f.write(data))
     print(result.summary())
     if result.report.on_cpu:
         print(str(result.report).split("\n", 1)[1])
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (" (bundled program: the program, its inputs and eager outputs)" if args.bundled else ""))
+    if args.etrecord:
+        etrecord = pathlib.Path(args.output_dir or ".") / f"{out.stem}_etrecord.bin" if args.etrecord is True \
+            else pathlib.Path(args.etrecord)
+        result.etrecord.save(str(etrecord))
+        print(f"wrote {etrecord} (ETRecord for executorch's Inspector)")
     if args.verify:
         _say("[verify] running the .pte through the emulated MPS runtime ...")
         # a migrated legacy model is checked against its TorchScript module's own output
@@ -106,10 +154,14 @@ def cmd_export(args) -> int:
 
 
 def _read_pte(path: str) -> bytes:
+    """The program in ``path``: a .pte, or the program inside a bundled program (.bpte)."""
+    from mps_backend.export import is_bundled, unbundle  # noqa: PLC0415
+
     p = pathlib.Path(path)
     if not p.is_file():
         raise SystemExit(f"{path}: no such file")
-    return p.read_bytes()
+    data = p.read_bytes()
+    return unbundle(data) if is_bundled(data) else data
 
 
 def cmd_inspect(args) -> int:
@@ -120,12 +172,14 @@ def cmd_inspect(args) -> int:
     if legacy.is_mobile_file(args.file):  # PTMF at bytes 4-7: a PyTorch Mobile flatbuffer, not a .pte
         return legacy.inspect_mobile(args.file)
     try:
-        delegates = delegate_blobs(_read_pte(args.file))
+        delegates = delegate_blobs(_read_pte(args.file), backend_id=None)
     except MPSFormatError as e:
         print(f"{args.file}: {e}", file=sys.stderr)
         return 2
     mps = [d for d in delegates if d.backend_id == "MPSBackend"]
-    print(f"{args.file}: {len(delegates)} delegate(s), {len(mps)} MPS")
+    others = collections.Counter(d.backend_id for d in delegates if d.backend_id != "MPSBackend")
+    print(f"{args.file}: {len(delegates)} delegate(s), {len(mps)} MPS"
+          + "".join(f", {n} {backend}" for backend, n in sorted(others.items())))
     status = 0
     for d in mps:
         print(f"\n== delegate {d.index} (MPSBackend), {len(d.blob):,} bytes")
@@ -157,8 +211,18 @@ def cmd_run(args) -> int:
     import numpy as np  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
+    from mps_backend.export import is_bundled  # noqa: PLC0415
     from mps_backend.runtime import run_pte  # noqa: PLC0415
 
+    path = pathlib.Path(args.file)
+    if path.is_file() and is_bundled(path.read_bytes()[:8]) and not args.inputs:
+        from mps_backend.runtime import verify_bundled  # noqa: PLC0415
+
+        results = verify_bundled(path)
+        for i, ok in enumerate(results):
+            print(f"test case {i}: {'outputs match the bundled expected outputs' if ok else 'MISMATCH'}")
+        print(f"bundled program: {sum(results)}/{len(results)} test cases pass")
+        return 0 if all(results) and results else 1
     pte = _read_pte(args.file)
     if args.inputs:
         with np.load(args.inputs) as npz:
@@ -203,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mps-backend", description="Lower PyTorch models to the ExecuTorch MPS delegate.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("export", help="export a model (default: the built-in demo) to a .pte")
-    p.add_argument("--model", default="demo", help="demo | torchvision:NAME | executorch:NAME | "
+    p.add_argument("-m", "--model", "--model_name", dest="model", default="demo", help="demo | torchvision:NAME | executorch:NAME | "
                    "torch:transformer_encoder | path/file.py:factory | legacy PyTorch Mobile flatbuffer path.ff/.ptl | "
                    "hf:FOLDER (Hugging Face checkpoint: a language model) | llama:CHECKPOINT.pth (with --params)")
     p.add_argument("--input-shape", action="append", metavar="SHAPE",
@@ -213,13 +277,22 @@ def main(argv: list[str] | None = None) -> int:
     prec.add_argument("--fp32", action="store_true", help="keep float32 on the device")
     prec.add_argument("--fp16", action="store_true", help="compute in float16 (default)")
     p.add_argument("--dtype", choices=("fp16", "fp32"), help="the same as --fp16 / --fp32")
+    p.add_argument("--use_fp16", action=argparse.BooleanOptionalAction, default=None,
+                   help="the old MPS example script's flag: --use_fp16 (default) / --no-use_fp16")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="language models: static KV-cache length (default 2048, capped by the model's positions)")
     p.add_argument("--params", default=None, help="llama:CHECKPOINT.pth: its params.json (default: beside it)")
     p.add_argument("--clamp-fp16", action="store_true",
                    help="language models: clamp weights beyond the float16 range to ±65504 instead of failing")
     p.add_argument("--verify", action="store_true", help="run the .pte in the device model and compare with eager")
-    p.add_argument("-o", "--output", help="output .pte path")
+    p.add_argument("-o", "--output", help="output path (default: <output_dir>/<model>_mps_<fp16|fp32>.pte)")
+    p.add_argument("--output_dir", "--output-dir", dest="output_dir", default=None,
+                   help="folder for the default output name (default: the current folder)")
+    p.add_argument("-b", "--bundled", action="store_true",
+                   help="write a bundled program (.bpte): the program with its example inputs and eager "
+                   "outputs, for executorch's bundled-program check on the device")
+    p.add_argument("--etrecord", "--generate_etrecord", dest="etrecord", nargs="?", const=True, default=None,
+                   metavar="FILE", help="also write executorch's ETRecord (default file: <output>_etrecord.bin)")
     p.add_argument("--quantize", choices=("int4", "int8"),
                    help="weight-only quantization of the linear layers (torchao); int4 needs macOS 15 / iOS 18")
     p.add_argument("--group-size", type=int, default=None,

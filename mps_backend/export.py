@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -27,6 +27,8 @@ class ExportResult:
     delegates: int
     constant_bytes: int
     seconds: dict[str, float] = field(default_factory=dict)
+    #: executorch's ETRecord of the export (``export_model(..., etrecord=True)``), for the Inspector
+    etrecord: Any = None
 
     @property
     def precision(self) -> str:
@@ -75,8 +77,9 @@ def _delegate_blobs(edge) -> list[bytes]:
 
 
 def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *, use_fp16: bool = True,
-                 progress: Callable[[str], None] | None = None) -> ExportResult:
-    """Export ``model`` to a .pte whose supported parts run on the MPS delegate."""
+                 progress: Callable[[str], None] | None = None, etrecord: bool = False) -> ExportResult:
+    """Export ``model`` to a .pte whose supported parts run on the MPS delegate. ``etrecord``: also
+    generate executorch's ETRecord (``result.etrecord.save(path)``; the Inspector reads it)."""
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
 
     say = progress or (lambda msg: None)
@@ -96,12 +99,15 @@ def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
     # that requires grad is being used in an in-place operation"); the model itself is not modified.
     with torch.no_grad():
         ep = stage("torch.export", lambda: export_program(model, example_inputs))
-        edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner]))
+        edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner],
+                                                                          generate_etrecord=etrecord))
         blobs = _delegate_blobs(edge)
-        pte = stage("to_executorch", lambda: edge.to_executorch().buffer)
+        program = stage("to_executorch", edge.to_executorch)
+        pte = program.buffer
     constant_bytes = sum(Header.from_bytes(b[:24]).segment_size for b in blobs)
     return ExportResult(pte=pte, report=partitioner.report(), use_fp16=use_fp16, delegates=len(blobs),
-                        constant_bytes=constant_bytes, seconds=seconds)
+                        constant_bytes=constant_bytes, seconds=seconds,
+                        etrecord=program.get_etrecord() if etrecord else None)
 
 
 @dataclass
@@ -122,6 +128,40 @@ class Verification:
         verdict = "OK" if self.ok else "FAILED"
         return (f"verify: max abs error {self.max_abs:.3g}, relative to output scale {self.relative:.3g} "
                 f"(tolerance {self.tolerance:g}) {verdict}")
+
+
+def bundle(pte: bytes, inputs: Sequence[Sequence[torch.Tensor]], outputs: Sequence[Sequence[torch.Tensor]],
+           method: str = "forward") -> bytes:
+    """A bundled program (``.bpte``): the program plus test cases (inputs and expected outputs), which
+    an app checks on the device with executorch's bundled-program API
+    (``load_bundled_input`` / ``verify_result_with_bundled_expected_output``)."""
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite  # noqa: PLC0415
+    from executorch.devtools.bundled_program.core import BundledProgram  # noqa: PLC0415
+    from executorch.devtools.bundled_program.serialize import (  # noqa: PLC0415
+        serialize_from_bundled_program_to_flatbuffer)
+
+    import tempfile  # noqa: PLC0415
+
+    cases = [MethodTestCase(inputs=list(i), expected_outputs=list(o)) for i, o in zip(inputs, outputs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/program.pte"
+        with open(path, "wb") as f:
+            f.write(pte)
+        bundled = BundledProgram(None, [MethodTestSuite(method_name=method, test_cases=cases)], pte_file_path=path)
+        return serialize_from_bundled_program_to_flatbuffer(bundled)
+
+
+def unbundle(data: bytes) -> bytes:
+    """The program inside a bundled program (``.bpte``)."""
+    from executorch.devtools.bundled_program.serialize import (  # noqa: PLC0415
+        deserialize_from_flatbuffer_to_bundled_program)
+
+    return bytes(deserialize_from_flatbuffer_to_bundled_program(data).program)
+
+
+def is_bundled(data: bytes) -> bool:
+    """Whether ``data`` is a bundled program (flatbuffer file identifier ``BP08`` at bytes 4-8)."""
+    return data[4:8] == b"BP08"
 
 
 def flat_outputs(out) -> list[torch.Tensor]:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         LoadedMethod,
         build_shim,
         constant_method_values,
+        verify_bundled,
         load_emulator,
         run_pte,
     )
@@ -30,6 +31,7 @@ _LAZY = {
     "InputMismatchError": "emulator",
     "LoadedMethod": "emulator",
     "constant_method_values": "emulator",
+    "verify_bundled": "emulator",
 }
 
 __all__ = sorted(_LAZY)

@@ -42,6 +42,7 @@ __all__ = [
     "build_shim",
     "LoadedMethod",
     "constant_method_values",
+    "verify_bundled",
     "load_emulator",
     "run_pte",
 ]
@@ -539,6 +540,39 @@ def run_pte(pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tensor], mode
     emulated (a fresh load: mutable buffers start from their initial state). See
     :class:`LoadedMethod` for the errors, and to keep a program loaded across calls."""
     return LoadedMethod(pte, method, mode)(inputs)
+
+
+def verify_bundled(bpte: bytes | str | os.PathLike, method: str = "forward", *, mode: str = "faithful",
+                   rtol: float = 1e-3, atol: float = 1e-3) -> list[bool]:
+    """Run each test case of a bundled program (``.bpte``) the way an app checks one on the device
+    (executorch's bundled-program check: load the bundled inputs, execute, compare with the bundled
+    expected outputs), with the MPS delegates emulated. One entry per test case: whether it matched."""
+    data = _read_program(bpte)
+    emulator = load_emulator()
+    try:
+        bundle = emulator.pybindings._load_bundled_program_from_buffer(data)
+    except RuntimeError as exc:
+        raise EmulatorError(f"ExecuTorch could not load the bundled program: {exc}") from exc
+    results = []
+    for index in range(_bundled_case_count(data, method)):
+        with emulator.session(mode) as state:
+            try:
+                bundle.verify_result_with_bundled_expected_output(method, index, rtol, atol)
+                results.append(True)
+            except RuntimeError as exc:
+                error, state.error = state.error, None
+                if error is not None:  # the emulated delegate failed: not a mismatch
+                    raise error from exc
+                results.append(False)
+    return results
+
+
+def _bundled_case_count(data: bytes, method: str) -> int:
+    from executorch.devtools.bundled_program.serialize import (  # noqa: PLC0415
+        deserialize_from_flatbuffer_to_bundled_program)
+
+    suites = deserialize_from_flatbuffer_to_bundled_program(data).method_test_suites
+    return sum(len(s.test_cases) for s in suites if s.method_name == method)
 
 
 def constant_method_values(pte: bytes | str | os.PathLike) -> dict[str, Any]:
