@@ -83,6 +83,11 @@ def _absorb_unread_constants(ep: ExportedProgram, tag: str) -> None:
             node.meta["delegation_tag"] = tag
 
 
+def _is_debug_tap(node: Node) -> bool:
+    """A tap of executorch's intermediate-output debugger (``executorch_devtools.tap.Tensor``)."""
+    return "executorch_devtools.tap." in str(node.target)
+
+
 def _target_name(target) -> str:
     return str(getattr(op_key(target), "_name", None) or getattr(target, "__name__", target))
 
@@ -131,6 +136,8 @@ class MPSPartitioner(Partitioner):
         for node in gm.graph.nodes:
             if node.op != "call_function" or node.target is operator.getitem:
                 continue  # getitem only unpacks its producer's outputs: counted with the producer
+            if _is_debug_tap(node):
+                continue  # executorch's numerical-debugger taps: stripped before to_executorch, not CPU work
             if node in delegated:
                 report.delegated.append(node.name)
             else:

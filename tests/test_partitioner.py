@@ -154,3 +154,20 @@ def test_backend_class_identity():
     from executorch.exir.backend.backend_details import BackendDetails
 
     assert MPSBackend.__name__ == "MPSBackend" and BackendDetails in MPSBackend.__bases__
+
+
+def test_numerical_debugger_taps_are_not_reported_as_cpu_nodes():
+    from executorch.devtools.intermediate_output_tap import strip_taps_, tap_intermediate_outputs_
+    from executorch.exir import to_edge_transform_and_lower
+
+    from mps_backend import MPSPartitioner
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    ep = torch.export.export(model, (torch.randn(2, 8),))
+    tapped, specs = tap_intermediate_outputs_(ep)
+    assert specs
+    part = MPSPartitioner(use_fp16=False)
+    edge = to_edge_transform_and_lower(tapped, partitioner=[part])
+    assert part.report().on_cpu == [] and part.report().delegated
+    strip_taps_(edge)
+    edge.to_executorch()
