@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Iterable
 
 import torch
@@ -16,6 +17,7 @@ from torch.fx import Node
 from mps_backend import compile_specs as specs
 from mps_backend.builder import GraphBuilder
 from mps_backend.operators.registry import default_registry
+from mps_backend.passes import Float16RangeWarning, fp16_overflow
 from mps_backend.serialization.writer import write_blob
 from mps_backend.simplify import simplify
 
@@ -58,6 +60,12 @@ def build_graph(ep: ExportedProgram, use_fp16: bool) -> GraphBuilder:
             b.ids[n] = b.cast(b.ids[n], b.compute_dtype(n.meta["val"].dtype))
     for n in placeholders:
         if constants[n] is not None and n.users:
+            if use_fp16:  # preprocess cannot refuse a node the partitioner accepted: say it instead
+                overflow = fp16_overflow(n.name, constants[n])
+                if overflow:
+                    warnings.warn(Float16RangeWarning(
+                        f"float16 mode: constant {overflow} becomes inf on the device; lower with "
+                        "use_fp16=False or rescale it"), stacklevel=2)
             b.ids[n] = b.constant(constants[n])
     for node in ep.graph.nodes:
         if node.op != "call_function":

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mps_backend.partitioner import MPSPartitioner, PartitionReport
-from mps_backend.passes import drop_unused_constants
+from mps_backend.passes import check_fp16_constants, drop_unused_constants
 from mps_backend.serialization.model import Header
 
 #: max |device - eager| / max(|eager|) accepted by --verify. fp32: the device model computes in
@@ -99,6 +99,8 @@ def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
     # that requires grad is being used in an in-place operation"); the model itself is not modified.
     with torch.no_grad():
         ep = stage("torch.export", lambda: export_program(model, example_inputs))
+        if use_fp16:
+            check_fp16_constants(ep)
         edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner],
                                                                           generate_etrecord=etrecord))
         blobs = _delegate_blobs(edge)

@@ -42,6 +42,8 @@ class PartitionReport:
     delegated: list[str] = field(default_factory=list)
     on_cpu: list[CpuNode] = field(default_factory=list)
     partitions: int = 0
+    #: delegated nodes whose results float16 may not represent (casts in fp16 mode), with why
+    fp16_notes: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -53,6 +55,9 @@ class PartitionReport:
         if self.on_cpu:
             lines.append("left on CPU:")
             lines += [f"  {n.name} ({n.target}): {n.reason}" for n in self.on_cpu]
+        if self.fp16_notes:
+            lines.append("float16 range (the device computes float32 values in float16, |x| <= 65504):")
+            lines += [f"  {n}" for n in self.fp16_notes]
         return "\n".join(lines)
 
 
@@ -81,6 +86,27 @@ def _absorb_unread_constants(ep: ExportedProgram, tag: str) -> None:
         if node.op == "placeholder" and not node.users and node.name in constant_inputs \
                 and "delegation_tag" not in node.meta:
             node.meta["delegation_tag"] = tag
+
+
+#: largest float16 magnitude
+_FP16_MAX = float(torch.finfo(torch.float16).max)
+
+
+def _fp16_cast_note(node: Node) -> str | None:
+    """A note for a delegated dtype cast whose result float16 may not hold (fp16 mode)."""
+    name = str(getattr(node.target, "__name__", node.target))
+    if "_to_copy" not in name and "_to_dim_order_copy" not in name and "to.dtype" not in name:
+        return None
+    src, out = node.args[0].meta.get("val") if node.args else None, node.meta.get("val")
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return None
+    if not src.dtype.is_floating_point and src.dtype != torch.bool and out.dtype == torch.float32:
+        return (f"{node.name}: {src.dtype} -> float32 is float16 on the device: integers beyond ±65504 "
+                "become inf (and above 2048 lose their last bits)")
+    if src.dtype == torch.float32 and not out.dtype.is_floating_point and out.dtype != torch.bool:
+        return (f"{node.name}: float32 -> {out.dtype} reads a float16 value on the device: inputs beyond "
+                "±65504 are already inf there and convert to the integer minimum")
+    return None
 
 
 def _is_debug_tap(node: Node) -> bool:
@@ -143,6 +169,8 @@ class MPSPartitioner(Partitioner):
             else:
                 reason = reasons.get(node) or registry.check(node) or "not connected to a supported region"
                 report.on_cpu.append(CpuNode(node.name, _target_name(node.target), reason))
+        if self.use_fp16:
+            report.fp16_notes = [note for n in gm.graph.nodes if n in delegated for note in [_fp16_cast_note(n)] if note]
         self._report = report
         dynamic = [n for n in report.on_cpu if "dynamic shape" in n.reason]
         if dynamic:

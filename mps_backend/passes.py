@@ -31,3 +31,42 @@ def drop_unused_constants(ep: torch.export.ExportedProgram) -> torch.export.Expo
             (ep.constants if spec.kind is InputKind.CONSTANT_TENSOR else ep.state_dict).pop(spec.target, None)
     ep.graph_module.recompile()
     return ep
+
+
+#: largest float16 magnitude
+FP16_MAX = float(torch.finfo(torch.float16).max)
+
+
+class Float16RangeError(ValueError):
+    """Constants the delegate would hold in float16 have values beyond float16's range."""
+
+
+class Float16RangeWarning(UserWarning):
+    """A constant held in float16 by the delegate has values beyond float16's range (they become inf)."""
+
+
+def fp16_overflow(name: str, tensor: torch.Tensor) -> str | None:
+    """``"name (k of n values, largest |x| m)"`` when float32 ``tensor`` has finite values beyond
+    ±65504 (one reduction; counted only then), else None. One-element constants (a -1e9 fill value)
+    are not reported: as ±inf they keep their meaning."""
+    if tensor.dtype != torch.float32 or tensor.numel() <= 1:
+        return None
+    t = tensor.detach()
+    low, high = torch.aminmax(t)
+    largest = max(-float(low), float(high))
+    if largest <= FP16_MAX or largest == float("inf"):
+        return None
+    count = int((t.abs() > FP16_MAX).sum())
+    return f"{name} ({count} of {t.numel()} values, largest |x| {largest:.3g})"
+
+
+def check_fp16_constants(ep: torch.export.ExportedProgram) -> None:
+    """Raise :class:`Float16RangeError` naming the float32 parameters, buffers and constant tensors
+    of ``ep`` that float16 cannot hold (they would become ±inf on a float16 device)."""
+    tensors = {**ep.state_dict, **ep.constants}
+    bad = [msg for name, t in tensors.items() if isinstance(t, torch.Tensor) for msg in [fp16_overflow(name, t)] if msg]
+    if bad:
+        raise Float16RangeError(
+            "float16 mode: constants with values beyond float16's range (|x| > 65504) would become inf on the "
+            "device: " + ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            + ". Export in float32 (MPSPartitioner(use_fp16=False), mps-backend export --fp32), or rescale them")

@@ -171,3 +171,55 @@ def test_numerical_debugger_taps_are_not_reported_as_cpu_nodes():
     assert part.report().on_cpu == [] and part.report().delegated
     strip_taps_(edge)
     edge.to_executorch()
+
+
+class _Big(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        with torch.no_grad():
+            self.lin.weight[0, 0] = scale
+
+    def forward(self, x):
+        return self.lin(x).masked_fill(x < -10, -1e9)  # a one-element -1e9 fill stays allowed
+
+
+def test_fp16_constants_beyond_the_range_are_an_error_naming_them():
+    from executorch.exir import to_edge_transform_and_lower
+
+    from mps_backend import MPSPartitioner
+    from mps_backend.export import export_model
+    from mps_backend.passes import Float16RangeError, Float16RangeWarning
+
+    x = torch.randn(2, 4)
+    with pytest.raises(Float16RangeError, match=r"lin\.weight \(1 of 16 values, largest \|x\| 1e\+05\).*float32"):
+        export_model(_Big(1e5).eval(), [x])
+    assert export_model(_Big(1e5).eval(), [x], use_fp16=False).delegates == 1  # float32 keeps the value
+    assert export_model(_Big(6e4).eval(), [x]).delegates == 1  # in range (and the -1e9 fill) is fine
+    # the plain executorch path cannot stop in preprocess: it warns, naming the constant
+    ep = torch.export.export(_Big(1e5).eval(), (x,))
+    with pytest.warns(Float16RangeWarning, match=r"lin_weight \(1 of 16 values"):
+        to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner()])
+
+
+class _Casts(torch.nn.Module):
+    def forward(self, x, i):
+        return x.to(torch.int32) * 2, i.to(torch.float32) + 1
+
+
+def test_fp16_casts_the_device_may_not_represent_are_named():
+    from executorch.exir import to_edge_transform_and_lower
+
+    from mps_backend import MPSPartitioner
+
+    ep = torch.export.export(_Casts().eval(), (torch.randn(3), torch.arange(3, dtype=torch.int32)))
+    part = MPSPartitioner()
+    to_edge_transform_and_lower(ep, partitioner=[part])
+    notes = part.report().fp16_notes
+    assert any("torch.int32 -> float32" in n and "65504" in n for n in notes), notes
+    assert any("float32 -> torch.int32" in n and "integer minimum" in n for n in notes), notes
+    assert "float16 range" in str(part.report())
+    part32 = MPSPartitioner(use_fp16=False)
+    to_edge_transform_and_lower(torch.export.export(_Casts().eval(), (torch.randn(3), torch.arange(3, dtype=torch.int32))),
+                                partitioner=[part32])
+    assert part32.report().fp16_notes == []
