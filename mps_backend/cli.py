@@ -5,6 +5,7 @@ import argparse
 import collections
 import pathlib
 import sys
+import zipfile
 
 
 def _say(msg: str) -> None:
@@ -118,8 +119,11 @@ def cmd_export(args) -> int:
              + (" (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else ""))
         model = quantize_model(model, args.quantize, group)
     use_fp16 = _use_fp16(args)
-    result = export_model(model, inputs, use_fp16=use_fp16, progress=_say, etrecord=bool(args.etrecord))
     out = _output_path(args, use_fp16)
+    source = args.model.split(":", 1)[0] if ".py:" in args.model else args.model
+    if pathlib.Path(source).exists() and out.resolve() == pathlib.Path(source).resolve():
+        raise UserError(f"output {out} is the input model {source}: choose another -o")
+    result = export_model(model, inputs, use_fp16=use_fp16, progress=_say, etrecord=bool(args.etrecord))
     data = result.pte
     if args.bundled:
         from mps_backend.export import bundle, flat_outputs  # noqa: PLC0415
@@ -225,9 +229,12 @@ def cmd_run(args) -> int:
         return 0 if all(results) and results else 1
     pte = _read_pte(args.file)
     if args.inputs:
-        with np.load(args.inputs) as npz:
-            keys = sorted((k for k in npz.files if k.startswith("input")), key=lambda k: (len(k), k)) or npz.files
-            inputs = [torch.from_numpy(npz[k]) for k in keys]
+        try:
+            with np.load(args.inputs, allow_pickle=False) as npz:
+                keys = sorted((k for k in npz.files if k.startswith("input")), key=lambda k: (len(k), k)) or npz.files
+                inputs = [torch.from_numpy(np.ascontiguousarray(npz[k])) for k in keys]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, TypeError) as e:
+            raise UserError(f"{args.inputs}: not a readable .npz of arrays ({e})") from e
     else:
         from mps_backend.runtime.emulator import program_input_specs  # noqa: PLC0415
 
@@ -240,8 +247,9 @@ def cmd_run(args) -> int:
         print(f"output {i}: {o.dtype} {list(o.shape)} min {f.min().item():.4g} max {f.max().item():.4g} "
               f"mean {f.mean().item():.4g}")
     if args.out:
-        np.savez(args.out, **{f"output_{i}": o.numpy() for i, o in enumerate(outputs)})
-        print(f"wrote {args.out}")
+        with open(args.out, "wb") as f:  # a file object: np.savez would append .npz to a name without it
+            np.savez(f, **{f"output_{i}": o.numpy() for i, o in enumerate(outputs)})
+        print(f"wrote {args.out} (npz: output_0, output_1, ...)")
     return 0
 
 
@@ -259,6 +267,21 @@ def cmd_zoo(args) -> int:
     from mps_backend import zoo  # noqa: PLC0415
 
     return zoo.main(args.zoo_args)
+
+class UserError(Exception):
+    """A problem with what the user asked for: printed as one line, exit status 2."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "this input cannot be used" rather than a bug: one line, no traceback."""
+    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
+    from mps_backend.passes import Float16RangeError  # noqa: PLC0415
+    from mps_backend.runtime.emulator import EmulatorError, InputMismatchError  # noqa: PLC0415
+    from mps_backend.serialization import MPSFormatError  # noqa: PLC0415
+
+    return (UserError, CheckpointError, Float16RangeError, EmulatorError, InputMismatchError, MPSFormatError,
+            OSError)
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -327,7 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("zoo_args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_zoo)
     args = parser.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except Exception as e:  # noqa: BLE001  (user errors become one line; anything else is a bug: re-raised)
+        if isinstance(e, _user_errors()):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def _torchvision(name: str):
     if name in torchvision.models.list_models(torchvision.models.segmentation) or \
             name in torchvision.models.list_models(torchvision.models.detection):
         kwargs["weights_backbone"] = None  # the default would download ImageNet backbone weights
+    if name not in torchvision.models.list_models():
+        raise SystemExit(f"unknown torchvision model {name!r} (torchvision.models.list_models() lists them)")
     torch.manual_seed(0)
     model = torchvision.models.get_model(name, weights=None, **kwargs).eval()
     with torch.no_grad():  # zero-initialised matrices (vit's head and class token) would make the output 0

@@ -127,6 +127,8 @@ def metadata(lm: LoadedLM, max_seq_len: int) -> dict[str, Any]:
 def write_atomically(path: pathlib.Path, write) -> int:
     """``write(f)`` into a temporary file beside ``path``, then rename it to ``path``: an interrupted
     export never leaves a truncated file nor destroys the file that was there. Returns the size."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory, not a file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:

@@ -553,8 +553,11 @@ def verify_bundled(bpte: bytes | str | os.PathLike, method: str = "forward", *, 
         bundle = emulator.pybindings._load_bundled_program_from_buffer(data)
     except RuntimeError as exc:
         raise EmulatorError(f"ExecuTorch could not load the bundled program: {exc}") from exc
+    cases = _bundled_case_count(data, method)
+    if not cases:
+        raise EmulatorError(f"the bundled program has no test case for method {method!r}")
     results = []
-    for index in range(_bundled_case_count(data, method)):
+    for index in range(cases):
         with emulator.session(mode) as state:
             try:
                 bundle.verify_result_with_bundled_expected_output(method, index, rtol, atol)
@@ -571,7 +574,10 @@ def _bundled_case_count(data: bytes, method: str) -> int:
     from executorch.devtools.bundled_program.serialize import (  # noqa: PLC0415
         deserialize_from_flatbuffer_to_bundled_program)
 
-    suites = deserialize_from_flatbuffer_to_bundled_program(data).method_test_suites
+    try:
+        suites = deserialize_from_flatbuffer_to_bundled_program(data).method_test_suites
+    except Exception as exc:  # noqa: BLE001  (flatc/JSON errors of a damaged file)
+        raise EmulatorError(f"cannot read the bundled program's test cases: {exc}") from exc
     return sum(len(s.test_cases) for s in suites if s.method_name == method)
 
 
@@ -600,12 +606,23 @@ def constant_method_values(pte: bytes | str | os.PathLike) -> dict[str, Any]:
 
 def program_input_specs(pte: bytes | str | os.PathLike, *, method: str = "forward"
                         ) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """(shape, dtype) of each tensor input of ``method``, read from the program's metadata."""
-    emulator = load_emulator()
-    program = emulator.pybindings._load_program_from_buffer(_read_program(pte))
-    meta = program.method_meta(method)
-    specs = []
-    for i in range(meta.num_inputs()):
-        info = meta.input_tensor_meta(i)
-        specs.append((tuple(info.sizes()), _SCALAR_TYPES[info.dtype()]))
+    """(shape, dtype) of each tensor input of ``method``, read from the program's metadata (the
+    program is verified like :func:`run_pte` does first: a corrupt file is an EmulatorError)."""
+    _C = load_emulator().pybindings
+    try:
+        program = _C._load_program_from_buffer(_read_program(pte),
+                                               program_verification=_C.Verification.InternalConsistency)
+        names = {program.get_method_name(i) for i in range(program.num_methods())}
+        if method not in names:
+            raise EmulatorError(f"the program has no method {method!r} (methods: {sorted(names)})")
+        meta = program.method_meta(method)
+        specs = []
+        for i in range(meta.num_inputs()):
+            info = meta.input_tensor_meta(i)
+            dtype = _SCALAR_TYPES.get(info.dtype())
+            if dtype is None:
+                raise EmulatorError(f"input {i} of {method!r} has an unsupported ScalarType code {info.dtype()}")
+            specs.append((tuple(info.sizes()), dtype))
+    except RuntimeError as exc:
+        raise EmulatorError(f"ExecuTorch could not read the program: {exc}") from exc
     return specs

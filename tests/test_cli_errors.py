@@ -1,0 +1,71 @@
+"""The command line ends bad input in one line and an exit status, never a traceback, and writes
+exactly the files it names."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from mps_backend.cli import main
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("err") / "demo.pte"
+    assert main(["export", "--fp32", "-o", str(out)]) == 0
+    return out
+
+
+def test_run_out_writes_exactly_the_named_file(demo, tmp_path, capsys):
+    out = tmp_path / "result.pte"  # not .npz: np.savez alone would write result.pte.npz
+    assert main(["run", str(demo), "--out", str(out)]) == 0
+    assert out.is_file() and not (tmp_path / "result.pte.npz").exists()
+    assert f"wrote {out}" in capsys.readouterr().out
+    with np.load(out) as npz:
+        assert npz.files == ["output_0"]
+
+
+@pytest.mark.parametrize("content", [b"not a zip at all", b"PK\x03\x04broken"])
+def test_run_with_a_bad_inputs_file_is_one_line(demo, tmp_path, capsys, content):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(content)
+    assert main(["run", str(demo), "--inputs", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_with_wrong_inputs_is_one_line(demo, tmp_path, capsys):
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, input_0=np.zeros((2, 2), dtype=np.float32))
+    assert main(["run", str(demo), "--inputs", str(wrong)]) == 2
+    assert "must have shape" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("keep", [100, 2000])
+def test_run_of_a_truncated_program_is_one_line(demo, tmp_path, capsys, keep):
+    cut = tmp_path / "cut.pte"
+    cut.write_bytes(demo.read_bytes()[:keep])
+    assert main(["run", str(cut)]) == 2
+    err = capsys.readouterr().err  # executorch's own log line may come first
+    assert "\nerror: " in "\n" + err and "Traceback" not in err
+
+
+def test_export_output_checks(demo, tmp_path, capsys):
+    with pytest.raises(SystemExit, match="unknown torchvision model 'nonexistent'"):
+        main(["export", "-m", "torchvision:nonexistent", "-o", str(tmp_path / "x.pte")])
+    assert main(["export", "-o", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    script = tmp_path / "model.py"
+    shutil.copy(__import__("mps_backend.demo", fromlist=["x"]).__file__, script)
+    before = script.read_bytes()
+    assert main(["export", "-m", f"{script}:demo_model", "-o", str(script)]) == 2
+    assert "is the input model" in capsys.readouterr().err and script.read_bytes() == before
+
+
+def test_export_replaces_a_file_only_when_complete(demo, tmp_path):
+    target = tmp_path / "keep.pte"
+    target.write_bytes(b"old")
+    assert main(["export", "--fp32", "-o", str(target)]) == 0
+    assert target.read_bytes()[4:8] == b"ET12"
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.pte"]  # no temporary left behind
