@@ -49,8 +49,9 @@ def fp16_overflow(name: str, tensor: torch.Tensor) -> str | None:
     """``"name (k of n values, largest |x| m)"`` when float32 ``tensor`` has finite values beyond
     ±65504 (one reduction; counted only then), else None. One-element constants (a -1e9 fill value)
     are not reported: as ±inf they keep their meaning."""
-    if tensor.dtype != torch.float32 or tensor.numel() <= 1:
-        return None
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.dtype != torch.float32 \
+            or tensor.numel() <= 1:
+        return None  # tensor subclasses (torchao's quantized weights) hold their own data types
     t = tensor.detach()
     low, high = torch.aminmax(t)
     largest = max(-float(low), float(high))

@@ -214,3 +214,14 @@ def test_metadata_json_roundtrip(tmp_path, tokenizer):
     ids = generate_ids(result.path, PROMPT, 40, stats=stats)
     assert stats.stopped_by in ("EOS", "max_seq_len")
     assert len(ids) <= 16 - len(PROMPT) + 1
+
+
+def test_cli_quantized_export(tmp_path, tokenizer):
+    folder = save_checkpoint(tmp_path / "ckpt", "qwen2", tokenizer=tokenizer)
+    out = tmp_path / "q.pte"
+    r = _cli("export", "--model", f"hf:{folder}", "--quantize", "int8", "--max-seq-len", 16, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "int8 weight-only" in r.stdout and "MPS delegates    1" in r.stdout
+    blob = read_blob(delegate_blobs(out.read_bytes())[0].blob)
+    assert any(blob.graph.values[c].datatype.name == "int8" for c in blob.graph.constant_ids)
+    assert len(generate_ids(out, PROMPT[:3], 4)) == 4
