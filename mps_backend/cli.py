@@ -253,6 +253,19 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_debug(args) -> int:
+    from mps_backend import models  # noqa: PLC0415
+    from mps_backend.debug import format_table, fp16_gap_table  # noqa: PLC0415
+
+    model, inputs = models.load(args.model)
+    try:
+        rows = fp16_gap_table(model, inputs)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    print(format_table(rows, args.top))
+    return 0
+
+
 def cmd_ops(args) -> int:
     from mps_backend.operators import default_registry  # noqa: PLC0415
 
@@ -343,6 +356,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="python: the runner's loop over the emulated runtime (streams tokens, prints tokens/s); "
                    "executorch: executorch's C++ TextLLMRunner binding")
     p.set_defaults(fn=cmd_generate)
+    p = sub.add_parser("debug", help="per-op float16-vs-float32 gap table of a model on the device model "
+                       "(which layer loses precision)")
+    p.add_argument("-m", "--model", "--model_name", dest="model", default="demo", help="a --model spec as for export")
+    p.add_argument("--top", type=int, default=10, help="rows in the summary of the worst nodes")
+    p.set_defaults(fn=cmd_debug)
     p = sub.add_parser("ops", help="list the aten targets with an MPS lowering")
     p.set_defaults(fn=cmd_ops)
     p = sub.add_parser("zoo", add_help=False,

@@ -200,6 +200,15 @@ class Interpreter:
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return self.run_with_report(inputs)[0]
 
+    def run_values(self, inputs: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Execute once and return every value the graph computed, by value id (inputs and
+        constants included): the intermediate results a debugger compares."""
+        values = self._bind_inputs(inputs)
+        values.update(self._constants)
+        with torch.no_grad():
+            self._run_nodes(KernelContext(values=values, mode=self.mode, graph=self.graph))
+        return values
+
 
 def execute(blob: bytes | bytearray | memoryview | Blob, inputs: Sequence[torch.Tensor],
             mode: str = "faithful", *, return_report: bool = False):
