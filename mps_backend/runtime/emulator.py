@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -129,7 +130,18 @@ def _cache_dir() -> Path:
     if explicit:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "mps_backend"
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "mps_backend"
+    home = os.environ.get("HOME")
+    if home is not None and not os.path.isabs(home):  # HOME="" would put the cache in /.cache or ./.cache
+        return _fallback_cache_dir()
+    return Path.home() / ".cache" / "mps_backend"
+
+
+def _fallback_cache_dir() -> Path:
+    """A per-user folder under the system's temporary directory, when the cache folder is unusable."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(tempfile.gettempdir()) / f"mps_backend-{uid}"
 
 
 def _find_compiler() -> str:
@@ -209,14 +221,21 @@ def shim_path() -> Path:
     return _cache_dir() / f"emulator-{version}-{digest.hexdigest()[:16]}.so"
 
 
-def build_shim(*, force: bool = False) -> Path:
-    """Compile the shim unless a cached build exists; returns the path of the shared library.
+def _digest_path(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
 
-    The build writes a temporary file next to the target and renames it into place, so
-    concurrent builds (several processes, pytest-xdist) never see a partial library.
-    """
-    target = shim_path()
-    if target.exists() and not force:
+
+def _intact(library: Path) -> bool:
+    """Whether ``library`` is the complete file this cache built: its SHA-256 matches the one recorded
+    beside it at build time (a truncated or foreign file would crash the process when loaded)."""
+    try:
+        return hashlib.sha256(library.read_bytes()).hexdigest() == _digest_path(library).read_text().strip()
+    except OSError:
+        return False
+
+
+def _build_into(target: Path, force: bool) -> Path:
+    if not force and _intact(target):
         return target
     compiler = _find_compiler()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -239,10 +258,41 @@ def build_shim(*, force: bool = False) -> Path:
                 f"command: {' '.join(command)}\n{output}"
             )
         os.chmod(tmp, 0o755)
+        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
         os.replace(tmp, target)
+        fd, tmp_digest = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.sha256", dir=target.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(digest + "\n")
+        os.replace(tmp_digest, _digest_path(target))
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+def build_shim(*, force: bool = False) -> Path:
+    """Compile the shim unless an intact cached build exists; returns the path of the shared library.
+
+    The build writes temporary files next to the target and renames them into place, so concurrent
+    builds (several processes, pytest-xdist) never see a partial library; a cached library whose
+    recorded SHA-256 does not match (truncated, replaced) is rebuilt. When the cache folder cannot be
+    used (read-only, a file in its place), the build goes to a per-user temporary folder instead.
+    """
+    target = shim_path()
+    try:
+        return _build_into(target, force)
+    except OSError as exc:
+        fallback = _fallback_cache_dir() / target.name
+        if fallback.parent == target.parent:
+            raise EmulatorBuildError(f"cannot write the MPS emulator shim in {target.parent}: {exc}; "
+                                     "set MPS_BACKEND_CACHE_DIR to a writable folder") from exc
+        warnings.warn(f"the MPS emulator cache {target.parent} is not usable ({exc}); building in "
+                      f"{fallback.parent} (set MPS_BACKEND_CACHE_DIR to choose)", stacklevel=2)
+        try:
+            return _build_into(fallback, force)
+        except OSError as exc2:
+            raise EmulatorBuildError(f"cannot write the MPS emulator shim in {target.parent} ({exc}) nor in "
+                                     f"{fallback.parent} ({exc2}); set MPS_BACKEND_CACHE_DIR to a writable "
+                                     "folder") from exc2
 
 
 # --------------------------------------------------------------------------------------

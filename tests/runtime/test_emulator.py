@@ -8,6 +8,7 @@ The shim is compiled once per machine into the user cache (about a second with g
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def test_build_caches_atomically(tmp_path, monkeypatch):
     path = emulator.build_shim()
     assert path.parent == tmp_path and path.name.startswith("emulator-") and path.suffix == ".so"
     assert emulator._executorch_version().replace("+", "_") in path.name
-    assert list(tmp_path.iterdir()) == [path]  # no temporary left behind
+    assert sorted(tmp_path.iterdir()) == [path, path.with_name(path.name + ".sha256")]  # no temporary left
     mtime = path.stat().st_mtime_ns
     assert emulator.build_shim() == path and path.stat().st_mtime_ns == mtime  # cached
 
@@ -391,6 +392,41 @@ def test_upstream_fixture_reproduces_recorded_outputs(upstream_pte_dir, name):
             torch.testing.assert_close(o, expected, rtol=1e-2, atol=1e-2 * scale)
         else:
             torch.testing.assert_close(o, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "foreign"])
+def test_a_damaged_cached_shim_is_rebuilt(tmp_path, monkeypatch, damage):
+    monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(tmp_path))
+    path = emulator.build_shim()
+    good = path.read_bytes()
+    path.write_bytes(good[: len(good) // 3] if damage == "truncate" else b"\x7fELF" + bytes(4000))
+    assert emulator.build_shim() == path and path.read_bytes() == good  # rebuilt, never loaded broken
+
+
+@pytest.mark.parametrize("obstacle", ["read-only", "file"])
+def test_an_unusable_cache_falls_back_to_a_temporary_folder(tmp_path, monkeypatch, obstacle):
+    cache = tmp_path / "cache"
+    if obstacle == "file":
+        cache.write_text("not a folder")
+    else:
+        cache.mkdir()
+        cache.chmod(0o500)
+        if os.access(cache, os.W_OK):  # root ignores permissions: use a file in a file's place instead
+            cache.chmod(0o700)
+            cache.rmdir()
+            cache.write_text("not a folder")
+    monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(cache))
+    monkeypatch.setattr(emulator, "_fallback_cache_dir", lambda: tmp_path / "fallback")
+    with pytest.warns(UserWarning, match="not usable"):
+        path = emulator.build_shim()
+    assert path.parent == tmp_path / "fallback" and emulator._intact(path)
+
+
+def test_empty_home_does_not_write_to_the_root(monkeypatch):
+    monkeypatch.delenv("MPS_BACKEND_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", "")
+    assert emulator._cache_dir() == emulator._fallback_cache_dir()
 
 
 def test_cache_dir_defaults_to_user_cache(monkeypatch, tmp_path):
