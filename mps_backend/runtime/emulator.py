@@ -387,6 +387,9 @@ class _Emulator:
         self.pybindings = pybindings
         self.path = path
         self.state = threading.local()  # per-thread: mode of the current run, pending error
+        #: executorch's runtime (its log redirection into Python included) is not thread-safe: calls
+        #: into it from this module hold this lock, so threads take turns instead of crashing
+        self.lock = threading.RLock()
         self.c_callback = _Callback(self._on_execute)  # kept alive as long as the process
 
     @contextmanager
@@ -501,10 +504,18 @@ def _check_inputs(meta: Any, inputs: Sequence[Any], method_name: str) -> None:
         if value.dtype != want:
             raise InputMismatchError(
                 f"input {i} of {method_name!r} must have dtype {want}, got {value.dtype}")
-        if list(value.shape) != list(info.sizes()):
+        declared = list(info.sizes())
+        if list(value.shape) != declared and not _within_bounds(list(value.shape), declared):
             raise InputMismatchError(
-                f"input {i} of {method_name!r} must have shape {list(info.sizes())}, got "
-                f"{list(value.shape)}")
+                f"input {i} of {method_name!r} must have shape {declared} (at most, in dimensions exported "
+                f"as dynamic), got {list(value.shape)}")
+
+
+def _within_bounds(shape: list[int], declared: list[int]) -> bool:
+    """A program exported with dynamic dimensions declares their upper bounds, and executorch runs
+    any shape of the same rank within them; whether a dimension is dynamic is executorch's to check
+    (``set_inputs`` refuses to resize a static one: that error is an InputMismatchError too)."""
+    return len(shape) == len(declared) and all(0 <= s <= d for s, d in zip(shape, declared))
 
 
 def _prepare(value: Any) -> Any:
@@ -532,8 +543,13 @@ class LoadedMethod:
             raise TypeError(f"mode must be a string, not {type(mode).__name__}")
         self.name, self.mode = method, mode
         self._data = _read_program(pte)  # the program may point into this buffer: keep it alive
-        self._emulator = load_emulator()
-        _C = self._emulator.pybindings
+        emulator = load_emulator()
+        with emulator.lock:
+            self._load(emulator, method)
+        self._emulator = emulator
+
+    def _load(self, emulator: Any, method: str) -> None:
+        _C = emulator.pybindings
         try:
             self._program = _C._load_program_from_buffer(
                 self._data, program_verification=_C.Verification.InternalConsistency)
@@ -554,7 +570,32 @@ class LoadedMethod:
 
     def __call__(self, inputs: Sequence[Any] = ()) -> list[Any]:
         inputs = [_prepare(v) for v in inputs]
-        _check_inputs(self.meta, inputs, self.name)
+        with self._emulator.lock:  # reading the method's metadata is a call into executorch too
+            if getattr(self, "_method", None) is None:
+                raise EmulatorError(f"method {self.name!r} was closed")
+            _check_inputs(self.meta, inputs, self.name)
+            return self._run(inputs)
+
+    def close(self) -> None:
+        """Free the loaded program now, holding the runtime's lock (its destructors run executorch
+        code too: left to the garbage collector, they could run beside another thread's call)."""
+        emulator = getattr(self, "_emulator", None)
+        if emulator is None:
+            return
+        with emulator.lock:
+            self._method = None
+            self._program = None
+
+    def __enter__(self) -> "LoadedMethod":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _run(self, inputs: list[Any]) -> list[Any]:
         loaded = self._method
         try:
             loaded.set_inputs(inputs)
@@ -589,7 +630,8 @@ def run_pte(pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tensor], mode
     """Run ``method`` of an ExecuTorch program once with ExecuTorch's runtime, MPS delegates
     emulated (a fresh load: mutable buffers start from their initial state). See
     :class:`LoadedMethod` for the errors, and to keep a program loaded across calls."""
-    return LoadedMethod(pte, method, mode)(inputs)
+    with LoadedMethod(pte, method, mode) as loaded:
+        return loaded(inputs)
 
 
 def verify_bundled(bpte: bytes | str | os.PathLike, method: str = "forward", *, mode: str = "faithful",
@@ -599,6 +641,11 @@ def verify_bundled(bpte: bytes | str | os.PathLike, method: str = "forward", *, 
     expected outputs), with the MPS delegates emulated. One entry per test case: whether it matched."""
     data = _read_program(bpte)
     emulator = load_emulator()
+    with emulator.lock:
+        return _verify_bundled(emulator, data, method, mode, rtol, atol)
+
+
+def _verify_bundled(emulator: Any, data: bytes, method: str, mode: str, rtol: float, atol: float) -> list[bool]:
     try:
         bundle = emulator.pybindings._load_bundled_program_from_buffer(data)
     except RuntimeError as exc:
@@ -635,7 +682,12 @@ def constant_method_values(pte: bytes | str | os.PathLike) -> dict[str, Any]:
     """The values of a program's constant methods (methods without inputs that return a constant,
     like the LLM metadata ``get_max_seq_len``): name -> int, float, bool or list of them."""
     data = _read_program(pte)
-    _C = load_emulator().pybindings
+    emulator = load_emulator()
+    with emulator.lock:
+        return _constant_method_values(emulator.pybindings, data)
+
+
+def _constant_method_values(_C: Any, data: bytes) -> dict[str, Any]:
     try:
         program = _C._load_program_from_buffer(data, program_verification=_C.Verification.InternalConsistency)
     except RuntimeError as exc:
@@ -658,10 +710,14 @@ def program_input_specs(pte: bytes | str | os.PathLike, *, method: str = "forwar
                         ) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """(shape, dtype) of each tensor input of ``method``, read from the program's metadata (the
     program is verified like :func:`run_pte` does first: a corrupt file is an EmulatorError)."""
-    _C = load_emulator().pybindings
+    emulator = load_emulator()
+    with emulator.lock:
+        return _input_specs(emulator.pybindings, _read_program(pte), method)
+
+
+def _input_specs(_C: Any, data: bytes, method: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
     try:
-        program = _C._load_program_from_buffer(_read_program(pte),
-                                               program_verification=_C.Verification.InternalConsistency)
+        program = _C._load_program_from_buffer(data, program_verification=_C.Verification.InternalConsistency)
         names = {program.get_method_name(i) for i in range(program.num_methods())}
         if method not in names:
             raise EmulatorError(f"the program has no method {method!r} (methods: {sorted(names)})")
