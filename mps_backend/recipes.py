@@ -5,7 +5,7 @@ XNNPACK's, CoreML's and QNN's).
     from mps_backend.recipes import MPSRecipeType
 
     session = export(model, [example_inputs], ExportRecipe.get_recipe(MPSRecipeType.FP16))
-    session.save_pte_file("model.pte")
+    session.save_to_pte("model")  # model.pte
 
 | recipe | what it does |
 |---|---|
