@@ -611,7 +611,8 @@ class LoadedMethod:
             given = [f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
                      for v in inputs]
             raise InputMismatchError(
-                f"ExecuTorch rejected the inputs of {self.name!r}: expected {wanted}, got {given} ({exc})"
+                f"ExecuTorch rejected the inputs of {self.name!r} (a shape it cannot take: static dimensions "
+                f"do not resize): expected {wanted}, got {given} ({exc})"
             ) from exc
         with self._emulator.session(self.mode) as state:
             try:
