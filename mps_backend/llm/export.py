@@ -193,7 +193,6 @@ def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", qu
         bar = prog.bytes_bar("write", 0)
         size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
         bar.close()
-    del program
     return LLMExportResult(path=out, model_type=model_type, precision="float16" if dtype == "fp16" else "float32",
                            max_seq_len=seq_len, report=partitioner.report(), delegates=delegates, pte_bytes=size,
                            weight_bytes=weight_bytes, metadata=meta, quantize=quantize, seconds=dict(prog.seconds),
