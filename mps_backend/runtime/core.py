@@ -35,6 +35,20 @@ BINARY_DTYPES = (torch.float16, torch.float32, torch.int8, torch.int16, torch.in
 FLOAT_DTYPES = (torch.float16, torch.float32)
 
 
+#: the device model refuses any single tensor larger than this (bytes; $MPS_BACKEND_MAX_TENSOR_BYTES
+#: overrides): a damaged or hostile blob (a padding of 2**30, a fill of 65536 x 65536) must end in a
+#: DeviceError, not in the machine's memory running out. 4 GiB is above every tensor of a 3B-parameter
+#: language model (its largest, the embedding table, is 0.8 GB in float16).
+DEFAULT_MAX_TENSOR_BYTES = 4 << 30
+
+
+def max_tensor_bytes() -> int:
+    import os  # noqa: PLC0415
+
+    value = os.environ.get("MPS_BACKEND_MAX_TENSOR_BYTES")
+    return int(value) if value and value.isdigit() else DEFAULT_MAX_TENSOR_BYTES
+
+
 class DeviceError(RuntimeError):
     """What the device would do is abort, refuse to build the graph, or return NotImplemented."""
 
@@ -65,6 +79,14 @@ class KernelContext:
 
     def fail(self, reason: str) -> None:
         raise DeviceError(reason, self.node_index, self.op)
+
+    def reserve(self, numel: int, itemsize: int, what: str) -> None:
+        """Refuse (DeviceError) to allocate a tensor of ``numel`` elements of ``itemsize`` bytes
+        beyond :func:`max_tensor_bytes`: called by kernels before they allocate from node fields."""
+        limit = max_tensor_bytes()
+        if numel * itemsize > limit:
+            self.fail(f"{what} needs {numel * itemsize / 2**30:.3g} GiB ({numel} elements), beyond the device "
+                      f"model's {limit / 2**30:.3g} GiB per tensor (MPS_BACKEND_MAX_TENSOR_BYTES)")
 
     def get(self, vid: int) -> torch.Tensor:
         if vid == -1:

@@ -24,7 +24,7 @@ import torch
 
 from mps_backend.serialization.model import Blob, DataType, OpType
 
-from .core import DeviceError, KernelContext, device_dtype
+from .core import DeviceError, KernelContext, device_dtype, max_tensor_bytes
 from .kernels import KERNELS
 
 MODES = ("faithful", "aten")
@@ -36,6 +36,10 @@ DECLARED_DTYPE: dict[DataType, torch.dtype] = {
     DataType.int32: torch.int32, DataType.int64: torch.int64, DataType.uint8: torch.uint8,
     DataType.bool: torch.bool,
 }
+
+_ITEMSIZE = {DataType.float16: 2, DataType.bfloat16: 2, DataType.float32: 4, DataType.float64: 8,
+             DataType.int8: 1, DataType.uint8: 1, DataType.int16: 2, DataType.int32: 4, DataType.int64: 8,
+             DataType.bool: 1, DataType.int4: 1}
 
 _NUMPY_DTYPE = {torch.float16: "<f2", torch.float32: "<f4", torch.int8: "i1", torch.int16: "<i2",
                 torch.int32: "<i4", torch.int64: "<i8", torch.bool: "u1"}
@@ -140,6 +144,13 @@ class Interpreter:
             if t.datatype == DataType.int4:
                 raise DeviceError(f"input value {vid} is int4: not supported by the device model")
             device_dtype(t.datatype)  # raises where the runtime aborts
+        limit = max_tensor_bytes()
+        for vid, t in enumerate(g.values):  # declared sizes first: nothing is allocated for them yet
+            nbytes = math.prod(max(int(d), 0) for d in t.dims) * _ITEMSIZE.get(t.datatype, 8)
+            if nbytes > limit:
+                raise DeviceError(f"value {vid} is declared {t.datatype.name}{list(t.dims)}: {nbytes / 2**30:.3g} GiB, "
+                                  f"beyond the device model's {limit / 2**30:.3g} GiB per tensor "
+                                  "(MPS_BACKEND_MAX_TENSOR_BYTES)")
         self._constants = {vid: load_constant(self.blob, vid) for vid in g.constant_ids}
         self._plan = [(i, node, KERNELS.get(node.op)) for i, node in enumerate(g.nodes)]
 
@@ -188,6 +199,10 @@ class Interpreter:
             ctx.node_index, ctx.op = i, node.op
             if fn is None:
                 ctx.fail(f"{node.op} has no dispatch case in the runtime (NotImplemented)")
+            for name, vid in node.fields.items():  # a broadcast view is cheap; what reads it is not
+                if name.startswith("input") and isinstance(vid, int) and vid in ctx.values:
+                    t = ctx.values[vid]
+                    ctx.reserve(t.numel(), t.element_size(), f"operand {name} (value {vid}, shape {list(t.shape)})")
             try:
                 fn(ctx, node)
             except DeviceError as e:

@@ -18,6 +18,7 @@ def _filled(ctx: KernelContext, shape, fill_value: float, dtype: int) -> torch.T
     dt = device_dtype(dtype)
     if any(d < 0 for d in shape):
         ctx.fail(f"constant of negative shape {list(shape)}")
+    ctx.reserve(math.prod(shape), dt.itemsize, f"constant of shape {list(shape)}")
     return scalar_const(f32(fill_value), dt).expand(*shape).contiguous()
 
 

@@ -1,6 +1,8 @@
 """MPSConv2D, MPSDepthwiseConv2D (semantics §5.12): NCHW, torch-layout weights, explicit padding."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -19,6 +21,8 @@ def _conv(ctx: KernelContext, node, x: torch.Tensor, w: torch.Tensor, groups: in
         ctx.fail(f"convolution stride {stride}, dilation {dilation}, padding {pads}")
     if bias is not None and bias.numel() != w.shape[0]:
         ctx.fail(f"bias of {bias.numel()} elements for {w.shape[0]} output channels")
+    padded = [*x.shape[:-2], x.shape[-2] + pads[2] + pads[3], x.shape[-1] + pads[0] + pads[1]]
+    ctx.reserve(math.prod(padded), 4, f"convolution input padded to {padded}")
     xp = F.pad(compute(x), pads) if any(pads) else compute(x)
     b = None if bias is None else compute(bias).reshape(-1)
     y = checked(ctx, "convolution shapes", F.conv2d, xp, compute(w), b, stride, 0, dilation, groups)

@@ -1,6 +1,8 @@
 """MPSConstantPadND (semantics §5.15)."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -13,6 +15,10 @@ def constant_pad(ctx: KernelContext, node) -> None:
         ctx.fail(f"pad of {len(pad)} entries for rank {x.dim()} (2, 4 or 6 and <= 2*rank required)")
     if min(pad) < 0:
         ctx.fail(f"negative pad {pad} (read through an unsigned type)")
+    shape = list(x.shape)
+    for i in range(len(pad) // 2):
+        shape[-1 - i] += pad[2 * i] + pad[2 * i + 1]
+    ctx.reserve(math.prod(shape), x.element_size(), f"padded tensor {shape}")
     value = torch.tensor(node["value"], dtype=torch.float32).to(x.dtype).item()  # f32 -> x's dtype
     ctx.set(node["output_id"], F.pad(x, pad, value=value))
 

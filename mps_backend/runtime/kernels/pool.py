@@ -6,6 +6,8 @@ a last window must start inside the padded plane and is clipped to it).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -36,9 +38,16 @@ def _torch_padding(k, d, pads, ceil: bool):
     return top, left
 
 
+def _reserve_padded(ctx: KernelContext, x: torch.Tensor, pads, what: str) -> None:
+    left, right, top, bottom = pads
+    shape = [*x.shape[:-2], x.shape[-2] + top + bottom, x.shape[-1] + left + right]
+    ctx.reserve(math.prod(shape), 4, f"{what} input padded to {shape}")
+
+
 def max_pool(ctx: KernelContext, node) -> None:
     x = ctx.get(node["input1_id"])
     k, s, d, pads = _geometry(ctx, node, x)
+    _reserve_padded(ctx, x, pads, "max pool")
     ceil = bool(node["ceil_mode"])
     native = _torch_padding(k, d, pads, ceil)
     if native is not None:
@@ -78,6 +87,7 @@ def _window_sum(t: torch.Tensor, k, s, d) -> torch.Tensor:
 def avg_pool(ctx: KernelContext, node) -> None:
     x = ctx.get(node["input1_id"])
     k, s, d, pads = _geometry(ctx, node, x)
+    _reserve_padded(ctx, x, pads, "average pool")
     ceil, divisor = bool(node["ceil_mode"]), node["divisor_override"]
     include_pad = bool(node["count_include_pad"]) or divisor != 0
     native = _torch_padding(k, d, pads, ceil) if d == (1, 1) and divisor == 0 else None

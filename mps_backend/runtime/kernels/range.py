@@ -18,6 +18,8 @@ from ..core import KernelContext, compute, device_dtype, f32, round_to, scalar_c
 def arange(ctx: KernelContext, node) -> None:
     dt = device_dtype(node["dtype"])
     start, end, step = f32(node["start"]), f32(node["end"]), f32(node["step"])
+    if step != 0 and math.isfinite((end - start) / step):
+        ctx.reserve(max(math.ceil((end - start) / step), 0), dt.itemsize, f"arange({start}, {end}, {step})")
     if not ctx.faithful:
         ctx.set(node["output_id"], torch.arange(start, end, step, dtype=dt))
         return
