@@ -88,10 +88,6 @@ def _absorb_unread_constants(ep: ExportedProgram, tag: str) -> None:
             node.meta["delegation_tag"] = tag
 
 
-#: largest float16 magnitude
-_FP16_MAX = float(torch.finfo(torch.float16).max)
-
-
 def _fp16_cast_note(node: Node) -> str | None:
     """A note for a delegated dtype cast whose result float16 may not hold (fp16 mode)."""
     name = str(getattr(node.target, "__name__", node.target))

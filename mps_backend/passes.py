@@ -45,6 +45,14 @@ class Float16RangeWarning(UserWarning):
     """A constant held in float16 by the delegate has values beyond float16's range (they become inf)."""
 
 
+def largest_magnitude(t: torch.Tensor) -> float:
+    """max |t| by one reduction (no whole-tensor temporary); 0 for an empty tensor."""
+    if not t.numel():
+        return 0.0
+    low, high = torch.aminmax(t.detach())
+    return max(-float(low), float(high))
+
+
 def fp16_overflow(name: str, tensor: torch.Tensor) -> str | None:
     """``"name (k of n values, largest |x| m)"`` when float32 ``tensor`` has finite values beyond
     ±65504 (one reduction; counted only then), else None. One-element constants (a -1e9 fill value)
@@ -53,8 +61,7 @@ def fp16_overflow(name: str, tensor: torch.Tensor) -> str | None:
             or tensor.numel() <= 1:
         return None  # tensor subclasses (torchao's quantized weights) hold their own data types
     t = tensor.detach()
-    low, high = torch.aminmax(t)
-    largest = max(-float(low), float(high))
+    largest = largest_magnitude(t)
     if largest <= FP16_MAX or largest == float("inf"):
         return None
     count = int((t.abs() > FP16_MAX).sum())

@@ -23,10 +23,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from mps_backend.passes import FP16_MAX, largest_magnitude
+
 #: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
 TESTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
 
-FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
 class CheckpointError(ValueError):
@@ -182,7 +183,7 @@ def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dty
                     bar.update(end - start)
                 if t.is_floating_point() and t.dtype != dtype:
                     # a reduction first: no whole-tensor temporaries unless something overflows
-                    if dtype == torch.float16 and _beyond_fp16(t):
+                    if dtype == torch.float16 and largest_magnitude(t) > FP16_MAX:
                         converted = t.to(dtype)
                         over = torch.isinf(converted) & torch.isfinite(t)
                         if over.any():
@@ -204,14 +205,6 @@ def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dty
         raise CheckpointError(f"{folder}: the checkpoint has no weights for {', '.join(missing[:5])}"
                               + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
     return clamped
-
-
-def _beyond_fp16(t: torch.Tensor) -> bool:
-    """Whether a float tensor holds a value of magnitude above float16's largest (one reduction)."""
-    if not t.numel():
-        return False
-    low, high = torch.aminmax(t)
-    return max(-float(low), float(high)) > FP16_MAX
 
 
 def _set_parameter(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
