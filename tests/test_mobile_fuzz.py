@@ -6,7 +6,8 @@ _use_flatbuffer=True), a module whose attributes cover every IValue union member
 only file (no TorchScript source), and a quantized convnet when torch has a quantized engine.
 Mutations: byte flips, truncations, extensions, random/plausible u32 and u16 writes, and writes of
 small values into union type tags and instruction opcodes (located with the flatc bindings). The
-decoder has no timeouts: its work is bounded by the file size, checked here per mutant.
+decoder has no timeouts: its work is bounded by the file size, checked here per mutant by counting
+function calls (deterministic; a clock would measure the machine's load).
 """
 from __future__ import annotations
 
@@ -19,13 +20,21 @@ from typing import Dict, List, Tuple
 
 import pytest
 import torch
+from mps_backend.serialization.mobile import (
+    MobileFormatError,
+    MobileModule,
+    read_mobile_module,
+)
 from torch import nn
 
 from mps_backend import legacy
-from mps_backend.serialization.mobile import MobileFormatError, MobileModule, read_mobile_module
+from tests.work_count import CallCount
 
 MUTANTS = 10_000
-MAX_SECONDS_PER_MUTANT = 1.0  # CPU seconds of the decoding thread (machine load does not count)
+# function calls per byte of the file while decoding and describing a mutant; the valid bases need
+# about 1.2, a decoder that revisits shared objects or loops on a bad offset needs far more
+MAX_CALLS_PER_BYTE = 4
+FIXED_CALLS = 1000  # setting up the reader, whatever the size
 INTERESTING_U32 = (0, 1, 2, 4, 8, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0xFFFFFFFC, 0xFFFF, 0x10000)
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning",
@@ -185,12 +194,14 @@ def test_fuzz_mobile_reader(tmp_path):
     rng = random.Random(20240611)
     outcome = {"valid": 0, "MobileFormatError": 0}
     start_all = time.perf_counter()
+    worst = 0.0
     for i in range(MUTANTS):
         name, data, tags = rng.choice(items)
         kind, mutant = mutate(rng, data, tags)
-        start = time.thread_time()  # CPU time of this thread: a budget, not a wall clock
+        work = CallCount()
         try:
-            module = read_mobile_module(mutant)
+            with work:
+                module = read_mobile_module(mutant)
         except MobileFormatError as e:
             assert str(e), "a MobileFormatError must say what is wrong"
             outcome["MobileFormatError"] += 1
@@ -200,13 +211,16 @@ def test_fuzz_mobile_reader(tmp_path):
         else:
             outcome["valid"] += 1
             try:
-                _use(module, registry)
+                with work:
+                    _use(module, registry)
             except Exception as e:  # noqa: BLE001
                 pytest.fail(f"mutant {i} of {name} ({kind}) decoded but describing it failed: "
                             f"{type(e).__name__}: {e}\nhex: {mutant.hex()}")
-        elapsed = time.thread_time() - start
-        assert elapsed < MAX_SECONDS_PER_MUTANT, f"mutant {i} of {name} ({kind}) took {elapsed:.2f}s"
+        assert work.calls <= FIXED_CALLS + MAX_CALLS_PER_BYTE * len(mutant), \
+            f"mutant {i} of {name} ({kind}, {len(mutant)} bytes) made {work.calls} calls"
+        worst = max(worst, work.calls / max(len(mutant), 1))
     total = time.perf_counter() - start_all
     # not vacuous: many mutants rejected, some (e.g. in tensor bytes or source text) still valid
     assert outcome["MobileFormatError"] > MUTANTS // 4 and outcome["valid"] > MUTANTS // 100, outcome
-    print(f"{MUTANTS} mutants of {len(base)} modules in {total:.1f}s: {outcome}")
+    print(f"{MUTANTS} mutants of {len(base)} modules in {total:.1f}s: {outcome}, "
+          f"at most {worst:.2f} calls per byte")

@@ -2,23 +2,26 @@
 
 Mutations: byte flips (anywhere / in the flatbuffer), truncations, extensions (with and without a
 matching header), random u32/u16 writes into the flatbuffer area. Any other exception fails. The
-decoder has no timeouts: its work is bounded by the blob size, checked here per blob.
+decoder has no timeouts: its work is bounded by the blob size, checked here per blob by counting
+function calls (deterministic; a clock would measure the machine's load).
 """
 from __future__ import annotations
 
 import random
-import time
 
 import numpy as np
 import pytest
-
 from mps_backend.serialization import MPSFormatError, read_blob, write_blob
 from mps_backend.serialization.model import Blob, DataType, Graph, Node, Tensor
 from mps_backend.serialization.pte import delegate_blobs
 
+from tests.work_count import CallCount
+
 F32, F16, I32 = DataType.float32, DataType.float16, DataType.int32
 MUTANTS_PER_TEST = 10_000
-MAX_SECONDS_PER_BLOB = 1.0  # CPU seconds: a few-KB blob decodes in well under a millisecond; bounded work, not a timeout
+# function calls per byte of blob while decoding a mutant: linear work, far above what valid blobs need
+MAX_CALLS_PER_BYTE = 4
+FIXED_CALLS = 1000  # setting up the reader, whatever the size
 INTERESTING_U32 = (0, 1, 2, 4, 8, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0xFFFFFFFC, 0xFFFF, 0x10000)
 
 
@@ -83,9 +86,10 @@ def fuzz(bases: list[bytes], seed: int, count: int) -> dict[str, int]:
     outcome = {"valid": 0, "MPSFormatError": 0}
     for i in range(count):
         kind, data = mutate(rng, rng.choice(bases))
-        start = time.thread_time()  # CPU time of this thread: a budget, not a wall clock
+        work = CallCount()
         try:
-            read_blob(data)
+            with work:
+                read_blob(data)
             outcome["valid"] += 1
         except MPSFormatError as e:
             assert str(e), "an MPSFormatError must say what is wrong"
@@ -93,8 +97,8 @@ def fuzz(bases: list[bytes], seed: int, count: int) -> dict[str, int]:
         except Exception as e:  # noqa: BLE001 - the point of the test
             pytest.fail(f"seed {seed} mutant {i} ({kind}, {len(data)} bytes): "
                         f"{type(e).__name__}: {e}\nblob hex: {data.hex()}")
-        elapsed = time.thread_time() - start
-        assert elapsed < MAX_SECONDS_PER_BLOB, f"seed {seed} mutant {i} ({kind}) took {elapsed:.2f}s"
+        assert work.calls <= FIXED_CALLS + MAX_CALLS_PER_BYTE * len(data), \
+            f"seed {seed} mutant {i} ({kind}, {len(data)} bytes) made {work.calls} calls"
     # not vacuous: many mutants rejected, some (e.g. in constant bytes) still valid
     assert outcome["MPSFormatError"] > count // 4 and outcome["valid"] > count // 100, outcome
     return outcome
