@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,llm]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,llm,model-explorer]'
 	@touch $(STAMP)
 
 demo: $(STAMP)  ## export the built-in demo model to out/mps_demo.pte and verify it in the device model

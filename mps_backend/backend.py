@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
@@ -90,11 +90,52 @@ def build_graph(ep: ExportedProgram, use_fp16: bool) -> GraphBuilder:
     return b
 
 
+def _origin_nodes(origin) -> tuple:
+    return tuple(n for n in (origin if isinstance(origin, tuple) else (origin,)) if n is not None)
+
+
+def _result_nodes(b: GraphBuilder) -> list[int]:
+    """Indices of the MPS nodes that compute a source node's result: of the nodes one source node (or
+    fused group) lowered to, those whose output another group or the graph output reads (the
+    others compute its intermediates, e.g. the ``x + 3`` of a hardswish). Only these carry the
+    source node's debug handles, so executorch's Inspector pairs each operator with the MPS node
+    whose output is that operator's output (it keeps the first event of a handle)."""
+    graph = b.graph
+    origin_of_value: dict[int, Any] = {}
+    for index, node in enumerate(graph.nodes):
+        for name, value in node.fields.items():
+            if name.startswith("output"):
+                for vid in value if isinstance(value, list) else (value,):
+                    origin_of_value[vid] = index
+    read_elsewhere = set(graph.output_ids)
+    for index, node in enumerate(graph.nodes):
+        mine = _origin_nodes(b.node_origin[index])
+        for name, value in node.fields.items():
+            if name.startswith("output") or not (name.endswith("_id") or name.endswith("_ids")):
+                continue
+            for vid in value if isinstance(value, list) else (value,):
+                producer = origin_of_value.get(vid)
+                if producer is not None and _origin_nodes(b.node_origin[producer]) != mine:
+                    read_elsewhere.add(vid)
+    results, last_of_group = [], {}
+    for index, node in enumerate(graph.nodes):
+        group = _origin_nodes(b.node_origin[index])
+        last_of_group[group] = index
+        outs = [v for name, value in node.fields.items() if name.startswith("output")
+                for v in (value if isinstance(value, list) else (value,))]
+        if any(v in read_elsewhere for v in outs):
+            results.append(index)
+    covered = {_origin_nodes(b.node_origin[i]) for i in results}
+    results += [i for group, i in last_of_group.items() if group not in covered]  # nothing read it: keep the last
+    return sorted(results)
+
+
 def debug_handle_map(b: GraphBuilder) -> dict:
+    """Delegate debug identifier (an MPS node's index; the emulated runtime logs its ETDump events under
+    it) -> the debug handles of the source nodes whose result that MPS node computes."""
     mapping = DelegateMappingBuilder(generated_identifiers=False)
-    for index, origin in enumerate(b.node_origin):  # a node, a tuple of fused nodes, or None
-        nodes = [n for n in (origin if isinstance(origin, tuple) else (origin,))
-                 if n is not None and n.meta.get("debug_handle") is not None]
+    for index in _result_nodes(b):
+        nodes = [n for n in _origin_nodes(b.node_origin[index]) if n.meta.get("debug_handle") is not None]
         if nodes:
             mapping.insert_delegate_mapping_entry(nodes=nodes, identifier=index)
     return mapping.get_delegate_mapping()

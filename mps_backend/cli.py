@@ -228,7 +228,10 @@ def cmd_run(args) -> int:
         print(f"bundled program: {sum(results)}/{len(results)} test cases pass")
         return 0 if all(results) and results else 1
     pte = _read_pte(args.file)
-    if args.inputs:
+    record_inputs = _etrecord_inputs(args.etrecord) if args.etrecord and not args.inputs else None
+    if record_inputs is not None:
+        inputs = record_inputs
+    elif args.inputs:
         try:
             with np.load(args.inputs, allow_pickle=False) as npz:
                 keys = sorted((k for k in npz.files if k.startswith("input")), key=lambda k: (len(k), k)) or npz.files
@@ -241,7 +244,17 @@ def cmd_run(args) -> int:
         gen = torch.Generator().manual_seed(args.seed)
         inputs = [torch.randn(shape, generator=gen).to(dtype) if dtype.is_floating_point
                   else torch.zeros(shape, dtype=dtype) for shape, dtype in program_input_specs(pte)]
-    outputs = run_pte(pte, inputs)
+    tracing = args.etdump or args.etrecord
+    if tracing:
+        from mps_backend.runtime.emulator import run_with_etdump  # noqa: PLC0415
+
+        etdump = pathlib.Path(args.etdump or pathlib.Path(args.file).with_suffix(".etdp").name)
+        debug_buffer = pathlib.Path(args.debug_buffer or etdump.with_suffix(".debug.bin"))
+        outputs = run_with_etdump(pte, inputs, etdump, debug_buffer)
+        print(f"wrote {etdump} (ETDump: one event per MPS node, times emulated on this CPU) and "
+              f"{debug_buffer} (intermediate outputs)")
+    else:
+        outputs = run_pte(pte, inputs)
     for i, o in enumerate(outputs):
         f = o.float()
         print(f"output {i}: {o.dtype} {list(o.shape)} min {f.min().item():.4g} max {f.max().item():.4g} "
@@ -250,7 +263,37 @@ def cmd_run(args) -> int:
         with open(args.out, "wb") as f:  # a file object: np.savez would append .npz to a name without it
             np.savez(f, **{f"output_{i}": o.numpy() for i, o in enumerate(outputs)})
         print(f"wrote {args.out} (npz: output_0, output_1, ...)")
+    if args.etrecord:
+        print(_numeric_gap_table(etdump, args.etrecord, debug_buffer))
     return 0
+
+
+def _etrecord_inputs(path: str):
+    """The first representative inputs an ETRecord holds (``export --etrecord`` stores the example
+    inputs), so the ETDump's intermediate outputs are comparable with the reference graph's."""
+    from executorch.devtools.etrecord import parse_etrecord  # noqa: PLC0415
+
+    try:
+        record = parse_etrecord(path)
+    except Exception as e:  # noqa: BLE001 - executorch raises whatever its parser hits
+        raise UserError(f"{path}: not a readable ETRecord ({type(e).__name__}: {e})") from e
+    inputs = record._representative_inputs  # noqa: SLF001 - executorch keeps no public accessor
+    return list(inputs[0]) if inputs else None
+
+
+def _numeric_gap_table(etdump, etrecord: str, debug_buffer) -> str:
+    """executorch Inspector's ``calculate_numeric_gap`` (MSE) as a table: one row per operator,
+    also inside the MPS delegate, in program order."""
+    from executorch.devtools import Inspector  # noqa: PLC0415
+
+    inspector = Inspector(etdump_path=str(etdump), etrecord=etrecord, debug_buffer_path=str(debug_buffer))
+    gaps = inspector.calculate_numeric_gap("MSE")
+    lines = ["per-operator gap, device model vs the ETRecord's reference graph (Inspector.calculate_numeric_gap, MSE):",
+             f"{'ops':<48} {'MSE':>12}"]
+    for ops, gap in zip(gaps["aot_ops"], gaps["gap"]):
+        value = max(float(g) for g in gap) if len(gap) else float("nan")
+        lines.append(f"{', '.join(map(str, ops))[:48]:<48} {value:>12.4g}")
+    return "\n".join(lines)
 
 
 def cmd_debug(args) -> int:
@@ -345,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--random", action="store_true", help="random inputs (the default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write outputs to this .npz")
+    p.add_argument("--etdump", metavar="FILE", help="run with executorch's event tracer and write its ETDump: one "
+                   "event per MPS node (times emulated), for executorch.devtools.Inspector")
+    p.add_argument("--debug-buffer", "--debug_buffer", dest="debug_buffer", metavar="FILE",
+                   help="with --etdump: where the intermediate outputs go (default: <etdump>.debug.bin)")
+    p.add_argument("--etrecord", metavar="FILE", help="the export's ETRecord (export --etrecord): run on its "
+                   "example inputs and print the Inspector's per-operator numeric gap table")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("generate", help="greedy generation with a language-model .pte on the emulated runtime")
     p.add_argument("file", help="the .pte (mps-backend export --model hf:...)")

@@ -107,9 +107,14 @@ def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
         program = stage("to_executorch", edge.to_executorch)
         pte = program.buffer
     constant_bytes = sum(Header.from_bytes(b[:24]).segment_size for b in blobs)
+    record = None
+    if etrecord:
+        record = program.get_etrecord()
+        # the example inputs are what the Inspector's calculate_numeric_gap runs the reference graph on
+        # (without them it fails inside the graph with "got None"); the same inputs make the ETDump
+        record.update_representative_inputs([tuple(example_inputs)])
     return ExportResult(pte=pte, report=partitioner.report(), use_fp16=use_fp16, delegates=len(blobs),
-                        constant_bytes=constant_bytes, seconds=seconds,
-                        etrecord=program.get_etrecord() if etrecord else None)
+                        constant_bytes=constant_bytes, seconds=seconds, etrecord=record)
 
 
 @dataclass

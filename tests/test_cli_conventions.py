@@ -66,10 +66,17 @@ def test_inspect_counts_every_backend(tmp_path, capsys):
 
     from mps_backend import MPSPartitioner
 
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1)).eval()
-    ep = torch.export.export(model, (torch.randn(1, 3, 8, 8),))
-    pte = to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner(), XnnpackPartitioner()]).to_executorch().buffer
+    class Mixed(torch.nn.Module):  # XNNPACK (asked first) takes the convolution; it has no where/gt: MPS takes those
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return torch.where(y > 0, y, y * 0.5)
+
+    ep = torch.export.export(Mixed().eval(), (torch.randn(1, 3, 8, 8),))
+    pte = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner(), MPSPartitioner()]).to_executorch().buffer
     path = tmp_path / "mixed.pte"
     path.write_bytes(pte)
     assert main(["inspect", str(path)]) == 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import shutil
 import subprocess
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 #: must match kAbiVersion in shim/mps_emulator.cpp
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 _SHIM_SOURCE = Path(__file__).with_name("shim") / "mps_emulator.cpp"
 _BUILD_TIMEOUT_S = 600
 
@@ -93,7 +94,11 @@ _Callback = ctypes.CFUNCTYPE(
     ctypes.POINTER(_Arg),
     ctypes.c_int32,  # number of EValues in the delegate call
     ctypes.c_char_p,  # method name
+    ctypes.c_void_p,  # MpsEmuTrace* (None: the runtime has no event tracer)
 )
+
+#: delegate metadata of every per-node ETDump event: the times are the emulator's, not a device's
+EMULATED_EVENT_METADATA = b"emulated on CPU (mps_backend device model)"
 
 #: executorch ScalarType code (same numbering as c10) -> torch dtype
 _SCALAR_TYPES: MappingProxyType[int, torch.dtype] = MappingProxyType({
@@ -298,11 +303,48 @@ def build_shim(*, force: bool = False) -> Path:
 # --------------------------------------------------------------------------------------
 # The callback: one delegate call
 
-def _execute_delegate(blob: bytes, inputs: list[torch.Tensor], mode: str) -> list[torch.Tensor]:
+def _execute_delegate(blob: bytes, inputs: list[torch.Tensor], mode: str,
+                      observer: Any = None) -> list[torch.Tensor]:
     """Run one MP00 blob with the device-model interpreter (imported at call time)."""
     from mps_backend.runtime import interpreter  # noqa: PLC0415
 
-    return list(interpreter.execute(blob, inputs, mode=mode))
+    if observer is None:
+        return list(interpreter.execute(blob, inputs, mode=mode))
+    return list(interpreter.Interpreter(blob, mode).run_with_report(inputs, observer)[0])
+
+
+_CODES = {dtype: code for code, dtype in _SCALAR_TYPES.items()}
+
+
+class _NodeTracer:
+    """Logs each interpreted MPS node to the runtime's event tracer through the shim: a profiling event
+    (delegate debug identifier = the node's index in the MPS graph, the id the ahead-of-time debug
+    handle map uses; metadata says the time is emulated) and the node's output as an intermediate
+    output, which is what the Inspector compares per operator."""
+
+    def __init__(self, lib: ctypes.CDLL, trace: int) -> None:
+        self.lib, self.trace = lib, ctypes.c_void_p(trace)
+
+    def begin(self, index: int, node: Any) -> None:
+        self.lib.mps_emu_trace_begin(self.trace, index)
+
+    def end(self, index: int, node: Any, outputs: list[torch.Tensor]) -> None:
+        self.lib.mps_emu_trace_end(self.trace, EMULATED_EVENT_METADATA, len(EMULATED_EVENT_METADATA))
+        for value in outputs[:1]:  # one intermediate output per event (multi-output nodes: the first)
+            if value.dtype in (torch.float16, torch.bfloat16):
+                value = value.float()  # exact; ETDump stores no float16 ("ScalarType 5 not supported")
+            code = _CODES.get(value.dtype)
+            if code is None:
+                continue
+            t = value.detach().contiguous()
+            sizes = (ctypes.c_int32 * max(t.dim(), 1))(*t.shape)
+            order = (ctypes.c_uint8 * max(t.dim(), 1))(*range(t.dim()))
+            arg = _Arg(t.data_ptr(), t.numel() * t.element_size(), sizes, order, t.dim(), code, -1, -1)
+            status = self.lib.mps_emu_trace_output(self.trace, index, ctypes.byref(arg))
+            if status != 0:
+                raise EmulatorError(f"the event tracer refused the output of MPS node {index} ({node.op}): "
+                                    f"executorch error {status:#x} (a full debug buffer: pass a larger "
+                                    "debug_buffer_size)")
 
 
 def _io_counts(blob: bytes) -> tuple[int, int]:
@@ -403,7 +445,7 @@ class _Emulator:
             state.mode = previous
 
     def _on_execute(self, handle_id: int, blob_ptr: int, blob_len: int, n_args: int,
-                    args: Any, n_evalues: int, method_name: bytes | None) -> int:
+                    args: Any, n_evalues: int, method_name: bytes | None, trace: int | None) -> int:
         # Nothing may escape: ctypes would print the exception and return 0 (= success).
         try:
             mode = getattr(self.state, "mode", None) or "faithful"
@@ -419,7 +461,8 @@ class _Emulator:
                     + ", ".join(_describe(d) for d in descs)
                 )
             inputs = [_read_input(d, mode) for d in descs[:n_in]]
-            outputs = _execute_delegate(blob, inputs, mode)
+            observer = _NodeTracer(self.lib, trace) if trace else None
+            outputs = _execute_delegate(blob, inputs, mode, observer)
             if len(outputs) != n_out:
                 raise EmulatorError(
                     f"interpreter returned {len(outputs)} outputs, the delegate call has {n_out}")
@@ -460,6 +503,12 @@ def load_emulator() -> _Emulator:
     lib.mps_emu_live_handles.restype = ctypes.c_int64
     if lib.mps_emu_abi_version() != _ABI_VERSION or lib.mps_emu_arg_size() != ctypes.sizeof(_Arg):
         raise EmulatorError(f"MPS emulator shim {path} has a different ABI; delete it to rebuild")
+    lib.mps_emu_trace_begin.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.mps_emu_trace_begin.restype = None
+    lib.mps_emu_trace_end.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
+    lib.mps_emu_trace_end.restype = None
+    lib.mps_emu_trace_output.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(_Arg)]
+    lib.mps_emu_trace_output.restype = ctypes.c_int32
     emulator = _Emulator(lib, _C, path)
     status = lib.mps_emu_install(emulator.c_callback)
     if status != 0:
@@ -633,6 +682,60 @@ def run_pte(pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tensor], mode
     :class:`LoadedMethod` for the errors, and to keep a program loaded across calls."""
     with LoadedMethod(pte, method, mode) as loaded:
         return loaded(inputs)
+
+
+def _debug_buffer_estimate(data: bytes) -> int:
+    """Bytes of debug buffer an ETDump of one run needs: every value of every MPS delegate (each
+    node's output is logged once) plus the program's own tensors, with headroom."""
+    from mps_backend.serialization import read_blob  # noqa: PLC0415
+    from mps_backend.serialization.pte import delegate_blobs  # noqa: PLC0415
+
+    total = len(data)
+    for delegate in delegate_blobs(data):
+        graph = read_blob(delegate.blob).graph
+        total += sum(math.prod(max(int(d), 1) for d in v.dims) * 4 for v in graph.values)
+    return 2 * total + (16 << 20)
+
+
+def run_with_etdump(pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tensor],
+                    etdump_path: str | os.PathLike, debug_buffer_path: str | os.PathLike | None = None,
+                    *, method: str = "forward", mode: str = "faithful",
+                    debug_buffer_size: int | None = None) -> list[Any]:
+    """Run ``method`` once with ExecuTorch's event tracer on and write its ETDump (and, with
+    ``debug_buffer_path``, the debug buffer holding the intermediate outputs).
+
+    Each MPS delegate call logs one event per MPS node, under the delegate debug identifiers the
+    ahead-of-time side recorded (the node's index), with the node's output as the intermediate
+    output and ``EMULATED_EVENT_METADATA`` as the event's metadata: load the ETDump with
+    ``executorch.devtools.Inspector`` and the program's ETRecord (``mps-backend export --etrecord``)
+    to see one row per operator inside the delegate, e.g. ``calculate_numeric_gap``. The times
+    are the emulator's on this CPU, not the device's.
+    """
+    data = _read_program(pte)
+    inputs = [_prepare(v) for v in inputs]
+    size = debug_buffer_size if debug_buffer_size is not None else (
+        _debug_buffer_estimate(data) if debug_buffer_path is not None else 0)
+    emulator = load_emulator()
+    _C = emulator.pybindings
+    with emulator.lock:
+        try:
+            module = _C._load_for_executorch_from_buffer(data, enable_etdump=True, debug_buffer_size=size)
+        except RuntimeError as exc:
+            raise EmulatorError(f"ExecuTorch could not load the program: {exc}") from exc
+        try:
+            with emulator.session(mode) as state:
+                try:
+                    outputs = module.run_method(method, tuple(inputs))
+                except RuntimeError as exc:
+                    error, state.error = state.error, None
+                    if error is not None:
+                        raise error from exc
+                    raise EmulatorError(f"ExecuTorch failed to execute {method!r}: {exc}") from exc
+            module.write_etdump_result_to_file(
+                os.fspath(etdump_path), None if debug_buffer_path is None else os.fspath(debug_buffer_path))
+        finally:
+            del module
+    return list(outputs)
 
 
 def verify_bundled(bpte: bytes | str | os.PathLike, method: str = "forward", *, mode: str = "faithful",

@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
 
-from mps_backend.serialization.model import Blob, DataType, OpType
+from mps_backend.serialization.model import Blob, DataType, Node, OpType
 
 from .core import DeviceError, KernelContext, device_dtype, max_tensor_bytes
 from .kernels import KERNELS
@@ -120,6 +120,22 @@ def _check_ids(graph) -> None:
                         raise DeviceError(f"{name} {vid} is outside the value table ({n} values)", i, node.op)
 
 
+class NodeObserver(Protocol):
+    """Watches a run node by node (the emulated runtime's per-node ETDump events)."""
+
+    def begin(self, index: int, node: Node) -> None: ...
+
+    def end(self, index: int, node: Node, outputs: list[torch.Tensor]) -> None: ...
+
+
+def node_outputs(node: Node) -> list[int]:
+    """Value ids a node writes: its ``output_id`` or ``output_ids`` field."""
+    out = node.fields.get("output_id")
+    if isinstance(out, int):
+        return [out]
+    return [v for v in node.fields.get("output_ids") or () if isinstance(v, int)]
+
+
 class Interpreter:
     """A decoded blob with its constants loaded, ready to run many times."""
 
@@ -177,12 +193,14 @@ class Interpreter:
             values[vid] = x.reshape(decl.device_shape)
         return values
 
-    def run_with_report(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[OutputInfo]]:
-        """Execute once; returns fresh output tensors (device dtype and shape) and their report."""
+    def run_with_report(self, inputs: Sequence[torch.Tensor], observer: NodeObserver | None = None
+                        ) -> tuple[list[torch.Tensor], list[OutputInfo]]:
+        """Execute once; returns fresh output tensors (device dtype and shape) and their report.
+        ``observer`` (optional) is told when each node starts and what it produced."""
         values = self._bind_inputs(inputs)
         values.update(self._constants)  # constants are built after the placeholders
         with torch.no_grad():
-            self._run_nodes(KernelContext(values=values, mode=self.mode, graph=self.graph))
+            self._run_nodes(KernelContext(values=values, mode=self.mode, graph=self.graph), observer)
         outputs, report = [], []
         for vid in self.graph.output_ids:
             t = values.get(vid)
@@ -194,11 +212,13 @@ class Interpreter:
             report.append(OutputInfo(vid, decl.datatype, tuple(decl.dims), t.dtype, tuple(t.shape)))
         return outputs, report
 
-    def _run_nodes(self, ctx: KernelContext) -> None:
+    def _run_nodes(self, ctx: KernelContext, observer: NodeObserver | None = None) -> None:
         for i, node, fn in self._plan:
             ctx.node_index, ctx.op = i, node.op
             if fn is None:
                 ctx.fail(f"{node.op} has no dispatch case in the runtime (NotImplemented)")
+            if observer is not None:
+                observer.begin(i, node)
             for name, vid in node.fields.items():  # a broadcast view is cheap; what reads it is not
                 if name.startswith("input") and isinstance(vid, int) and vid in ctx.values:
                     t = ctx.values[vid]
@@ -211,6 +231,8 @@ class Interpreter:
                 raise
             except (RuntimeError, IndexError) as e:  # torch refusing the op = MPSGraph build failure
                 raise DeviceError(f"MPSGraph would fail to build: {e}", i, node.op) from e
+            if observer is not None:
+                observer.end(i, node, [ctx.values[v] for v in node_outputs(node) if v in ctx.values])
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return self.run_with_report(inputs)[0]

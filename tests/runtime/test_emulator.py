@@ -66,7 +66,7 @@ class Recorder:
         self.calls: list[tuple[bytes, list[torch.Tensor], str]] = []
         self.outputs, self.fn = outputs, fn
 
-    def __call__(self, blob, inputs, mode):
+    def __call__(self, blob, inputs, mode, observer=None):
         self.calls.append((blob, [t.clone() for t in inputs], mode))
         if self.fn is not None:
             return self.fn(blob, inputs, mode)

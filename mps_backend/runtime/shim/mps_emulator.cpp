@@ -7,6 +7,13 @@
 // process-wide C callback (installed from Python through ctypes), which reads the
 // inputs, runs the device-model interpreter and writes the outputs in place.
 //
+// Per-node debugging: when the runtime runs with an event tracer (an ETDump),
+// the callback also gets a trace handle, and Python calls mps_emu_trace_begin /
+// mps_emu_trace_end / mps_emu_trace_output around each MPS node it interprets,
+// so the ETDump holds one profiling event (marked "emulated") and one
+// intermediate output per MPS node, under the delegate debug identifier the
+// ahead-of-time side wrote (the node's index in the MPS graph).
+//
 // Built on first use by mps_backend/runtime/emulator.py; see that file for the
 // build command. Only the extern "C" entry points below are exported
 // (-fvisibility=hidden). Nothing here may abort the process: every failure is
@@ -22,6 +29,7 @@
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/event_tracer.h>
 #include <executorch/runtime/platform/log.h>
 
 #define MPS_EMU_EXPORT extern "C" __attribute__((visibility("default")))
@@ -37,13 +45,15 @@ using executorch::runtime::CompileSpec;
 using executorch::runtime::DelegateHandle;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
+using executorch::runtime::EventTracer;
+using executorch::runtime::EventTracerEntry;
 using executorch::runtime::FreeableBuffer;
 using executorch::runtime::Result;
 using executorch::runtime::Span;
 using executorch::aten::Tensor;
 
 // Bumped whenever MpsEmuArg or the callback signature changes; checked from Python.
-constexpr int32_t kAbiVersion = 1;
+constexpr int32_t kAbiVersion = 2;
 
 }  // namespace
 
@@ -60,6 +70,14 @@ struct MpsEmuArg {
   int32_t list_index;       // position inside a tensor list, -1 for a plain tensor
 };
 
+// Event tracer of one delegate call, handed to Python as an opaque pointer (null
+// when the runtime has no event tracer). One node event is open at a time.
+struct MpsEmuTrace {
+  EventTracer* tracer;
+  EventTracerEntry entry;
+  bool open;
+};
+
 // Returns 0 on success, anything else = failure (the Python side keeps the reason).
 typedef int32_t (*MpsEmuCallback)(
     int64_t handle_id,
@@ -68,7 +86,8 @@ typedef int32_t (*MpsEmuCallback)(
     int32_t n_args,        // number of MpsEmuArg entries
     MpsEmuArg* args,
     int32_t n_evalues,     // number of EValues the runtime passed (incl. non-tensors)
-    const char* method_name);
+    const char* method_name,
+    MpsEmuTrace* trace);   // null: no event tracer, nothing to log
 
 namespace {
 
@@ -134,7 +153,7 @@ class MPSEmulatorBackend final : public BackendInterface {
   }
 
   Error execute(
-      BackendExecutionContext& /*context*/,
+      BackendExecutionContext& context,
       DelegateHandle* opaque,
       Span<EValue*> args) const override {
     auto* handle = static_cast<EmuHandle*>(opaque);
@@ -173,6 +192,7 @@ class MPSEmulatorBackend final : public BackendInterface {
     } catch (...) {
       return Error::MemoryAllocationFailed;
     }
+    MpsEmuTrace trace{context.event_tracer(), EventTracerEntry{}, false};
     const int32_t rc = cb(
         handle->id,
         handle->blob.data(),
@@ -180,7 +200,11 @@ class MPSEmulatorBackend final : public BackendInterface {
         static_cast<int32_t>(descs.size()),
         descs.data(),
         static_cast<int32_t>(args.size()),
-        handle->method_name);
+        handle->method_name,
+        trace.tracer != nullptr ? &trace : nullptr);
+    if (trace.open) {  // Python failed inside a node: close its event so the ETDump stays consistent
+      trace.tracer->end_profiling_delegate(trace.entry, nullptr, 0);
+    }
     if (rc != 0) {
       ET_LOG(Error, "MPSBackend emulator: delegate execution failed in Python (code %d)", rc);
       return Error::Internal;
@@ -236,6 +260,53 @@ MPS_EMU_EXPORT int32_t mps_emu_install(MpsEmuCallback cb) {
     g_register_status = static_cast<int32_t>(executorch::runtime::register_backend(backend));
   });
   return g_register_status;
+}
+
+// Opens the profiling event of MPS node `index` (its delegate debug identifier).
+MPS_EMU_EXPORT void mps_emu_trace_begin(MpsEmuTrace* trace, int64_t index) {
+  if (trace == nullptr || trace->tracer == nullptr) {
+    return;
+  }
+  if (trace->open) {
+    trace->tracer->end_profiling_delegate(trace->entry, nullptr, 0);
+  }
+  trace->entry = trace->tracer->start_profiling_delegate(nullptr, index);
+  trace->open = true;
+}
+
+// Closes the open node event with `metadata` (delegate metadata bytes of the ETDump event).
+MPS_EMU_EXPORT void mps_emu_trace_end(MpsEmuTrace* trace, const char* metadata, int64_t metadata_len) {
+  if (trace == nullptr || trace->tracer == nullptr || !trace->open) {
+    return;
+  }
+  trace->tracer->end_profiling_delegate(
+      trace->entry, metadata, metadata_len > 0 ? static_cast<size_t>(metadata_len) : 0);
+  trace->open = false;
+}
+
+// Logs one intermediate output of MPS node `index` (a contiguous tensor described like an
+// argument; the tracer copies the bytes into its debug buffer). Returns the executorch Error
+// code (0 = logged or filtered out).
+MPS_EMU_EXPORT int32_t mps_emu_trace_output(MpsEmuTrace* trace, int64_t index, const MpsEmuArg* t) {
+  if (trace == nullptr || trace->tracer == nullptr || t == nullptr || t->dim < 0 || t->dim > 16) {
+    return 0;
+  }
+  using executorch::aten::ScalarType;
+  using executorch::runtime::etensor::TensorImpl;
+  TensorImpl::SizesType sizes[16];
+  TensorImpl::DimOrderType order[16];
+  TensorImpl::StridesType strides[16];
+  TensorImpl::StridesType stride = 1;
+  for (int32_t d = t->dim - 1; d >= 0; --d) {
+    sizes[d] = t->sizes[d];
+    order[d] = static_cast<TensorImpl::DimOrderType>(d);
+    strides[d] = stride;
+    stride *= sizes[d] > 0 ? sizes[d] : 1;
+  }
+  TensorImpl impl(static_cast<ScalarType>(t->dtype), t->dim, sizes, t->data, order, strides);
+  Result<bool> logged = trace->tracer->log_intermediate_output_delegate(
+      nullptr, index, Tensor(&impl));
+  return logged.ok() ? 0 : static_cast<int32_t>(logged.error());
 }
 
 // Number of delegate handles initialised and not yet destroyed (for tests).
