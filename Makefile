@@ -5,7 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench zoo clean
+.PHONY: demo test bench zoo compat clean
+
+# executorch 1.4.0 (the last release with the MPS delegate runtime) for the runtime compatibility matrix;
+# torch 2.14.1 satisfies its requirement (torch>=2.13), so pip takes it from the same local wheel
+COMPAT_VENV  := .venv-et1.4
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,7 +21,12 @@ demo: $(STAMP)  ## export the built-in demo model to out/mps_demo.pte and verify
 	@mkdir -p out
 	$(BIN)/mps-backend export --verify -o out/mps_demo.pte
 
-test: $(STAMP)  ## the whole test suite
+$(COMPAT_STAMP):
+	@test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install -q --disable-pip-version-check torch==2.14.1 executorch==1.4.0
+	@touch $(COMPAT_STAMP)
+
+test: $(STAMP) $(COMPAT_STAMP)  ## the whole test suite (with the executorch 1.4.0 runtime venv for the compatibility matrix)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)  ## every benchmark in benchmarks/ (ratios to yardsticks measured in the same run); exit 1 on a missed target
@@ -25,6 +35,9 @@ bench: $(STAMP)  ## every benchmark in benchmarks/ (ratios to yardsticks measure
 ZOO_ARGS ?=
 zoo: $(STAMP)  ## the full model zoo, fp32 and fp16, one subprocess per model: writes docs/model-zoo.md, exit 1 on a missed target
 	$(BIN)/python -m mps_backend.zoo --out docs/model-zoo.md $(ZOO_ARGS)
+
+compat: $(STAMP) $(COMPAT_STAMP)  ## programs written here, read by executorch 1.4.0's runtime: writes docs/runtime-compat.md
+	MPS_BACKEND_COMPAT_REPORT=docs/runtime-compat.md $(BIN)/python -m pytest -q tests/test_runtime_matrix.py
 
 clean:
 	rm -rf out build *.egg-info .pytest_cache

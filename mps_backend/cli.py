@@ -48,10 +48,15 @@ def _output_path(args, use_fp16: bool) -> pathlib.Path:
     return pathlib.Path(args.output_dir or ".") / f"{_model_stem(args.model)}_mps_{'fp16' if use_fp16 else 'fp32'}{suffix}"
 
 
+def _target_runtime(args) -> str | None:
+    return None if args.target_runtime == "none" else args.target_runtime
+
+
 def cmd_export_llm(args) -> int:
     from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
     from mps_backend.llm.export import export_llm  # noqa: PLC0415
     from mps_backend.progress import Progress  # noqa: PLC0415
+    from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
 
     if args.verify:
         raise SystemExit("--verify applies to single-step models; for a language model run "
@@ -62,8 +67,9 @@ def cmd_export_llm(args) -> int:
     try:
         result = export_llm(args.model, out, dtype="fp16" if _use_fp16(args) else "fp32", quantize=args.quantize,
                             group_size=args.group_size, max_seq_len=args.max_seq_len, params=args.params,
-                            clamp_fp16=args.clamp_fp16, progress=Progress(enabled=True))
-    except (CheckpointError, FileNotFoundError) as e:
+                            clamp_fp16=args.clamp_fp16, progress=Progress(enabled=True),
+                            target_runtime=_target_runtime(args), allow_missing_kernels=args.allow_missing_kernels)
+    except (CheckpointError, FileNotFoundError, RuntimeCompatError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.summary())
@@ -123,7 +129,13 @@ def cmd_export(args) -> int:
     source = args.model.split(":", 1)[0] if ".py:" in args.model else args.model
     if pathlib.Path(source).exists() and out.resolve() == pathlib.Path(source).resolve():
         raise UserError(f"output {out} is the input model {source}: choose another -o")
-    result = export_model(model, inputs, use_fp16=use_fp16, progress=_say, etrecord=bool(args.etrecord))
+    from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
+
+    try:
+        result = export_model(model, inputs, use_fp16=use_fp16, progress=_say, etrecord=bool(args.etrecord),
+                              target_runtime=_target_runtime(args), allow_missing_kernels=args.allow_missing_kernels)
+    except RuntimeCompatError as e:
+        raise UserError(str(e)) from e
     data = result.pte
     if args.bundled:
         from mps_backend.export import bundle, flat_outputs  # noqa: PLC0415
@@ -343,9 +355,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["zoo"]:  # its own options (argparse.REMAINDER would not take leading --options)
         return cmd_zoo(argparse.Namespace(zoo_args=argv[1:]))
+    from mps_backend.runtime_compat import DEFAULT_TARGET, RUNTIME_VERSIONS  # noqa: PLC0415 - stdlib only
+
     parser = argparse.ArgumentParser(prog="mps-backend", description="Lower PyTorch models to the ExecuTorch MPS delegate.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("export", help="export a model (default: the built-in demo) to a .pte")
+    p.add_argument("--target-runtime", "--target_runtime", dest="target_runtime", default=DEFAULT_TARGET,
+                   choices=(*RUNTIME_VERSIONS, "none"),
+                   help="the oldest executorch release the app ships (default: %(default)s, the oldest with the MPS "
+                   "delegate): an operator left on CPU without a kernel there is an error; none: no check")
+    p.add_argument("--allow-missing-kernels", action="store_true",
+                   help="warn instead of failing when the target runtime lacks a CPU kernel the program needs")
     p.add_argument("-m", "--model", "--model_name", dest="model", default="demo", help="demo | torchvision:NAME | executorch:NAME | "
                    "torch:transformer_encoder | path/file.py:factory | legacy PyTorch Mobile flatbuffer path.ff/.ptl | "
                    "hf:FOLDER (Hugging Face checkpoint: a language model) | llama:CHECKPOINT.pth (with --params)")

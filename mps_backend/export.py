@@ -10,6 +10,7 @@ import torch
 
 from mps_backend.partitioner import MPSPartitioner, PartitionReport
 from mps_backend.passes import check_fp16_constants, drop_unused_constants
+from mps_backend.runtime_compat import DEFAULT_TARGET, check_program
 from mps_backend.serialization.model import Header
 
 #: max |device - eager| / max(|eager|) accepted by --verify. fp32: the device model computes in
@@ -77,9 +78,14 @@ def _delegate_blobs(edge) -> list[bytes]:
 
 
 def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *, use_fp16: bool = True,
-                 progress: Callable[[str], None] | None = None, etrecord: bool = False) -> ExportResult:
+                 progress: Callable[[str], None] | None = None, etrecord: bool = False,
+                 target_runtime: str | None = DEFAULT_TARGET, allow_missing_kernels: bool = False) -> ExportResult:
     """Export ``model`` to a .pte whose supported parts run on the MPS delegate. ``etrecord``: also
-    generate executorch's ETRecord (``result.etrecord.save(path)``; the Inspector reads it)."""
+    generate executorch's ETRecord (``result.etrecord.save(path)``; the Inspector reads it).
+    ``target_runtime``: the oldest executorch release the app's runtime may be (default 1.0, the oldest
+    with the MPS delegate); an operator left on CPU that it has no kernel for raises
+    :class:`~mps_backend.runtime_compat.RuntimeCompatError` (a warning with ``allow_missing_kernels``;
+    ``None`` skips the check)."""
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
 
     say = progress or (lambda msg: None)
@@ -105,6 +111,7 @@ def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
                                                                           generate_etrecord=etrecord))
         blobs = _delegate_blobs(edge)
         program = stage("to_executorch", edge.to_executorch)
+        check_program(program, target_runtime, warn_only=allow_missing_kernels)
         pte = program.buffer
     constant_bytes = sum(Header.from_bytes(b[:24]).segment_size for b in blobs)
     record = None

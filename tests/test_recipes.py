@@ -58,9 +58,11 @@ def test_xnnpack_fallback_takes_what_mps_leaves_on_cpu():
 
     load_emulator()
     torch.manual_seed(0)
-    # a transposed convolution with padding: not the upsampling kind MPS lowers, XNNPACK's
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1)).eval()
+    class ChannelsLast(torch.nn.Module):  # a dim-order change: MPS keeps it on CPU (dim_order [0, 2, 3, 1]), XNNPACK's
+        def forward(self, x):
+            return x.to(memory_format=torch.channels_last)
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), ChannelsLast()).eval()
     x = torch.randn(1, 3, 16, 16)
     plain = export(model, [(x,)], ExportRecipe.get_recipe(MPSRecipeType.FP32)).get_pte_buffer()
     fallback = export(model, [(x,)], ExportRecipe.get_recipe(MPSRecipeType.FP32_XNNPACK_FALLBACK))

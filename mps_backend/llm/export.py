@@ -22,6 +22,7 @@ from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, load_hf, load_
 from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
 from mps_backend.partitioner import MPSPartitioner, PartitionReport
 from mps_backend.progress import CountingWriter, Progress
+from mps_backend.runtime_compat import DEFAULT_TARGET
 
 #: the constant methods executorch's LLM runner (``extension/llm/runner``) reads, as executorch's
 #: own llama export writes them
@@ -146,16 +147,19 @@ def write_atomically(path: pathlib.Path, write) -> int:
 
 def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", quantize: str | None = None,
                group_size: int | None = None, max_seq_len: int | None = None, params: str | None = None,
-               clamp_fp16: bool = False, progress: bool | Progress = False) -> LLMExportResult:
+               clamp_fp16: bool = False, progress: bool | Progress = False,
+               target_runtime: str | None = DEFAULT_TARGET, allow_missing_kernels: bool = False) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` with ``params``)
     to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
 
     ``dtype``: ``fp16`` (default) or ``fp32`` on the device. ``quantize``: ``int4`` or ``int8``
     weight-only (torchao, ``group_size`` as in ``mps-backend export``). ``max_seq_len``: the static
-    KV-cache length (default 2048 capped by the model's positions)."""
+    KV-cache length (default 2048 capped by the model's positions). ``target_runtime``: as in
+    :func:`mps_backend.export.export_model` (checked before anything is written)."""
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower  # noqa: PLC0415
 
     from mps_backend.export import drop_unused_constants  # noqa: PLC0415
+    from mps_backend.runtime_compat import check_program  # noqa: PLC0415
     out = pathlib.Path(output)
     kind, source = parse_model_spec(model)
     if out.resolve() == pathlib.Path(source).resolve():
@@ -189,6 +193,7 @@ def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", qu
         with prog.stage("to_executorch"):
             program = edge.to_executorch(ExecutorchBackendConfig())
         del edge
+        check_program(program, target_runtime, warn_only=allow_missing_kernels)
     with prog.stage(f"write {out.name}", ticker=False):
         bar = prog.bytes_bar("write", 0)
         size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
