@@ -13,6 +13,7 @@ and outputs get one boundary cast each, and every internal float value is float1
 """
 from __future__ import annotations
 
+import math
 from collections.abc import MutableMapping
 from typing import Any, Iterable, Iterator
 
@@ -82,6 +83,27 @@ class _Transposed(_Cast):
         rows, cols = self.tensor.shape
         dst = torch.frombuffer(out, dtype=self.dtype, count=self.tensor.numel())
         dst.view(cols, rows).copy_(self.tensor.t())  # strided read, one pass
+
+
+class _Relaid(_Cast):
+    """``fn(tensor)`` in ``dtype``, where ``fn`` re-lays the tensor out (reshapes, permutes, flips:
+    the same elements in another order, result shape ``shape``), computed when read or written: a
+    weight the device needs in another layout (a transposed convolution's kernel, flipped with its
+    channel axes swapped) goes straight from the model's tensor into the blob, without a re-laid-out
+    copy of every weight held next to the blob."""
+
+    __slots__ = ("fn", "shape")
+
+    def __init__(self, tensor: torch.Tensor, dtype: torch.dtype, fn: Any, shape: Iterable[int]):
+        super().__init__(tensor, dtype)
+        self.fn, self.shape = fn, tuple(int(d) for d in shape)
+
+    def materialize(self) -> torch.Tensor:
+        return self.fn(self.tensor).reshape(self.shape).to(self.dtype).contiguous()
+
+    def write_into(self, out: memoryview) -> None:
+        dst = torch.frombuffer(out, dtype=self.dtype, count=self.tensor.numel())
+        dst.view(self.shape).copy_(self.fn(self.tensor).reshape(self.shape))  # one tensor's temporary at a time
 
 
 class ConstantTable(MutableMapping):
@@ -235,6 +257,24 @@ class GraphBuilder:
         out = self.new_value(dtype, [data.shape[1], data.shape[0]])
         self.graph.constant_ids.append(out)
         self.constants[out] = _Transposed(data.detach(), dtype)
+        return out
+
+    def relaid_constant(self, vid: int, fn: Any, shape: Iterable[int]) -> int | None:
+        """A new constant holding ``fn(data)`` of constant ``vid``, where ``fn`` only re-lays the data
+        out (reshapes, permutes, flips; ``shape`` = the result's shape, same element count), in
+        ``vid``'s device dtype, written straight into the blob (no re-laid-out copy is kept). None
+        when ``vid`` has no plain source tensor (not a constant, or a computed entry)."""
+        data = self.constants.original(vid)
+        shape = [int(d) for d in shape]
+        if data is None:
+            return None
+        if math.prod(shape) != data.numel():
+            raise ValueError(f"re-layout of constant {vid} {list(data.shape)} to {shape} changes its size")
+        entry = self.constants.source(vid)
+        dtype = entry.dtype if isinstance(entry, _Cast) else data.dtype
+        out = self.new_value(dtype, shape)
+        self.graph.constant_ids.append(out)
+        self.constants[out] = _Relaid(data.detach(), dtype, fn, shape)
         return out
 
     def int4_constant(self, packed: torch.Tensor, shape: Iterable[int]) -> int:

@@ -67,3 +67,16 @@ def clamp_index(i, size: int, default: int) -> int:
     if i < 0:
         i += size
     return min(max(i, 0), size)
+
+
+def per_dim(values: Any, n: int) -> list[int] | None:
+    """An int-list argument that the schema takes as one value per dim or one value for all ``n``
+    dims (convolution's stride, padding, dilation, output_padding: a length-1 list means that value
+    for every spatial dim, as ATen's ``expand_param_if_needed``), as ``n`` ints; None for any other
+    length or a non-constant entry."""
+    values = [values] if isinstance(values, int) else list(values)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return None
+    if len(values) == 1:
+        return values * n
+    return values if len(values) == n else None

@@ -71,8 +71,7 @@ ROWS = [
     row("pool-adaptive-avg-rank3", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), randn(3, 4, 6),
         kinds="MPSAvgPool2D"),
     row("pool-adaptive-avg-1x1", lambda x: F.adaptive_avg_pool2d(x, 1), randn(2, 3, 5, 7), kinds="MPSMean"),
-    row("pool-adaptive-avg-uneven", lambda x: F.adaptive_avg_pool2d(x, (4, 4)), randn(1, 2, 6, 6),
-        cpu_reason="windows of unequal size"),
+    # uneven bins, 3-d and ceil_mode pooling: rows_pool3d.py
 
     # ---- nearest upsampling -------------------------------------------------------------------
     row("pool-upsample-nearest-2x", lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), randn(1, 2, 3, 4),
