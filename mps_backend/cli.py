@@ -176,8 +176,15 @@ def _read_pte(path: str) -> bytes:
     p = pathlib.Path(path)
     if not p.is_file():
         raise SystemExit(f"{path}: no such file")
+    from mps_backend.runtime.program_check import ProgramFormatError, check_program  # noqa: PLC0415
+
     data = p.read_bytes()
-    return unbundle(data) if is_bundled(data) else data
+    program = unbundle(data) if is_bundled(data) else data
+    try:
+        check_program(program)  # before executorch's deserializer or runtime sees it
+    except ProgramFormatError as e:
+        raise ProgramFormatError(f"{path}: {e}") from None
+    return program
 
 
 def cmd_inspect(args) -> int:
@@ -345,10 +352,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
     from mps_backend.passes import Float16RangeError  # noqa: PLC0415
     from mps_backend.runtime.emulator import EmulatorError, InputMismatchError  # noqa: PLC0415
+    from mps_backend.runtime.program_check import ProgramFormatError  # noqa: PLC0415
+    from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
     from mps_backend.serialization import MPSFormatError  # noqa: PLC0415
 
     return (UserError, CheckpointError, Float16RangeError, EmulatorError, InputMismatchError, MPSFormatError,
-            OSError)
+            ProgramFormatError, RuntimeCompatError, OSError)
 
 
 def main(argv: list[str] | None = None) -> int:

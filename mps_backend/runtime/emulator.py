@@ -528,12 +528,25 @@ def load_emulator() -> _Emulator:
 # --------------------------------------------------------------------------------------
 # Public entry point
 
-def _read_program(pte: bytes | bytearray | memoryview | str | os.PathLike) -> bytes:
+def _read_program(pte: bytes | bytearray | memoryview | str | os.PathLike, *, check: bool = True) -> bytes:
+    """The program's bytes; with ``check`` (every program handed to the runtime) first checked by
+    :func:`~mps_backend.runtime.program_check.check_program` (raises ``ProgramFormatError``)."""
     if isinstance(pte, (bytes, bytearray, memoryview)):
-        return bytes(pte)
-    if isinstance(pte, (str, os.PathLike)):
-        return Path(pte).read_bytes()
-    raise TypeError(f"pte must be bytes or a path, not {type(pte).__name__}")
+        data = bytes(pte)
+    elif isinstance(pte, (str, os.PathLike)):
+        data = Path(pte).read_bytes()
+    else:
+        raise TypeError(f"pte must be bytes or a path, not {type(pte).__name__}")
+    if check:
+        from mps_backend.runtime.program_check import ProgramFormatError, check_program  # noqa: PLC0415
+
+        try:
+            check_program(data)
+        except ProgramFormatError as exc:
+            if isinstance(pte, (str, os.PathLike)):
+                raise ProgramFormatError(f"{os.fspath(pte)}: {exc}") from None
+            raise
+    return data
 
 
 def _check_inputs(meta: Any, inputs: Sequence[Any], method_name: str) -> None:
@@ -582,7 +595,9 @@ class LoadedMethod:
         logits = step([tokens, input_pos])[0]
 
     ``mode`` is passed to the device-model interpreter (``"faithful"`` reproduces what the device
-    computes, bugs included). Wrong inputs raise :class:`InputMismatchError`; an exception raised
+    computes, bugs included). A malformed program raises
+    :class:`~mps_backend.runtime.program_check.ProgramFormatError` before executorch reads it; wrong
+    inputs raise :class:`InputMismatchError`; an exception raised
     while executing a delegate is re-raised as is; other runtime failures raise
     :class:`EmulatorError`.
     """
@@ -743,7 +758,7 @@ def verify_bundled(bpte: bytes | str | os.PathLike, method: str = "forward", *, 
     """Run each test case of a bundled program (``.bpte``) the way an app checks one on the device
     (executorch's bundled-program check: load the bundled inputs, execute, compare with the bundled
     expected outputs), with the MPS delegates emulated. One entry per test case: whether it matched."""
-    data = _read_program(bpte)
+    data = _read_program(bpte, check=False)  # a bundled program: executorch's bundled loader reads it
     emulator = load_emulator()
     with emulator.lock:
         return _verify_bundled(emulator, data, method, mode, rtol, atol)

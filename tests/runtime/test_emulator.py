@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from mps_backend.runtime import emulator
+from mps_backend.runtime.program_check import ProgramFormatError
 from mps_backend.runtime import (EmulatorBuildError, EmulatorError, InputMismatchError,
                                  load_emulator, run_pte)
 
@@ -408,7 +409,7 @@ def test_payload_that_is_not_mp00_fails_at_load(ops_pte, standin):
 def test_unknown_method_and_garbage_program(ops_pte):
     with pytest.raises(EmulatorError, match="no method 'backward'"):
         run_pte(ops_pte, _ops_inputs(), method="backward")
-    with pytest.raises(EmulatorError, match="could not load the program"):
+    with pytest.raises(ProgramFormatError, match="not an executorch program"):  # checked before executorch sees it
         run_pte(b"\0" * 64, [])
     with pytest.raises(TypeError):
         run_pte(12, [])
