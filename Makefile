@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench zoo compat clean
+.PHONY: demo test bench zoo compat fuzz clean
 
 # executorch 1.4.0 (the last release with the MPS delegate runtime) for the runtime compatibility matrix;
 # torch 2.14.1 satisfies its requirement (torch>=2.13), so pip takes it from the same local wheel
@@ -38,6 +38,9 @@ zoo: $(STAMP)  ## the full model zoo, fp32 and fp16, one subprocess per model: w
 
 compat: $(STAMP) $(COMPAT_STAMP)  ## programs written here, read by executorch 1.4.0's runtime: writes docs/runtime-compat.md
 	MPS_BACKEND_COMPAT_REPORT=docs/runtime-compat.md $(BIN)/python -m pytest -q tests/test_runtime_matrix.py
+
+fuzz: $(STAMP)  ## 100,000 mutated .pte files through check/inspect/run, each worker under an address-space limit; crashes saved as regression files
+	$(BIN)/python -m mps_backend.testing.fuzz_pte --cases 100000 --seed $${SEED:-1} --crash-dir tests/fixtures/fuzz-regressions
 
 clean:
 	rm -rf out build *.egg-info .pytest_cache

@@ -462,7 +462,11 @@ class _Emulator:
                 )
             inputs = [_read_input(d, mode) for d in descs[:n_in]]
             observer = _NodeTracer(self.lib, trace) if trace else None
-            outputs = _execute_delegate(blob, inputs, mode, observer)
+            try:
+                outputs = _execute_delegate(blob, inputs, mode, observer)
+            except ValueError as exc:  # the interpreter refusing the bound tensors: program and blob disagree
+                raise EmulatorError(f"MPS delegate (handle {handle_id}): the program's tensors do not match "
+                                    f"its blob: {exc}") from exc
             if len(outputs) != n_out:
                 raise EmulatorError(
                     f"interpreter returned {len(outputs)} outputs, the delegate call has {n_out}")
@@ -848,6 +852,6 @@ def _input_specs(_C: Any, data: bytes, method: str) -> list[tuple[tuple[int, ...
             if dtype is None:
                 raise EmulatorError(f"input {i} of {method!r} has an unsupported ScalarType code {info.dtype()}")
             specs.append((tuple(info.sizes()), dtype))
-    except RuntimeError as exc:
-        raise EmulatorError(f"ExecuTorch could not read the program: {exc}") from exc
+    except (RuntimeError, IndexError) as exc:  # IndexError: an input that is not a tensor
+        raise EmulatorError(f"ExecuTorch could not read the inputs of {method!r}: {exc}") from exc
     return specs
