@@ -9,8 +9,14 @@ import torch
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.utils import DelegateMappingBuilder
-from torch._export.utils import (get_buffer, get_lifted_tensor_constant, get_param, is_buffer,
-                                 is_lifted_tensor_constant, is_param)
+from torch._export.utils import (
+    get_buffer,
+    get_lifted_tensor_constant,
+    get_param,
+    is_buffer,
+    is_lifted_tensor_constant,
+    is_param,
+)
 from torch.export import ExportedProgram
 from torch.fx import Node
 
@@ -18,6 +24,7 @@ from mps_backend import compile_specs as specs
 from mps_backend.builder import GraphBuilder
 from mps_backend.operators.registry import default_registry
 from mps_backend.passes import Float16RangeWarning, fp16_overflow
+from mps_backend.serialization.device_facts import node_value_ids
 from mps_backend.serialization.writer import write_blob
 from mps_backend.simplify import simplify
 
@@ -103,27 +110,20 @@ def _result_nodes(b: GraphBuilder) -> list[int]:
     graph = b.graph
     origin_of_value: dict[int, Any] = {}
     for index, node in enumerate(graph.nodes):
-        for name, value in node.fields.items():
-            if name.startswith("output"):
-                for vid in value if isinstance(value, list) else (value,):
-                    origin_of_value[vid] = index
+        for vid in node_value_ids(node.fields, outputs=True):
+            origin_of_value[vid] = index
     read_elsewhere = set(graph.output_ids)
     for index, node in enumerate(graph.nodes):
         mine = _origin_nodes(b.node_origin[index])
-        for name, value in node.fields.items():
-            if name.startswith("output") or not (name.endswith("_id") or name.endswith("_ids")):
-                continue
-            for vid in value if isinstance(value, list) else (value,):
-                producer = origin_of_value.get(vid)
-                if producer is not None and _origin_nodes(b.node_origin[producer]) != mine:
-                    read_elsewhere.add(vid)
+        for vid in node_value_ids(node.fields, outputs=False):
+            producer = origin_of_value.get(vid)
+            if producer is not None and _origin_nodes(b.node_origin[producer]) != mine:
+                read_elsewhere.add(vid)
     results, last_of_group = [], {}
     for index, node in enumerate(graph.nodes):
         group = _origin_nodes(b.node_origin[index])
         last_of_group[group] = index
-        outs = [v for name, value in node.fields.items() if name.startswith("output")
-                for v in (value if isinstance(value, list) else (value,))]
-        if any(v in read_elsewhere for v in outs):
+        if any(v in read_elsewhere for v in node_value_ids(node.fields, outputs=True)):
             results.append(index)
     covered = {_origin_nodes(b.node_origin[i]) for i in results}
     results += [i for group, i in last_of_group.items() if group not in covered]  # nothing read it: keep the last

@@ -21,6 +21,7 @@ import torch
 from torch.fx import Node as FxNode
 
 from mps_backend.dtypes import mps_dtype
+from mps_backend.serialization.device_facts import NOT_DISPATCHED
 from mps_backend.serialization.model import DataType, Graph, Node, Tensor
 
 
@@ -318,6 +319,11 @@ class GraphBuilder:
 
     # ---- nodes --------------------------------------------------------------------------
     def emit(self, op: str, min_max: tuple[float, float] | None = None, **fields: Any) -> None:
+        """Append one MPS node (every field of its table given; the writer checks them). A node kind
+        the runtime has no dispatch case for is refused here (``device_facts.NOT_DISPATCHED``)."""
+        if op in NOT_DISPATCHED:
+            raise ValueError(f"{op} is never dispatched by the MPS runtime (the graph would fail to build); "
+                             "decompose it (docs/device-semantics.md §2.7)")
         self.graph.nodes.append(Node(op, fields, min_max))
         self.node_origin.append(self.current)
 

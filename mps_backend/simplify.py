@@ -38,7 +38,7 @@ from typing import Iterator
 import torch
 
 from mps_backend.serialization.model import DataType, Node
-from mps_backend.serialization.reader import IGNORED_IDS, OUTPUT_FIELDS
+from mps_backend.serialization.device_facts import IGNORED_IDS, OUTPUT_FIELDS
 
 #: members whose output is their input reshaped (same elements, same order)
 RESHAPES = frozenset({"MPSView", "MPSSqueeze", "MPSUnsqueeze"})

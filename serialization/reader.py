@@ -15,10 +15,33 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from .device_facts import (
+    DEVICE_DTYPES,
+    IGNORED_IDS,
+    NOT_DISPATCHED,
+    NULLABLE,
+    OPTIONAL_INPUT_ENTRIES,
+    OPTIONAL_INPUTS,
+    OUTPUT_FIELDS,
+)
 from .errors import MPSFormatError
 from .flatbuf import Field, FlatBuffer, compile_schema
-from .model import (HEADER_SIZE, MAGIC, SCHEMA, SEGMENT_ALIGN, UNION_MEMBERS, UNION_NAMES, Blob, DataType,
-                    Graph, Header, Node, OpType, Tensor, expected_nbytes)
+from .model import (
+    HEADER_SIZE,
+    MAGIC,
+    SCHEMA,
+    SEGMENT_ALIGN,
+    UNION_MEMBERS,
+    UNION_NAMES,
+    Blob,
+    DataType,
+    Graph,
+    Header,
+    Node,
+    OpType,
+    Tensor,
+    expected_nbytes,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Schema-driven field layouts (computed once from the literal schema; immutable afterwards)
@@ -27,26 +50,7 @@ _MP00 = compile_schema(SCHEMA)
 _LAYOUTS: Mapping[str, tuple[Field, ...]] = _MP00.tables
 
 # ----------------------------------------------------------------------------------------------
-# Runtime facts (mps-runtime-semantics.md) the graph checks rely on
-
-#: dtypes the device can create placeholders/constants of (§3.1); the rest abort at init
-DEVICE_DTYPES = frozenset({DataType.float16, DataType.float32, DataType.float64, DataType.int4,
-                           DataType.int8, DataType.int16, DataType.int32, DataType.int64, DataType.bool})
-#: union members the runtime has no dispatch case for (§2.7)
-NOT_DISPATCHED = frozenset({"MPSMin", "MPSMax", "MPSAtan2"})
-OUTPUT_FIELDS = frozenset({"output_id", "output_ids", "output1_id", "output2_id", "output3_id"})
-#: (member, field): -1 means "absent" (conv bias, §5.12)
-OPTIONAL_INPUTS = frozenset({("MPSConv2D", "input3_id"), ("MPSDepthwiseConv2D", "input3_id")})
-#: (member, vector field): -1 entries mean "no index on this axis" (§5.9)
-OPTIONAL_INPUT_ENTRIES = frozenset({("MPSIndexTensor", "indices_id"), ("MPSIndexPut", "indices_id")})
-#: (member, id field) the runtime never reads or never writes: -1 or any in-range id is accepted
-#: and an "output" listed here is not defined by the node (BatchNorm output3 is never set, §5.13)
-IGNORED_IDS = frozenset({("MPSReLU", "input2_id"), ("MPSFull", "input1_id"),
-                         ("MPSAvgPool2D", "output2_id"), ("MPSBatchNorm", "output3_id"),
-                         ("MPSDequantizePerChannelGroup", "zero_points_id")})
-#: (member, field) vectors/strings that may be absent (everything else is read without a null check)
-NULLABLE = frozenset({("MPSDiv", "rounding_mode"), ("MPSFmod", "rounding_mode"),
-                      ("MPSRemainder", "rounding_mode"), ("MPSFullLike", "shape")})
+# Runtime facts the graph checks rely on: serialization/device_facts.py
 
 # ----------------------------------------------------------------------------------------------
 # Bounds-checked flatbuffer access

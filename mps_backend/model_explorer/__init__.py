@@ -21,19 +21,12 @@ import os
 from typing import Any
 
 from mps_backend.serialization import read_blob
+from mps_backend.serialization.device_facts import is_value_field, node_value_ids
 from mps_backend.serialization.model import Blob, Tensor
 
 BACKEND_ID = "MPSBackend"
 GRAPH_INPUTS = "GraphInputs"  # node ids the .pte adapter also uses for its delegate graphs
 GRAPH_OUTPUTS = "GraphOutputs"
-
-
-def _is_value_field(name: str) -> bool:
-    return name.endswith(("_id", "_ids"))
-
-
-def _ids(value: Any) -> list[int]:
-    return [v for v in (value if isinstance(value, list) else (value,)) if isinstance(v, int)]
 
 
 def _tensor_attrs(gb: Any, t: Tensor, vid: int) -> list:
@@ -70,10 +63,9 @@ def delegate_graph(blob: bytes, settings: dict | None = None, *, graph_id: str =
                                   attrs=_tensor_attrs(gb, g.values[vid], vid), outputsMetadata=[meta(vid)]))
     for index, node in enumerate(g.nodes):
         node_id = str(index)
-        inputs = [v for name, value in node.fields.items()
-                  if _is_value_field(name) and not name.startswith("output") for v in _ids(value)]
-        outputs = [v for name, value in node.fields.items() if name.startswith("output") for v in _ids(value)]
-        attrs = [gb.KeyValue(name, str(value)) for name, value in node.fields.items() if not _is_value_field(name)]
+        inputs = node_value_ids(node.fields, outputs=False)
+        outputs = node_value_ids(node.fields, outputs=True)
+        attrs = [gb.KeyValue(name, str(value)) for name, value in node.fields.items() if not is_value_field(name)]
         if node.min_max is not None:
             attrs.append(gb.KeyValue("min_max", str(list(node.min_max))))
         if index in sources:

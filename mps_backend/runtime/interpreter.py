@@ -22,6 +22,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
+from mps_backend.serialization.device_facts import IGNORED_IDS, node_value_ids
 from mps_backend.serialization.model import Blob, DataType, Node, OpType
 
 from .core import DeviceError, KernelContext, device_dtype, max_tensor_bytes
@@ -129,11 +130,9 @@ class NodeObserver(Protocol):
 
 
 def node_outputs(node: Node) -> list[int]:
-    """Value ids a node writes: its ``output_id`` or ``output_ids`` field."""
-    out = node.fields.get("output_id")
-    if isinstance(out, int):
-        return [out]
-    return [v for v in node.fields.get("output_ids") or () if isinstance(v, int)]
+    """Value ids a node defines (its output fields, without those the runtime never writes)."""
+    fields = {k: v for k, v in node.fields.items() if (node.op, k) not in IGNORED_IDS}
+    return node_value_ids(fields, outputs=True)
 
 
 class Interpreter:

@@ -73,16 +73,17 @@ import torch.export.exported_program as torch_exported_program
 from executorch.exir import EdgeCompileConfig, to_edge
 from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.program._program import _gen_edge_manager_for_partitioners
+from mps_backend.operators.registry import default_registry
+from mps_backend.serialization import DataType, read_blob
+from mps_backend.serialization.device_facts import NOT_DISPATCHED
 
 from mps_backend import MPSPartitioner
-from mps_backend.operators.registry import default_registry
 from mps_backend.runtime.interpreter import DECLARED_DTYPE, execute
-from mps_backend.serialization import DataType, read_blob
 
 PRECISIONS = ("fp32", "fp16")
 DEFAULT_TOL = {"fp32": 1e-5, "fp16": 1e-3}
 #: union members without a runtime dispatch case: never emitted
-BANNED = frozenset({"MPSMin", "MPSMax", "MPSAtan2"})
+BANNED = NOT_DISPATCHED  # the device facts module: the runtime cannot dispatch these
 
 
 class Op(torch.nn.Module):
