@@ -30,7 +30,14 @@ from mps_backend.simplify import simplify
 
 
 class LoweringError(RuntimeError):
-    """preprocess could not lower a node (a partitioner/lowering bug: it should never happen)."""
+    """preprocess could not lower the program: a node the device cannot run (the whole program was
+    handed to ``MPSBackend`` without a partitioner), or a lowering bug."""
+
+
+def _unsupported(ep: ExportedProgram, registry) -> list[str]:
+    """Operator nodes the device cannot run, with the reason (what the partitioner would have said)."""
+    return [f"{n.name} ({getattr(n.target, '__name__', n.target)}): {reason}" for n in ep.graph.nodes
+            if n.op == "call_function" and (reason := registry.check(n)) is not None]
 
 
 def _constant_tensor(ep: ExportedProgram, node: Node) -> torch.Tensor | None:
@@ -54,6 +61,15 @@ def build_graph(ep: ExportedProgram, use_fp16: bool) -> GraphBuilder:
     outputs, in one pass over the graph; then ``simplify`` (reshape chains, dead nodes)."""
     b = GraphBuilder(use_fp16)
     registry = default_registry()
+    unsupported = _unsupported(ep, registry)
+    if unsupported:  # only without a partitioner: it keeps these on CPU
+        raise LoweringError(
+            f"MPSBackend was given {len(unsupported)} node(s) the device cannot run: " + "; ".join(unsupported[:10])
+            + ("; ..." if len(unsupported) > 10 else "") + ". Lowering a whole program with "
+            "to_backend('MPSBackend', program, compile_specs) needs every node supported; use "
+            "to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner()]) to keep these on CPU"
+            + (", or export with static shapes (mps_backend.export.make_static)"
+               if any("dynamic" in u or "symbolic" in u for u in unsupported) else ""))
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     constants = {n: _constant_tensor(ep, n) for n in placeholders}
     user_inputs = [n for n in placeholders if constants[n] is None]
@@ -80,11 +96,12 @@ def build_graph(ep: ExportedProgram, use_fp16: bool) -> GraphBuilder:
         b.current = node
         low = registry.lowering(node.target)
         if low is None:
-            raise LoweringError(f"node {node.name} ({node.target}): no MPS lowering (partitioner bug)")
+            raise LoweringError(f"node {node.name} ({node.target}): no MPS lowering (a lowering bug: its check passed)")
         try:
             low.lower(node, b)
         except Exception as e:  # noqa: BLE001  (re-raised with the node named)
-            raise LoweringError(f"node {node.name} ({node.target}) failed to lower: {e}") from e
+            raise LoweringError(f"node {node.name} ({node.target}) failed to lower (a lowering bug: its support "
+                                f"check accepted it): {e}") from e
     output = next(n for n in ep.graph.nodes if n.op == "output")
     b.current = output
     for arg in _flat_outputs(output.args[0]):

@@ -223,3 +223,34 @@ def test_fp16_casts_the_device_may_not_represent_are_named():
     to_edge_transform_and_lower(torch.export.export(_Casts().eval(), (torch.randn(3), torch.arange(3, dtype=torch.int32))),
                                 partitioner=[part32])
     assert part32.report().fp16_notes == []
+
+
+def test_whole_program_to_backend_names_what_the_device_cannot_run():
+    """to_backend('MPSBackend', program) (old scripts) has no partitioner: a dynamic size or an op without
+    a lowering is refused with the node, the reason and what to do, never lowered with a baked-in shape."""
+    from executorch.exir import to_edge
+    from executorch.exir.backend.backend_api import to_backend
+
+    from mps_backend.backend import LoweringError, MPSBackend  # noqa: F401 - registers the backend id
+
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    x = torch.randn(3, 4)
+    dynamic = torch.export.export(Scale(), (x,), dynamic_shapes={"x": {0: torch.export.Dim("b", min=1, max=8)}})
+    with pytest.raises(LoweringError) as err:
+        to_backend("MPSBackend", to_edge(dynamic).exported_program(), [])
+    msg = str(err.value)
+    assert "aten_relu_default" in msg and "dynamic shape" in msg and "make_static" in msg and "MPSPartitioner" in msg
+    assert "partitioner bug" not in msg
+
+    class Grid(torch.nn.Module):
+        def forward(self, x, g):
+            return torch.nn.functional.grid_sample(x, g, align_corners=False)
+
+    ep = torch.export.export(Grid(), (torch.randn(1, 2, 4, 4), torch.rand(1, 2, 2, 2)))
+    with pytest.raises(LoweringError, match="aten_grid_sampler_2d_default .*no MPS lowering"):
+        to_backend("MPSBackend", to_edge(ep).exported_program(), [])
+    static = torch.export.export(Scale(), (x,))
+    assert to_backend("MPSBackend", to_edge(static).exported_program(), []).processed_bytes[4:8] == b"MP00"
