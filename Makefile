@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench zoo compat fuzz clean
+.PHONY: demo test bench zoo compat fuzz lint clean
 
 # executorch 1.4.0 (the last release with the MPS delegate runtime) for the runtime compatibility matrix;
 # torch 2.14.1 satisfies its requirement (torch>=2.13), so pip takes it from the same local wheel
@@ -41,6 +41,9 @@ compat: $(STAMP) $(COMPAT_STAMP)  ## programs written here, read by executorch 1
 
 fuzz: $(STAMP)  ## 100,000 mutated .pte files through check/inspect/run, each worker under an address-space limit; crashes saved as regression files
 	$(BIN)/python -m mps_backend.testing.fuzz_pte --cases 100000 --seed $${SEED:-1} --crash-dir tests/fixtures/fuzz-regressions
+
+lint: $(STAMP)  ## ruff (pyflakes, pycodestyle, import order, bugbear; config in pyproject.toml); tests/test_lint.py runs it too
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf out build *.egg-info .pytest_cache

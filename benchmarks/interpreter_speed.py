@@ -9,11 +9,11 @@ import sys
 import time
 
 import torch
+from mps_backend.serialization.pte import delegate_blobs
 
 from mps_backend.demo import demo_model
 from mps_backend.export import export_model
 from mps_backend.runtime.interpreter import Interpreter
-from mps_backend.serialization.pte import delegate_blobs
 
 TARGET = 3.0
 
@@ -36,7 +36,7 @@ def main() -> int:
         interp = Interpreter(delegate_blobs(pte)[0].blob)
         with torch.no_grad():
             eager = best_of(lambda: model(*inputs))
-        device = best_of(lambda: interp.run(list(inputs)))
+        device = best_of(lambda interp=interp: interp.run(list(inputs)))
         ratio = device / eager
         worst = max(worst, ratio)
         print(f"demo {'fp16' if use_fp16 else 'fp32'}: eager {eager * 1e3:.3f} ms, interpreter "

@@ -46,8 +46,9 @@ def make_checkpoint(folder: pathlib.Path, shape: str, dtype: str) -> None:
 
     config = LlamaConfig(**SHAPES[shape], max_position_embeddings=131072, rope_theta=500000.0,
                          bos_token_id=128000, eos_token_id=128001, dtype=dtype)
-    from mps_backend.llm.checkpoint import _parameters_on_meta
     from transformers import AutoModelForCausalLM
+
+    from mps_backend.llm.checkpoint import _parameters_on_meta
 
     with _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config)
@@ -103,7 +104,7 @@ def weight_bytes(folder: pathlib.Path) -> tuple[int, int]:
     _, entries = _safetensors_index(folder / "model.safetensors")
     total = sum(end - start for _, _, start, end in entries.values())
     numel = 0
-    for dtype, shape, _, _ in entries.values():
+    for _dtype, shape, _, _ in entries.values():
         n = 1
         for d in shape:
             n *= d

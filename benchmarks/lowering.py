@@ -89,11 +89,11 @@ def child(name: str, default_copy: bool = False) -> dict:
     import torch  # noqa: PLC0415
     from executorch.exir import to_edge  # noqa: PLC0415
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
+    from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph  # noqa: PLC0415
+    from mps_backend.serialization.model import Header  # noqa: PLC0415
 
     from mps_backend import MPSPartitioner  # noqa: PLC0415
     from mps_backend.backend import MPSBackend  # noqa: PLC0415
-    from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph  # noqa: PLC0415
-    from mps_backend.serialization.model import Header  # noqa: PLC0415
 
     timers = {"partition": 0.0, "preprocess": 0.0}
 
@@ -154,9 +154,9 @@ def child(name: str, default_copy: bool = False) -> dict:
 def bench_writer() -> tuple[float, float, float]:
     import numpy as np  # noqa: PLC0415
     import torch  # noqa: PLC0415
+    from mps_backend.serialization.writer import write_blob  # noqa: PLC0415
 
     from mps_backend.builder import GraphBuilder  # noqa: PLC0415
-    from mps_backend.serialization.writer import write_blob  # noqa: PLC0415
 
     n, shape = 48, (1024, 2048)  # 48 x 4 MiB float16
     gen = torch.Generator().manual_seed(0)

@@ -138,8 +138,9 @@ def cmd_export(args) -> int:
         raise UserError(str(e)) from e
     data = result.pte
     if args.bundled:
-        from mps_backend.export import bundle, flat_outputs  # noqa: PLC0415
         import torch  # noqa: PLC0415
+
+        from mps_backend.export import bundle, flat_outputs  # noqa: PLC0415
 
         with torch.no_grad():
             expected = flat_outputs(getattr(model, "reference_module", model)(*inputs))
@@ -375,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                    "delegate): an operator left on CPU without a kernel there is an error; none: no check")
     p.add_argument("--allow-missing-kernels", action="store_true",
                    help="warn instead of failing when the target runtime lacks a CPU kernel the program needs")
-    p.add_argument("-m", "--model", "--model_name", dest="model", default="demo", help="demo | torchvision:NAME | executorch:NAME | "
+    p.add_argument("-m", "--model", "--model_name", dest="model", default="demo",
+                   help="demo | torchvision:NAME | executorch:NAME | "
                    "torch:transformer_encoder | path/file.py:factory | legacy PyTorch Mobile flatbuffer path.ff/.ptl | "
                    "hf:FOLDER (Hugging Face checkpoint: a language model) | llama:CHECKPOINT.pth (with --params)")
     p.add_argument("--input-shape", action="append", metavar="SHAPE",

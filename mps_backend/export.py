@@ -149,12 +149,11 @@ def bundle(pte: bytes, inputs: Sequence[Sequence[torch.Tensor]], outputs: Sequen
     """A bundled program (``.bpte``): the program plus test cases (inputs and expected outputs), which
     an app checks on the device with executorch's bundled-program API
     (``load_bundled_input`` / ``verify_result_with_bundled_expected_output``)."""
+    import tempfile  # noqa: PLC0415
+
     from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite  # noqa: PLC0415
     from executorch.devtools.bundled_program.core import BundledProgram  # noqa: PLC0415
-    from executorch.devtools.bundled_program.serialize import (  # noqa: PLC0415
-        serialize_from_bundled_program_to_flatbuffer)
-
-    import tempfile  # noqa: PLC0415
+    from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer  # noqa: PLC0415
 
     cases = [MethodTestCase(inputs=list(i), expected_outputs=list(o)) for i, o in zip(inputs, outputs)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,8 +166,7 @@ def bundle(pte: bytes, inputs: Sequence[Sequence[torch.Tensor]], outputs: Sequen
 
 def unbundle(data: bytes) -> bytes:
     """The program inside a bundled program (``.bpte``)."""
-    from executorch.devtools.bundled_program.serialize import (  # noqa: PLC0415
-        deserialize_from_flatbuffer_to_bundled_program)
+    from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program  # noqa: PLC0415
 
     return bytes(deserialize_from_flatbuffer_to_bundled_program(data).program)
 

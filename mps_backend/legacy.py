@@ -43,8 +43,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from mps_backend.serialization.mobile import (IDENTIFIER, MobileFormatError, MobileModule, is_mobile_flatbuffer,
-                                              read_mobile_module)
+from mps_backend.serialization.mobile import IDENTIFIER, MobileFormatError, MobileModule, is_mobile_flatbuffer, read_mobile_module
 
 #: extra file holding the forward inputs' shapes (see the module docstring)
 INPUT_SHAPES_FILE = "mps_backend/input_shapes.json"

@@ -131,8 +131,7 @@ def _efficient_sam():
     """EfficientSAM ViT-T with random weights: ``build_efficient_sam_vitt()`` would download its
     checkpoint, so the same builder is called with ``checkpoint=None``."""
     from executorch.examples.models.efficient_sam import EfficientSAM  # noqa: PLC0415
-    from executorch.examples.models.efficient_sam.efficient_sam_core.efficient_sam import (  # noqa: PLC0415
-        build_efficient_sam)
+    from executorch.examples.models.efficient_sam.efficient_sam_core.efficient_sam import build_efficient_sam  # noqa: PLC0415
 
     torch.manual_seed(0)
     model = build_efficient_sam(encoder_patch_embed_dim=192, encoder_num_heads=3, checkpoint=None).eval()

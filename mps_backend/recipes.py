@@ -11,8 +11,10 @@ XNNPACK's, CoreML's and QNN's).
 |---|---|
 | ``MPSRecipeType.FP16`` (``mps_fp16``) | ``MPSPartitioner()``: float16 on the device |
 | ``MPSRecipeType.FP32`` (``mps_fp32``) | ``MPSPartitioner(use_fp16=False)`` |
-| ``MPSRecipeType.INT4_WEIGHT_ONLY`` (``mps_int4_weight_only``) | torchao int4 weight-only (``group_size``, default 32), float16; needs macOS 15 / iOS 18 on the device |
-| ``MPSRecipeType.INT8_WEIGHT_ONLY`` (``mps_int8_weight_only``) | torchao int8 weight-only (``group_size``, default per channel), float16 |
+| ``MPSRecipeType.INT4_WEIGHT_ONLY`` (``mps_int4_weight_only``) | torchao int4 weight-only (``group_size``, default 32),
+  float16; needs macOS 15 / iOS 18 on the device |
+| ``MPSRecipeType.INT8_WEIGHT_ONLY`` (``mps_int8_weight_only``) | torchao int8 weight-only (``group_size``, default per
+  channel), float16 |
 | ``..._XNNPACK_FALLBACK`` variants of the four | the same, then ``XnnpackPartitioner()`` for what MPS leaves on CPU |
 
 The quantization recipes quantize the linear layers the device can take (``mps_backend.quantize``):
@@ -24,8 +26,15 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from executorch.export import (AOQuantizationConfig, BackendRecipeProvider, ExportRecipe, LoweringRecipe,
-                               QuantizationRecipe, RecipeType, recipe_registry)
+from executorch.export import (
+    AOQuantizationConfig,
+    BackendRecipeProvider,
+    ExportRecipe,
+    LoweringRecipe,
+    QuantizationRecipe,
+    RecipeType,
+    recipe_registry,
+)
 
 BACKEND_NAME = "mps"
 

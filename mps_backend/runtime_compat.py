@@ -93,9 +93,8 @@ def program_operators(pte: Any) -> list[str]:
 
 def _kernel_name(target: Any) -> str | None:
     """The runtime operator name an edge node's target becomes in the program (its out variant)."""
-    from executorch.exir.operator.convert import to_out_variant  # noqa: PLC0415
-
     import torch  # noqa: PLC0415
+    from executorch.exir.operator.convert import to_out_variant  # noqa: PLC0415
 
     # an EdgeOpOverload wraps the aten OpOverload in ``_op`` (an OpOverload's own ``_op`` is its C++ function)
     op = target if isinstance(target, torch._ops.OpOverload) else getattr(target, "_op", target)

@@ -17,7 +17,8 @@ the device tidy up what that leaves:
 * common subexpressions: constants with the same dtype, shape and contents become one (small ones,
   <= 64 elements, compared by bytes; larger ones by a 16-element sample of their source tensor, then
   in full only when the samples match, so weights are never converted or hashed whole: executorch's
-  llama gives every layer the same attention-mask buffer), and a node with the same member, fields, inputs and output types as an earlier node
+  llama gives every layer the same attention-mask buffer), and a node with the same member, fields, inputs and output
+  types as an earlier node
   is dropped, its readers reading the earlier node's outputs (a node writing a graph output is
   kept). Edge programs repeat computations, e.g. torch's bicubic decomposition computes the same
   clamped source rows for every one of its 16 taps, and lifted constants repeat values.
@@ -37,8 +38,8 @@ from typing import Iterator
 
 import torch
 
-from mps_backend.serialization.model import DataType, Node
 from mps_backend.serialization.device_facts import IGNORED_IDS, OUTPUT_FIELDS
+from mps_backend.serialization.model import DataType, Node
 
 #: members whose output is their input reshaped (same elements, same order)
 RESHAPES = frozenset({"MPSView", "MPSSqueeze", "MPSUnsqueeze"})

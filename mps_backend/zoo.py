@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import math
 import pathlib
@@ -251,7 +252,6 @@ class ZooResult:
 def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True) -> ZooResult:
     """Export ``spec`` (or the given ``(model, inputs)``) at one precision with the calls of
     ``mps_backend.export.export_model``, verify the .pte on the device model (``run``), and measure it."""
-    import torch  # noqa: PLC0415
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
 
@@ -271,8 +271,8 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
         return out
 
     partitioner = MPSPartitioner(use_fp16=use_fp16)
-    ep = stage("torch.export", lambda: export_program(model, inputs))
-    edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner]))
+    ep = stage("torch.export", functools.partial(export_program, model, inputs))
+    edge = stage("lower to MPS", functools.partial(to_edge_transform_and_lower, ep, partitioner=[partitioner]))
     top = edge.exported_program()
     res.weight_bytes = weight_bytes(ep, use_fp16, on_cpu=[*top.state_dict, *top.constants],
                                     mutated=list(top.graph_signature.buffers_to_mutate.values()))
@@ -280,7 +280,7 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     lowered = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)
                if m.backend_id == "MPSBackend"]
     res.casts = boundary_casts(lowered, use_fp16)
-    pte = stage("to_executorch", lambda: edge.to_executorch().buffer)
+    pte = stage("to_executorch", edge.to_executorch).buffer
     res.peak_rss_kib = _vm_kib("VmHWM")
     r = partitioner.report()
     res.delegates, res.delegated, res.total = len(lowered), len(r.delegated), r.total
@@ -411,8 +411,8 @@ def render(results: dict[tuple[str, str], ZooResult], precisions: Sequence[str])
         "are calibrated on random inputs and zero-initialised matrices drawn randomly (mps_backend/models.py), "
         "so activations have realistic ranges.",
         "",
-        f"| model | inputs | delegates | delegated/total | MPS nodes | .pte MB | .pte / weights | lower s | "
-        f"peak RSS MB | error fp32 | error fp16 |",
+        "| model | inputs | delegates | delegated/total | MPS nodes | .pte MB | .pte / weights | lower s | "
+        "peak RSS MB | error fp32 | error fp16 |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     leftovers: list[str] = []

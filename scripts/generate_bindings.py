@@ -193,7 +193,7 @@ def python_schema_text(text: str, info: dict) -> str:
         adapted = True
         decl = re.compile(rf"(\bunion\s+{union}\s*\{{)([^}}]*)(\}})")
 
-        def alias(m: re.Match) -> str:
+        def alias(m: re.Match, union: str = union, struct_members: list = struct_members) -> str:
             body = m.group(2)
             for member in struct_members:
                 body, n = re.subn(rf"\b{member}\b(?!\s*:)", f"{member}: {UNION_STRUCT_PLACEHOLDER}", body)

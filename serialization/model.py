@@ -1,7 +1,7 @@
 """Plain dataclasses for an MP00 blob: what the writer takes and the reader returns.
 
 A node is its union member name plus *all* fields of that member's table (the writer
-refuses a node with a missing field: schema defaults are traps, see design.md rule 4).
+refuses a node with a missing field: schema defaults are traps, see docs/architecture.md, format contract 4).
 """
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ class Graph:
 
 @dataclass(frozen=True)
 class Header:
-    """The 24-byte extended header in front of the flatbuffer (design.md, format contract 1)."""
+    """The 24-byte extended header in front of the flatbuffer (docs/architecture.md, format contract 1)."""
 
     segment_offset: int
     segment_size: int

@@ -1,7 +1,7 @@
 """Validating MP00 blob reader, written by hand (the flatc accessors do no bounds checks).
 
 ``read_blob(data)`` decodes one blob into the dataclasses of ``model.py`` and checks everything
-the MPS delegate runtime relies on (design.md format contract, mps-runtime-semantics.md §1-§4).
+the MPS delegate runtime relies on (docs/architecture.md format contract, docs/device-semantics.md §1-§4).
 Any violation raises ``MPSFormatError`` naming what and where; no other exception escapes for
 malformed input, and the work done is bounded by the blob size.
 

@@ -1,6 +1,6 @@
 """MP00 blob writer: flatbuffer built in-process with the generated bindings, no JSON, no flatc.
 
-Layout (design.md, format contract 1-2):
+Layout (docs/architecture.md, format contract 1-2):
     [0:4] zero | [4:8] b"MP00" | [8:16] u64 segment offset | [16:24] u64 segment size
     [24:...] flatbuffer (identifier MP00) | zero padding to 16 | constant segment
 Every constant starts on a 16-byte boundary of the segment; the segment is padded to a
@@ -10,7 +10,8 @@ buffers (e.g. a tensor's memory) into the output.
 The output is one ``bytes`` object allocated once at its final size and filled in place (the C API's
 ``PyBytes_FromStringAndSize(NULL, n)`` idiom, through ctypes): no list of parts and no second copy.
 (No transparent-huge-page advice: with the kernel's "madvise" defrag mode a fault may stall seconds in
-direct compaction on a busy machine; 4 KiB page faults cost the same as for any fresh bytes object.) A constant may also be a deferred source with ``nbytes`` and ``write_into(memoryview)``
+direct compaction on a busy machine; 4 KiB page faults cost the same as for any fresh bytes object.) A constant may
+also be a deferred source with ``nbytes`` and ``write_into(memoryview)``
 (e.g. the builder's float32 -> float16 conversion, done straight into the blob); a constants mapping
 with a ``release(vid)`` method has each entry released once its bytes are in the blob, so a caller's
 temporary copies are freed while the blob fills.
@@ -25,8 +26,7 @@ from typing import Any, Callable, Mapping
 import flatbuffers
 import numpy as np
 
-from .model import (CONSTANT_ALIGN, HEADER_SIZE, MAGIC, SEGMENT_ALIGN, UNION_MEMBERS, UNION_TAGS,
-                    Graph, Header, Node, table_fields)
+from .model import CONSTANT_ALIGN, HEADER_SIZE, MAGIC, SEGMENT_ALIGN, UNION_MEMBERS, UNION_TAGS, Graph, Header, Node, table_fields
 
 _GEN = "mps_backend.serialization.generated.mpsgraph."
 _INT_VECTOR = np.dtype("<i4")

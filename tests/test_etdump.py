@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import torch
 from executorch.devtools import Inspector
+from mps_backend.serialization.pte import delegate_blobs
 from torch import nn
 
 from mps_backend.cli import main
 from mps_backend.export import export_model
 from mps_backend.runtime.emulator import EMULATED_EVENT_METADATA, run_with_etdump
 from mps_backend.runtime.interpreter import Interpreter
-from mps_backend.serialization.pte import delegate_blobs
 
 
 class _Cancels(nn.Module):
@@ -103,8 +103,9 @@ def test_run_command_writes_etdump_and_prints_the_gap_table(tmp_path, capsys):
 
 
 def test_interpreter_observer_sees_each_node_and_its_output():
-    from tests.runtime.helpers import GraphSpec  # noqa: PLC0415
     from mps_backend.serialization.model import DataType  # noqa: PLC0415
+
+    from tests.runtime.helpers import GraphSpec  # noqa: PLC0415
 
     g = GraphSpec()
     x = torch.tensor([1.0, -2.0])

@@ -21,11 +21,11 @@ import sys
 
 import pytest
 import torch
+from mps_backend.serialization import read_blob
+from mps_backend.serialization.pte import delegate_blobs
 
 from mps_backend.llm import CheckpointError, GenerationStats, export_llm, generate_ids
 from mps_backend.runtime import constant_method_values
-from mps_backend.serialization import read_blob
-from mps_backend.serialization.pte import delegate_blobs
 from tests.llm_helpers import ARCHS, eager_greedy, eager_model, save_checkpoint, save_llama_checkpoint, train_tokenizer
 
 PROMPT = [5, 17, 9, 40, 3]
@@ -182,6 +182,7 @@ def test_quantized_llm(tmp_path, tokenizer, scheme):
     # quantized weights are stored at their width: 1 or 0.5 byte per weight plus one (at most 4-byte)
     # scale per group; what stays float (embedding, an lm_head the int4 layout cannot take) at 4 bytes
     from mps_backend.operators.quant import int4_layout_fits
+
     from mps_backend.quantize import quantize_model, resolve_group_size
 
     group = resolve_group_size(scheme, None)

@@ -2,9 +2,8 @@
 against torch on modules saved here, `mps-backend inspect`, and the migration to MPS."""
 from __future__ import annotations
 
-import hashlib
-
 import enum
+import hashlib
 import io
 import json
 import pathlib
@@ -16,12 +15,12 @@ from typing import Dict, List, Tuple
 
 import pytest
 import torch
-from torch import nn
-
-from mps_backend import cli, legacy
 from mps_backend.serialization import mobile
 from mps_backend.serialization.generated import schema_info
 from mps_backend.serialization.mobile import MobileFormatError, read_mobile_module
+from torch import nn
+
+from mps_backend import cli, legacy
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "serialization" / "generated" / "mobile"

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mps_backend.serialization.pte import delegate_blobs
 
 from mps_backend.export import export_model
 from mps_backend.runtime import run_pte
 from mps_backend.runtime.interpreter import execute
-from mps_backend.serialization.pte import delegate_blobs
 
 TOL = {False: 1e-5, True: 1e-2}
 

@@ -134,8 +134,8 @@ def test_folded_batch_norm_leaves_only_the_folded_constants_in_the_blob():
     """Folded: the blob holds the conv's new weight and bias only (the original weight, bias and the
     four batch norm vectors are gone), and the debug handle of the conv node names both fx nodes."""
     from executorch.exir.lowered_backend_module import get_lowered_submodules
-
     from mps_backend.serialization.reader import read_blob
+
     from tests.ops.rows_conv import ConvBN
 
     model = ConvBN(torch.nn.Conv2d(3, 8, 3))

@@ -6,11 +6,10 @@ import torch
 from executorch.exir import to_edge, to_edge_transform_and_lower
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.lowered_backend_module import get_lowered_submodules
+from mps_backend.serialization import DataType, read_blob
 
 from mps_backend import MPSBackend, MPSPartitioner
-from mps_backend.backend import build_graph
 from mps_backend.demo import demo_model
-from mps_backend.serialization import DataType, read_blob
 
 
 def lower(model, inputs, partitioner=None, via="transform_and_lower"):

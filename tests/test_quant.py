@@ -25,12 +25,12 @@ import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.lowered_backend_module import get_lowered_submodules
+from mps_backend.operators.quant import pack_int4
+from mps_backend.serialization import DataType, read_blob
 
 from mps_backend import MPSPartitioner
-from mps_backend.operators.quant import pack_int4
 from mps_backend.quantize import quantize_model
 from mps_backend.runtime.interpreter import execute, unpack_int4
-from mps_backend.serialization import DataType, read_blob
 
 INT8_FP32, INT4_FP32, EXACT, FP16 = 1e-5, 1e-3, 1e-5, 5e-3
 FLOAT_INT4, FLOAT_INT8 = 0.2, 2e-2
@@ -410,7 +410,7 @@ def expected_constant_bytes(model, group: int) -> tuple[int, int]:
     """(int4 weights + float16 scales, the rest in float16) of an int4 weight-only llama."""
     quant, rest = 0, 0
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    for name, t in tensors.items():
+    for t in tensors.values():
         if hasattr(t, "qdata"):
             quant += t.qdata.numel() // 2 + t.scale.numel() * 2
         else:

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
+from mps_backend.serialization.pte import delegate_blobs
 
 from mps_backend.recipes import MPSRecipeType
 from mps_backend.runtime import load_emulator, run_pte
-from mps_backend.serialization.pte import delegate_blobs
 
 
 def test_import_mps_backend_registers_the_provider():

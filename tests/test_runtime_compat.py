@@ -7,8 +7,15 @@ from torch import nn
 
 from mps_backend.cli import main
 from mps_backend.export import export_model
-from mps_backend.runtime_compat import (RUNTIME_VERSIONS, RuntimeCompatError, RuntimeCompatWarning, check_program,
-                                        kernels, missing_kernels, program_operators)
+from mps_backend.runtime_compat import (
+    RUNTIME_VERSIONS,
+    RuntimeCompatError,
+    RuntimeCompatWarning,
+    check_program,
+    kernels,
+    missing_kernels,
+    program_operators,
+)
 
 
 class GridSample(nn.Module):

@@ -9,14 +9,23 @@ import struct
 import flatbuffers
 import numpy as np
 import pytest
-
 from mps_backend.serialization import MPSFormatError, read_blob, write_blob
 from mps_backend.serialization.generated.mpsgraph import MPSCat as fb_cat
 from mps_backend.serialization.generated.mpsgraph import MPSGraph as fb_graph
 from mps_backend.serialization.generated.mpsgraph import MPSNode as fb_node
 from mps_backend.serialization.generated.mpsgraph import MPSTensor as fb_tensor
-from mps_backend.serialization.model import (UNION_MEMBERS, UNION_NAMES, UNION_TAGS, DataType, Graph, Header,
-                                             Node, Tensor, member_fields, table_fields)
+from mps_backend.serialization.model import (
+    UNION_MEMBERS,
+    UNION_NAMES,
+    UNION_TAGS,
+    DataType,
+    Graph,
+    Header,
+    Node,
+    Tensor,
+    member_fields,
+    table_fields,
+)
 from mps_backend.serialization.pte import DelegateBlob, delegate_blobs
 from mps_backend.serialization.reader import absent_fields
 from mps_backend.serialization.writer import build_flatbuffer
@@ -247,8 +256,7 @@ def test_upstream_fixture_decodes(upstream_pte_dir, name):
 
 def test_pte_inline_and_segment_storage_agree(upstream_pte_dir):
     from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
-    from executorch.exir._serialize._program import (_get_extended_header, deserialize_pte_binary,
-                                                     serialize_pte_binary)
+    from executorch.exir._serialize._program import _get_extended_header, deserialize_pte_binary, serialize_pte_binary
     from executorch.exir.schema import DataLocation
 
     def location(pte: bytes) -> DataLocation:

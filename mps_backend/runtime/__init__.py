@@ -4,21 +4,22 @@ Import-light: the submodules (and torch/executorch) load on first attribute acce
 """
 from __future__ import annotations
 
-from mps_backend._lazy import lazy_attributes
-
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .emulator import (
+from mps_backend._lazy import lazy_attributes
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily (_LAZY)
+    from .emulator import (  # noqa: F401
         EmulatorBuildError,
         EmulatorError,
         InputMismatchError,
         LoadedMethod,
         build_shim,
         constant_method_values,
-        verify_bundled,
         load_emulator,
         run_pte,
+        run_with_etdump,
+        verify_bundled,
     )
 
 #: public name -> submodule that defines it
@@ -32,6 +33,7 @@ _LAZY = {
     "LoadedMethod": "emulator",
     "constant_method_values": "emulator",
     "verify_bundled": "emulator",
+    "run_with_etdump": "emulator",
 }
 
 __all__ = sorted(_LAZY)

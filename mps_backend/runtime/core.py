@@ -3,7 +3,7 @@
 Kernels live in ``kernels/<family>.py``; each module exports ``KERNELS``, a mapping from
 union member name to ``fn(ctx: KernelContext, node: Node) -> None``. A kernel reads its
 inputs with ``ctx.get(id)``, computes with torch CPU ops following
-``shared/spec/mps-runtime-semantics.md`` (not our lowerings), and binds results with
+``docs/device-semantics.md`` (not our lowerings), and binds results with
 ``ctx.set(id, tensor)``. Where MPSGraph would refuse to build or the runtime would abort,
 the kernel calls ``ctx.fail(reason)`` (raises DeviceError naming the node).
 """

@@ -791,8 +791,7 @@ def _verify_bundled(emulator: Any, data: bytes, method: str, mode: str, rtol: fl
 
 
 def _bundled_case_count(data: bytes, method: str) -> int:
-    from executorch.devtools.bundled_program.serialize import (  # noqa: PLC0415
-        deserialize_from_flatbuffer_to_bundled_program)
+    from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program  # noqa: PLC0415
 
     try:
         suites = deserialize_from_flatbuffer_to_bundled_program(data).method_test_suites

@@ -74,8 +74,8 @@ from executorch.backends.test.harness.stages import Serialize, StageType, ToEdge
 from executorch.backends.test.suite.flow import TestFlow
 
 from mps_backend.export import TOLERANCE as _EXPORT_TOLERANCE
-from mps_backend.testing.run_suite import CLASS_TEXT
 from mps_backend.partitioner import MPSPartitioner
+from mps_backend.testing.run_suite import CLASS_TEXT
 
 __all__ = [
     "BACKEND",
@@ -163,7 +163,7 @@ class MPSSerialize(Serialize):
         with emulator.session("faithful") as state:
             try:
                 return super().run_artifact(inputs)
-            except Exception as exc:
+            except Exception:
                 cause, state.error = state.error, None
                 if cause is None:
                     raise

@@ -14,10 +14,10 @@ import re
 from typing import Any, Sequence
 
 import torch
-
-from mps_backend.runtime.interpreter import Interpreter
 from mps_backend.serialization.model import Blob, DataType, Graph, Header, Node, Tensor, member_fields
 from mps_backend.serialization.writer import write_blob
+
+from mps_backend.runtime.interpreter import Interpreter
 
 TORCH_TO_DATATYPE = {
     torch.float16: DataType.float16, torch.float32: DataType.float32, torch.float64: DataType.float64,

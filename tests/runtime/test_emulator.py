@@ -16,10 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from mps_backend.runtime import emulator
+from mps_backend.runtime import EmulatorBuildError, EmulatorError, InputMismatchError, emulator, load_emulator, run_pte
 from mps_backend.runtime.program_check import ProgramFormatError
-from mps_backend.runtime import (EmulatorBuildError, EmulatorError, InputMismatchError,
-                                 load_emulator, run_pte)
 
 FIXTURES = ["cnn_fp32", "cnn_fp16", "conv1d_fp32", "conv1d_fp16", "mlp_fp32", "mlp_fp16",
             "ops_fp32", "ops_fp16"]
@@ -54,7 +52,10 @@ def _delegate_payloads(pte: bytes) -> list[tuple[str, bytes]]:
 def _io(upstream_pte_dir, name: str) -> tuple[list[torch.Tensor], list[np.ndarray]]:
     manifest = json.loads((upstream_pte_dir / "manifest.json").read_text())
     data = np.load(upstream_pte_dir / manifest[f"{name}.pte"]["inputs"])
-    keys = sorted(data.files, key=lambda k: (k.rstrip("0123456789"), int(k.lstrip("inputoutput"))))
+    def number(k: str) -> int:
+        return int(k.removeprefix("input").removeprefix("output").lstrip("_"))
+
+    keys = sorted(data.files, key=lambda k: (k.rstrip("0123456789"), number(k)))
     inputs = [torch.from_numpy(data[k].copy()) for k in keys if k.startswith("input")]
     outputs = [data[k] for k in keys if k.startswith("output")]
     return inputs, outputs
@@ -195,7 +196,6 @@ def mixed_pte() -> bytes:
     from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
     from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
     from executorch.exir.dialects._ops import ops as exir_ops
-
     from mps_backend.serialization.model import DataType, Graph, Node, Tensor
     from mps_backend.serialization.writer import write_blob
 

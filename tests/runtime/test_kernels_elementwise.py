@@ -1,6 +1,6 @@
 """Device-model kernels of the elementwise families, on one-node graphs written with the writer.
 
-Every expectation is the behaviour of shared/spec/mps-runtime-semantics.md (§3.3, §5.1-§5.8, §5.11
+Every expectation is the behaviour of docs/device-semantics.md (§3.3, §5.1-§5.8, §5.11
 MPSCast, §5.16) written out here independently of the kernels.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mps_backend.serialization.model import DataType
 
 from mps_backend.runtime.core import DeviceError
-from mps_backend.serialization.model import DataType
 
 from .helpers import GraphSpec, one_node, run_graph
 

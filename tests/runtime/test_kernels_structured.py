@@ -1,5 +1,5 @@
 """Device-model kernels for the structured members: linalg, indexing, reduce, shape, conv, norm, pool,
-pad, quant. Expectations are written from shared/spec/mps-runtime-semantics.md (§5.6, §5.9-§5.17),
+pad, quant. Expectations are written from docs/device-semantics.md (§5.6, §5.9-§5.17),
 mostly as explicit torch reference computations, not from the kernels.
 """
 from __future__ import annotations
@@ -9,10 +9,10 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from mps_backend.serialization.model import DataType, Graph, Node, Tensor, member_fields
 
 from mps_backend.runtime.core import DeviceError, KernelContext
 from mps_backend.runtime.kernels import conv, indexing, linalg, norm, pad, pool, quant, reduce, shape
-from mps_backend.serialization.model import DataType, Graph, Node, Tensor, member_fields
 
 KERNELS = {}
 for _m in (conv, indexing, linalg, norm, pad, pool, quant, reduce, shape):

@@ -32,7 +32,8 @@ CASES = {
         g.output(o); inputs = [torch.ones(2, 2)]
     """,
     "max pool padding 2**30": """
-        x = g.input(torch.ones(1, 1, 4, 4)); o1, o2 = g.value(DataType.float32, [1, 1, 2, 2]), g.value(DataType.int32, [1, 1, 2, 2])
+        x = g.input(torch.ones(1, 1, 4, 4))
+        o1, o2 = g.value(DataType.float32, [1, 1, 2, 2]), g.value(DataType.int32, [1, 1, 2, 2])
         g.node("MPSMaxPool2DWithIndices", input1_id=x, output1_id=o1, output2_id=o2, kernel_height=2, kernel_width=2,
                stride_height=2, stride_width=2, padding_left=2**30, padding_right=0, padding_top=0, padding_bottom=0,
                dilation_height=1, dilation_width=1, ceil_mode=False, count_include_pad=False, divisor_override=0)
