@@ -156,7 +156,7 @@ def _dedupe_constants(b) -> dict[int, int]:
     for vid in graph.constant_ids:
         t = graph.values[vid]
         if math.prod(t.dims) <= SMALL_CONSTANT:
-            if b.constants.get(vid) is None:
+            if vid not in b.constants:  # membership only: ``get`` would materialize a deferred conversion
                 continue
             data = b.constants[vid].reshape(-1).contiguous().view(torch.uint8)
             key = (t.datatype, tuple(t.dims), bytes(data.numpy()))
