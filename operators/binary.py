@@ -4,7 +4,7 @@ Operands: tensor operands whose device dtype differs from the op's common dtype 
 (the device promotes with PyTorch's tensor table, which ignores torch's 0-dim/scalar rules, e.g.
 f16 tensor + 0-dim f32 tensor is f16 in torch but f32 on the device). Scalar operands become
 one-element constants whose declared dtype *and bytes* are the common dtype in the graph's
-compute precision (upstream defect #3); integer scalars wrap like torch (``int8 + 300`` adds 44).
+compute precision (docs/upstream-defects.md #3); integer scalars wrap like torch (``int8 + 300`` adds 44).
 
 Device limits handled here (semantics §5.2, §6):
 * integer comparisons with a float scalar are rewritten exactly in the integer domain
@@ -15,9 +15,16 @@ Device limits handled here (semantics §5.2, §6):
   ``maximum`` a compare-and-select, ``atan2`` a quadrant-corrected atan decomposition.
 * MPSDiv 'trunc' and MPSFmod abort on f16 operands: in f16 graphs ``trunc`` is
   ``where(q < 0, ceil(q), floor(q))`` and fmod ``a - trunc(a / b) * b``; f32 graphs use the members.
-* division with a rounding mode, fmod and remainder of integers: the device computes those in f32
-  and returns f32 (§6 #13); lowered only for int8 (through the compute float dtype and a cast back),
-  where every quotient is exact in f16 and f32 (|a| < 2**11). Wider integers stay on CPU.
+* division with a rounding mode, fmod and remainder of integers: the device computes those members in
+  f32 and returns f32 (§6 #13), inexact past 2**24 (2**11 in f16 graphs). They are written with
+  integer members only: ``q0 = MPSDiv(a, b)`` without a mode is the device's integer division (integer
+  result, §6 #12; its rounding of negative quotients is unverified, so only ``|q0 - a/b| < 1`` is
+  assumed: truncation, floor or any other rounding to an adjacent integer), then the remainder
+  ``r0 = a - q0 * b`` says which neighbour it is: the floor quotient is ``q0 - 1`` exactly when
+  ``r0 != 0`` and ``r0``'s sign differs from ``b``'s. Every step is exact integer arithmetic (``|q0 * b|``
+  is at most ``|a| + |b|``), so under that one assumption floor_divide / div(rounding_mode=...) /
+  remainder / fmod of every integer dtype equal torch's exactly, at any magnitude and in fp16 graphs
+  too (no float involved). Division by zero raises in torch (nothing to match).
 * float floor division / fmod / remainder are ``floor(a / b)``-style decompositions (as the device's
   own members compute them): they agree with torch except where ``a / b`` rounds onto an integer
   (torch, like Python, gives ``1.0 // 0.1 == 9.0``; the device ``10.0``).
@@ -37,8 +44,7 @@ from mps_backend.dtypes import FLOAT_DTYPES
 
 from ._util import arg, is_float, scalar_dtype, val
 from .registry import Lowering, op_key
-from .unary import (binary, compare, const, convert, finish, full_like, maximum, minimum, trunc, unary, vdtype,
-                    where)
+from .unary import binary, compare, const, convert, finish, full_like, maximum, minimum, trunc, unary, vdtype, where
 
 aten = torch.ops.aten
 dim_order_ops = torch.ops.dim_order_ops
@@ -177,12 +183,10 @@ def _div(node: Node, b) -> None:
     # rounding_mode absent (null) = plain division; any other string is a device assert
 
 
-def _int8_only(node: Node, what: str):
-    dt = val(node).dtype
-    if dt.is_floating_point or dt == torch.int8:
-        return None
-    return (f"{what} of {dt} tensors: the device computes it through float (f32 result, §6 #13); "
-            "exact only for int8")
+def _int_or_float(node: Node, what: str):
+    if val(node).dtype == torch.bool:
+        return f"{what} of bool tensors (torch has no bool quotient)"
+    return None
 
 
 def _rounded_div(b, x: int, y: int, mode: str) -> int:
@@ -205,14 +209,54 @@ def _remainder(b, x: int, y: int) -> int:
     return binary(b, "MPSRemainder", x, y)  # null mode = 'floor': x - floor(x / y) * y
 
 
-def _through_float(fn):
-    """Lower ``fn(b, x, y)`` on float operands; int8 operands go through the compute float dtype
-    and come back as int8 (exact: see the module docstring)."""
+def _int_divmod(b, x: int, y: int) -> tuple[int, int]:
+    """(floor quotient, floor remainder) of two integer values of one dtype, exactly, with integer
+    members only (module docstring): ``q0`` the device's integer division, ``r0 = x - q0 * y``; q0 is
+    one above the floor exactly when ``r0 != 0`` and ``r0 < 0 != y < 0``."""
+    dt = vdtype(b, x)
+    zero = const(b, 0, dt)
+    q0 = binary(b, "MPSDiv", x, y)  # no rounding mode: integer division with an integer result
+    r0 = binary(b, "MPSSub", x, binary(b, "MPSMul", q0, y))
+    y_neg = compare(b, "MPSLt", y, zero)
+    above = binary(b, "MPSBitwiseAnd", compare(b, "MPSNe", r0, zero),
+                   compare(b, "MPSNe", compare(b, "MPSLt", r0, zero), y_neg))
+    q = binary(b, "MPSSub", q0, b.cast(above, dt))
+    r = where(b, above, binary(b, "MPSAdd", r0, y), r0)
+    return q, r
+
+
+def _int_truncated(b, x: int, y: int, q: int, r: int) -> int:
+    """Where the truncated quotient/remainder differ from the floored ones: a non-zero remainder
+    of a negative quotient (operand signs differ)."""
+    zero = const(b, 0, vdtype(b, x))
+    signs_differ = compare(b, "MPSNe", compare(b, "MPSLt", x, zero), compare(b, "MPSLt", y, zero))
+    return binary(b, "MPSBitwiseAnd", compare(b, "MPSNe", r, zero), signs_differ)
+
+
+def _int_floor_divide(b, x: int, y: int) -> int:
+    return _int_divmod(b, x, y)[0]
+
+
+def _int_trunc_divide(b, x: int, y: int) -> int:
+    q, r = _int_divmod(b, x, y)
+    return binary(b, "MPSAdd", q, b.cast(_int_truncated(b, x, y, q, r), vdtype(b, x)))
+
+
+def _int_remainder(b, x: int, y: int) -> int:
+    return _int_divmod(b, x, y)[1]
+
+
+def _int_fmod(b, x: int, y: int) -> int:
+    q, r = _int_divmod(b, x, y)
+    return where(b, _int_truncated(b, x, y, q, r), binary(b, "MPSSub", r, y), r)
+
+
+def _division(float_fn, int_fn):
+    """Lower ``float_fn(b, x, y)`` on float operands (the result dtype), ``int_fn`` on integer ones."""
     def lower(node: Node, b) -> None:
-        dt = val(node).dtype
-        work = b.compute_dtype(dt if dt.is_floating_point else torch.float32)
-        x, y = _operands(node, b, work)
-        finish(b, node, fn(b, x, y))
+        dt = b.compute_dtype(val(node).dtype)
+        x, y = _operands(node, b, dt)
+        finish(b, node, (float_fn if dt in FLOAT_DTYPES else int_fn)(b, x, y))
     return lower
 
 
@@ -222,7 +266,7 @@ def _div_mode_check(node: Node):
         return _div_check(node)
     if mode not in ("trunc", "floor"):
         return f"rounding_mode={mode!r}"
-    return _int8_only(node, f"division with rounding_mode={mode!r}")
+    return _int_or_float(node, f"division with rounding_mode={mode!r}")
 
 
 def _div_mode(node: Node, b) -> None:
@@ -230,7 +274,8 @@ def _div_mode(node: Node, b) -> None:
     if mode is None:
         _div(node, b)
         return
-    _through_float(lambda b, x, y: _rounded_div(b, x, y, mode))(node, b)
+    _division(lambda b, x, y: _rounded_div(b, x, y, mode),
+              _int_floor_divide if mode == "floor" else _int_trunc_divide)(node, b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,11 +479,12 @@ LOWERINGS = [
     Lowering((aten.div.Tensor, aten.div.Scalar), _div, _div_check),
     Lowering((aten.div.Tensor_mode, aten.div.Scalar_mode), _div_mode, _div_mode_check),
     Lowering((aten.floor_divide.default, aten.floor_divide.Scalar),
-             _through_float(lambda b, x, y: _rounded_div(b, x, y, "floor")),
-             lambda node: _int8_only(node, "floor_divide")),
-    Lowering((aten.fmod.Tensor, aten.fmod.Scalar), _through_float(_fmod), lambda node: _int8_only(node, "fmod")),
-    Lowering((aten.remainder.Tensor, aten.remainder.Scalar), _through_float(_remainder),
-             lambda node: _int8_only(node, "remainder")),
+             _division(lambda b, x, y: _rounded_div(b, x, y, "floor"), _int_floor_divide),
+             lambda node: _int_or_float(node, "floor_divide")),
+    Lowering((aten.fmod.Tensor, aten.fmod.Scalar), _division(_fmod, _int_fmod),
+             lambda node: _int_or_float(node, "fmod")),
+    Lowering((aten.remainder.Tensor, aten.remainder.Scalar), _division(_remainder, _int_remainder),
+             lambda node: _int_or_float(node, "remainder")),
     Lowering((aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar), _pow, _pow_check),
     Lowering((aten.minimum.default,), _minmax(minimum)),
     Lowering((aten.maximum.default,), _minmax(maximum)),

@@ -1,4 +1,5 @@
-"""Indexing: index_select, embedding, index.Tensor, index_put, slice_scatter, select_scatter, gather.
+"""Indexing: index_select, embedding, index.Tensor, index_put, slice_scatter, select_scatter, gather,
+scatter.
 
 - ``index_select`` -> MPSIndexSelect (dim normalised; the device casts the index to int32).
 - ``embedding`` -> MPSEmbedding with ``padding_idx`` always written as -1: the device zeroes the rows
@@ -7,37 +8,69 @@
 - ``index.Tensor`` with one non-None index -> MPSIndexTensor (the runtime aborts on more, and the
   metal-kernel graph type aborts always: never emitted). Several indices that select an outer
   product on adjacent axes (``x[:, :, rows[:, None], cols]``, what torch's interpolation
-  decompositions gather) -> one MPSIndexSelect per axis, each distinct gather emitted once; other
-  multi-index patterns stay on CPU. Negative index values are
-  made non-negative first (``i + (i < 0) * size``, computed once per index value and axis size):
-  the device gather's handling of them is unverified.
-- ``index_put`` -> MPSIndexPut with one index, ``accumulate=False`` only (the device always
-  overwrites); ``values_shape`` is the full indexed shape ``x.shape[:k] + idx.shape +
-  x.shape[k+1:]`` (what the device scatter requires, values broadcast to it right-aligned as in
-  torch).
+  decompositions gather) -> one MPSIndexSelect per axis, each distinct gather emitted once. Any
+  other several indices (``x[rows, cols]``, indices on non-adjacent axes) are *linearized*: the
+  indexed axes (moved to the front by one MPSPermute when they are not adjacent, as torch moves
+  the result's broadcast index axes to the front) are viewed as one axis of size ``P = prod(sizes)``
+  and ``lin = sum_j idx_j * stride_j`` (index tensors broadcast together, as in torch) selects from
+  it with one MPSIndexSelect: exact integer arithmetic, one gather. ``P < 2^31`` (the device casts
+  gather indices to int32). Negative index values are made non-negative first (``i + (i < 0) * size``,
+  computed once per index value and axis size): the device gather's handling of them is unverified.
+- ``index_put`` -> MPSIndexPut along one axis: one index as is; several index tensors linearized
+  as for ``index.Tensor`` (the data viewed with the indexed axes as one, the values broadcast to the
+  indexed shape and viewed the same way, the result viewed / permuted back). ``values_shape`` is the
+  full indexed shape ``x.shape[:k] + idx.shape + x.shape[k+1:]`` (what the device scatter requires,
+  values broadcast to it right-aligned as in torch). Duplicate positions: torch and the device
+  leave the winner unspecified.
+  ``accumulate=True`` (the device scatter always overwrites, §6 #10): for at most
+  ``ACCUMULATE_MAX`` index entries, one gather - add - scatter per entry, in index order. That is
+  torch's serial CPU kernel (``x[i] += v`` entry by entry), so duplicates sum in the same order and
+  the result is bit-exact (integers wrap the same way); five MPS nodes per entry.
 - ``slice_scatter``: step 1 is a concatenation of the untouched slices around ``src`` (no index
   constant); step > 1 is MPSScatter with an int64 index constant ``arange(start, end, step)`` on
   ``dim`` broadcast to ``src``'s shape. start/end are normalised and clamped like ``slice``.
 - ``select_scatter`` (kept whole): ``src`` viewed with the axis restored, then as slice_scatter.
+- ``scatter.src`` / ``scatter.value`` (no reduce) -> MPSScatter, the device's scatter along an axis in
+  set mode (semantics §5.9: ``data.scatter(dim, idx, src)``). ``src`` is sliced to the index's shape
+  (torch reads only that corner); a scalar value is expanded to it. MPSGraph's scatter-along-axis takes
+  data and indices of one shape except on the axis (PyTorch's own MPS scatter slices the data when
+  they differ), so an index smaller than the data on other axes scatters into that corner of the data,
+  which is concatenated back with the rest, one MPSCat per such axis. Duplicate positions: torch and
+  the device leave the winner unspecified.
 - ``gather``: linear offsets ``index * stride[dim] + base`` (``base`` a constant of the other axes'
   offsets, computed from shapes) select from the flattened input with one MPSIndexSelect.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.fx import Node
 
 from ._util import arg, clamp_index, norm_dim, rank, shape, val
 from .registry import Lowering, op_key
-from .shape import binary, cat_values, slice_value, vdtype, view
+from .shape import binary, cat_values, expand, permute, slice_value, vdtype, view, vshape
+from .unary import scalar_value
 
 aten = torch.ops.aten
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 #: the device casts gather indices to int32 (semantics §3.1)
 INT32_LIMIT = 2 ** 31
+#: most index entries index_put(accumulate=True) lowers (five MPS nodes each)
+ACCUMULATE_MAX = 32
+
+
+def _indices_reason(x: Node, present: list) -> str | None:
+    """Why the (position, index tensor) pairs of an index/index_put node cannot be lowered, or None."""
+    for k, idx in present:
+        reason = _index_reason(idx)
+        if reason:
+            return reason
+        if k >= rank(x):
+            return f"index at position {k} of a rank-{rank(x)} tensor"
+    return None
 
 
 def _index_reason(idx: Node, what: str = "index"):
@@ -144,12 +177,9 @@ def _outer_indices(node: Node):
     x = node.args[0]
     present = [(k, i) for k, i in enumerate(node.args[1]) if i is not None]
     m = len(present)
-    for k, idx in present:
-        reason = _index_reason(idx)
-        if reason:
-            return reason
-        if k >= rank(x):
-            return f"index at position {k} of a rank-{rank(x)} tensor"
+    reason = _indices_reason(x, present)
+    if reason:
+        return reason
     axes = [k for k, _ in present]
     if axes != list(range(axes[0], axes[0] + m)):
         return (f"index tensors on axes {axes}, not adjacent (torch moves the indexed axes first); the "
@@ -163,10 +193,107 @@ def _outer_indices(node: Node):
     return present
 
 
+@dataclass(frozen=True)
+class _Linear:
+    """Several index tensors of ``x`` as one index into one axis (module docstring)."""
+
+    perm: list[int] | None  # MPSPermute moving the indexed axes to the front (not adjacent), else None
+    k: int  # the indexed axes are ``k .. k + m - 1`` of the (permuted) data
+    data_shape: list[int]  # shape of the (permuted) data
+    indices: list[tuple[int, Node]]  # (axis of x, index node)
+    index_shape: list[int]  # the index tensors' broadcast shape
+
+    @property
+    def sizes(self) -> list[int]:
+        return self.data_shape[self.k:self.k + len(self.indices)]
+
+    @property
+    def count(self) -> int:
+        """Index entries: positions of the broadcast index shape."""
+        return math.prod(self.index_shape)
+
+    def flat_shape(self) -> list[int]:
+        """The (permuted) data with the indexed axes as one."""
+        m = len(self.indices)
+        return self.data_shape[:self.k] + [math.prod(self.sizes)] + self.data_shape[self.k + m:]
+
+    def indexed_shape(self) -> list[int]:
+        """Shape of ``x[indices]`` (torch): the broadcast index shape in place of the indexed axes."""
+        m = len(self.indices)
+        return self.data_shape[:self.k] + self.index_shape + self.data_shape[self.k + m:]
+
+    def flat_indexed_shape(self) -> list[int]:
+        m = len(self.indices)
+        return self.data_shape[:self.k] + [self.count] + self.data_shape[self.k + m:]
+
+
+def _linear_plan(node: Node):
+    """The ``_Linear`` plan of ``node``'s (one or more) index tensors, or a reason string."""
+    x = node.args[0]
+    present = [(k, i) for k, i in enumerate(node.args[1]) if i is not None]
+    if not present:
+        return "no index tensor"
+    reason = _indices_reason(x, present)
+    if reason:
+        return reason
+    try:
+        index_shape = list(torch.broadcast_shapes(*(tuple(shape(i)) for _, i in present)))
+    except RuntimeError:
+        return f"index tensors of shapes {[shape(i) for _, i in present]} do not broadcast"
+    axes = [k for k, _ in present]
+    xs = shape(x)
+    if axes == list(range(axes[0], axes[0] + len(axes))):
+        perm, k, data_shape = None, axes[0], xs
+    else:  # torch puts the broadcast index axes first: move the indexed axes there
+        perm = axes + [d for d in range(len(xs)) if d not in axes]
+        k, data_shape = 0, [xs[d] for d in perm]
+    if math.prod(xs[a] for a in axes) >= INT32_LIMIT:
+        return "indexed axes with >= 2^31 positions together (the device casts gather indices to int32)"
+    return _Linear(perm, k, data_shape, present, index_shape)
+
+
+def _linear_index(b, plan: _Linear) -> int:
+    """``sum_j idx_j * stride_j`` (non-negative indices, broadcast), flattened to ``[count]``."""
+    sizes = plan.sizes
+    lin = None
+    for j, (_, idx) in enumerate(plan.indices):
+        term = _nonneg_index(b, idx, sizes[j])
+        stride = math.prod(sizes[j + 1:])
+        if stride != 1:
+            term = binary(b, "MPSMul", term, b.scalar(int(stride), vdtype(b, term)))
+        lin = term if lin is None else binary(b, "MPSAdd", lin, term)
+    if vshape(b, lin) != [plan.count]:
+        lin = view(b, lin, [plan.count])
+    return lin
+
+
+def _flat_data(b, x: Node, plan: _Linear) -> int:
+    vid = b.id(x)
+    if plan.perm is not None:
+        vid = permute(b, vid, plan.perm)
+    if plan.flat_shape() != plan.data_shape:
+        vid = view(b, vid, plan.flat_shape())
+    return vid
+
+
 def _index_check(node: Node):
     n = sum(i is not None for i in node.args[1])
-    found = _single_index(node) if n <= 1 else _outer_indices(node)
+    if n <= 1:
+        found = _single_index(node)
+    else:
+        found = _outer_indices(node)
+        if isinstance(found, str):
+            found = _linear_plan(node)
     return found if isinstance(found, str) else None
+
+
+def _index_linear(node: Node, b) -> None:
+    """Several index tensors as one linearized index: one MPSIndexSelect."""
+    x = node.args[0]
+    plan = _linear_plan(node)
+    picked = b.emit_value("MPSIndexSelect", b.dtype(x), plan.flat_indexed_shape(), input1_id=_flat_data(b, x, plan),
+                          index_id=_linear_index(b, plan), dim=plan.k)
+    view(b, picked, shape(node), out=b.out(node))
 
 
 def _index_outer(node: Node, b) -> None:
@@ -195,7 +322,10 @@ def _indexed_shape(x: Node, k: int, idx: Node) -> list[int]:
 
 def _index_tensor(node: Node, b) -> None:
     if sum(i is not None for i in node.args[1]) > 1:
-        _index_outer(node, b)
+        if isinstance(_outer_indices(node), str):
+            _index_linear(node, b)
+        else:
+            _index_outer(node, b)
         return
     x = node.args[0]
     k, idx = _single_index(node)
@@ -209,29 +339,64 @@ def _index_tensor(node: Node, b) -> None:
 
 
 def _index_put_check(node: Node):
-    if bool(arg(node, 3, "accumulate", False)):
-        return "index_put with accumulate=True: the device scatter always overwrites"
-    found = _single_index(node)
+    x, values = node.args[0], node.args[2]
+    accumulate = bool(arg(node, 3, "accumulate", False))
+    single = sum(i is not None for i in node.args[1]) == 1
+    found = _single_index(node) if single and not accumulate else _linear_plan(node)
     if isinstance(found, str):
         return found
-    x, values = node.args[0], node.args[2]
     if val(values).dtype != val(x).dtype:
         return f"index_put of {val(values).dtype} values into {val(x).dtype} (the device does not promote)"
-    k, idx = found
+    want = _indexed_shape(x, *found) if isinstance(found, tuple) else found.indexed_shape()
     try:
-        torch.broadcast_shapes(tuple(shape(values)), tuple(_indexed_shape(x, k, idx)))
+        torch.broadcast_shapes(tuple(shape(values)), tuple(want))
     except RuntimeError:
-        return f"index_put values of shape {shape(values)} do not broadcast to {_indexed_shape(x, k, idx)}"
+        return f"index_put values of shape {shape(values)} do not broadcast to {want}"
+    if accumulate:
+        if val(x).dtype == torch.bool:
+            return "index_put with accumulate=True into a bool tensor"
+        if found.count > ACCUMULATE_MAX:
+            return (f"index_put with accumulate=True of {found.count} index entries: the device scatter "
+                    f"always overwrites, so each entry is a gather, add and scatter (at most {ACCUMULATE_MAX})")
     return None
 
 
 def _index_put(node: Node, b) -> None:
     x, _, values = node.args[:3]
-    k, idx = _single_index(node)
-    ids = [-1] * len(node.args[1])
-    ids[k] = _nonneg_index(b, idx, shape(x)[k])
-    b.emit("MPSIndexPut", input1_id=b.id(x), indices_id=ids, values_shape=_indexed_shape(x, k, idx),
-           values_id=b.id(values), output_id=b.out(node))
+    accumulate = bool(arg(node, 3, "accumulate", False))
+    if sum(i is not None for i in node.args[1]) == 1 and not accumulate:
+        k, idx = _single_index(node)
+        ids = [-1] * len(node.args[1])
+        ids[k] = _nonneg_index(b, idx, shape(x)[k])
+        b.emit("MPSIndexPut", input1_id=b.id(x), indices_id=ids, values_shape=_indexed_shape(x, k, idx),
+               values_id=b.id(values), output_id=b.out(node))
+        return
+    plan = _linear_plan(node)
+    dt = b.dtype(x)
+    data, lin = _flat_data(b, x, plan), _linear_index(b, plan)
+    # the values broadcast to x[indices]'s shape, then viewed with the index axes as one
+    vals = b.id(values)
+    if _device_shape(shape(values)) != _device_shape(plan.indexed_shape()):
+        vals = expand(b, vals, _device_shape(shape(values)), _device_shape(plan.indexed_shape()))
+    vals = view(b, vals, plan.flat_indexed_shape())
+    ids = [-1] * plan.k
+    if not accumulate:
+        data = b.emit_value("MPSIndexPut", dt, plan.flat_shape(), input1_id=data, indices_id=ids + [lin],
+                            values_shape=plan.flat_indexed_shape(), values_id=vals)
+    else:  # torch's serial kernel: x[i_j] += v_j for j in index order
+        one = plan.data_shape[:plan.k] + [1] + plan.flat_shape()[plan.k + 1:]
+        for j in range(plan.count):
+            i_j = slice_value(b, lin, 0, j, j + 1)
+            current = b.emit_value("MPSIndexSelect", dt, one, input1_id=data, index_id=i_j, dim=plan.k)
+            summed = binary(b, "MPSAdd", current, slice_value(b, vals, plan.k, j, j + 1))
+            data = b.emit_value("MPSIndexPut", dt, plan.flat_shape(), input1_id=data, indices_id=ids + [i_j],
+                                values_shape=one, values_id=summed)
+    if plan.perm is None:
+        view(b, data, shape(x), out=b.out(node))
+        return
+    data = view(b, data, plan.data_shape)
+    inverse = [plan.perm.index(d) for d in range(len(plan.perm))]
+    permute(b, data, inverse, out=b.out(node))
 
 
 # ---- slice_scatter / select_scatter ---------------------------------------------------------------
@@ -303,6 +468,57 @@ def _select_scatter_check(node: Node):
     return None
 
 
+# ---- scatter --------------------------------------------------------------------------------------
+
+def _scatter_src_check(node: Node):
+    x, dim, idx = node.args[:3]
+    src = node.args[3] if len(node.args) > 3 else node.kwargs.get("src", node.kwargs.get("value"))
+    if node.kwargs.get("reduce") is not None:
+        return f"scatter with reduce={node.kwargs['reduce']!r} (the device scatter only sets)"
+    reason = _index_reason(idx)
+    if reason:
+        return reason
+    if isinstance(src, Node) and val(src).dtype != val(x).dtype:
+        return f"scatter of {val(src).dtype} into {val(x).dtype} (the device does not promote)"
+    if rank(idx) != rank(x):
+        return f"scatter into rank {rank(x)} with an index of rank {rank(idx)}"
+    return None
+
+
+def _scatter(node: Node, b) -> None:
+    x, dim, idx = node.args[:3]
+    src = node.args[3] if len(node.args) > 3 else node.kwargs.get("src", node.kwargs.get("value"))
+    dt = b.dtype(x)
+    xs, ishape = _device_shape(shape(x)), _device_shape(shape(idx))
+    dim = norm_dim(dim, rank(x))
+    if isinstance(src, Node):
+        vid = b.id(src)
+        for d, n in enumerate(ishape):  # torch reads src[:idx.shape]
+            if _device_shape(shape(src))[d] != n:
+                vid = slice_value(b, vid, d, 0, n)
+    else:
+        vid = expand(b, b.scalar(scalar_value(src, dt), dt), [1], ishape)
+    # data and index of one shape except on dim: scatter into that corner of x, cat the rest back
+    cut = [d for d in range(len(xs)) if d != dim and ishape[d] < xs[d]]
+    if not cut:
+        b.emit("MPSScatter", input1_id=b.id(x), idx_id=b.id(idx), src_id=vid, dim=dim, output_id=b.out(node))
+        return
+    data = b.id(x)
+    for d in cut:
+        data = slice_value(b, data, d, 0, ishape[d])
+    result = b.emit_value("MPSScatter", dt, vshape(b, data), input1_id=data, idx_id=b.id(idx), src_id=vid,
+                          dim=dim)
+    # innermost cut axis first: the corner so far, then the rest of x on that axis (the corner's extent
+    # on the cut axes before it)
+    for i in range(len(cut) - 1, -1, -1):
+        d = cut[i]
+        rest = b.id(x)
+        for e in cut[:i]:
+            rest = slice_value(b, rest, e, 0, ishape[e])
+        rest = slice_value(b, rest, d, ishape[d], xs[d])
+        result = cat_values(b, [result, rest], d, out=b.out(node) if i == 0 else None)
+
+
 # ---- gather ---------------------------------------------------------------------------------------
 
 def _gather_check(node: Node):
@@ -350,4 +566,5 @@ LOWERINGS = [
     Lowering((aten.slice_scatter.default,), _slice_scatter, _scatter_check),
     Lowering((aten.select_scatter.default,), _select_scatter, _select_scatter_check, preserve=True),
     Lowering((aten.gather.default,), _gather, _gather_check),
+    Lowering((aten.scatter.src, aten.scatter.value), _scatter, _scatter_src_check),
 ]

@@ -1,4 +1,5 @@
-"""Normalization: inference batch norm -> MPSBatchNorm, layer norm -> MPSLayerNorm.
+"""Normalization: inference batch norm -> MPSBatchNorm, layer norm -> MPSLayerNorm, group norm and
+instance norm (batch statistics) -> MPSLayerNorm.
 
 The device sets batch norm's second output to the running mean and never sets the third,
 and writes the variance (not rstd) into layer norm's third output (semantics §5.13): those
@@ -10,11 +11,20 @@ view (population variance, ``(x - mean) / sqrt(var + eps)``: torch's formula) wi
 weight and zero bias constants, then the per-channel affine as MPSMul / MPSAdd over ``[N, C, HxW]``.
 Its mean / rstd outputs are never lowered.
 
+Batch statistics (``_native_batch_norm_legit.no_stats``: what instance norm decomposes into, on the
+``[1, N * C, *spatial]`` view of its input, and a batch norm in training mode without running stats)
+are the same MPSLayerNorm over the last axis: the input ``[B, C, *rest]`` is viewed as ``[C, B * R]``
+(``B == 1``: a view; else channels moved first by one MPSPermute), normalised with unit / zero scalar
+constants, the per-channel affine applied as MPSMul / MPSAdd over ``[C, 1]``, and the result viewed
+(and permuted) back. Population variance and ``(x - mean) / sqrt(var + eps)`` are torch's formula; its
+mean / rstd outputs are never lowered.
+
 A batch norm whose input is a convolution read by nothing else, with constant parameters, is folded
 into that convolution's weights and bias (``convolution`` module doc) and emits nothing.
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -23,7 +33,7 @@ from torch.fx import Node
 from ._util import is_float, shape, val
 from .convolution import folded_into
 from .registry import Lowering
-from .shape import binary, view
+from .shape import binary, permute, view
 
 aten = torch.ops.aten
 
@@ -105,6 +115,44 @@ def _group_norm(node: Node, b) -> None:
     b.ids[node] = (out, mean, var)
 
 
+def _batch_stats_norm(node: Node, b) -> None:
+    x, weight, bias = node.args[:3]
+    eps = float(node.args[5])
+    s = shape(x)
+    n, c, rest = s[0], s[1], s[2:]
+    k = n * math.prod(rest)
+    dt = b.dtype(x)
+    vid = b.id(x)
+    channels_first = [c, n] + rest
+    if n != 1:
+        vid = permute(b, vid, [1, 0] + list(range(2, len(s))))
+    xv = view(b, vid, [c, k])
+    normed, mean, var = b.new_value(dt, [c, k]), b.new_value(dt, [c, 1]), b.new_value(dt, [c, 1])
+    b.emit("MPSLayerNorm", input1_id=xv, normalized_shape=[k], weight_id=b.scalar(1.0, dt),
+           bias_id=b.scalar(0.0, dt), eps=eps, output1_id=normed, output2_id=mean, output3_id=var)
+    y = normed
+    if isinstance(weight, Node):
+        y = binary(b, "MPSMul", y, view(b, b.id(weight), [c, 1]))
+    if isinstance(bias, Node):
+        y = binary(b, "MPSAdd", y, view(b, b.id(bias), [c, 1]))
+    out = b.new_value(dt, s)
+    if n == 1:
+        view(b, y, s, out=out)
+    else:
+        permute(b, view(b, y, channels_first), [1, 0] + list(range(2, len(s))), out=out)
+    b.ids[node] = (out, mean, var)
+
+
+def _batch_stats_check(node: Node):
+    reason = _check({1: "batch norm mean output read (not lowered)",
+                     2: "batch norm rstd output read (not lowered)"})(node)
+    if reason:
+        return reason
+    if len(shape(node.args[0])) < 2:
+        return "batch norm of a rank < 2 tensor"
+    return None
+
+
 def _group_norm_check(node: Node):
     reason = _check({1: "group norm mean output read (not lowered)",
                      2: "group norm rstd output read (not lowered)"})(node)
@@ -122,4 +170,5 @@ LOWERINGS = [
     Lowering((aten.native_layer_norm.default,), _layer_norm,
              _check({2: "layer norm rstd output read (the device returns the variance there)"})),
     Lowering((aten.native_group_norm.default,), _group_norm, _group_norm_check),
+    Lowering((aten._native_batch_norm_legit.no_stats,), _batch_stats_norm, _batch_stats_check),
 ]

@@ -49,9 +49,8 @@ from typing import Optional
 
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines torch.ops.quantized_decomposed)
-from torch.fx import Node
-
 from mps_backend.serialization.model import DataType
+from torch.fx import Node
 
 from ._util import arg, shape, val
 from .registry import Lowering, op_key
@@ -64,7 +63,7 @@ except ImportError:  # pragma: no cover
 
 qd = torch.ops.quantized_decomposed
 
-#: the device's int4 layout constraints (upstream-coverage §5.2 #8)
+#: the device's int4 layout constraints (docs/upstream-defects.md §5.2 #8)
 INT4_N_MULTIPLE, INT4_K_MULTIPLE = 8, 32
 
 
@@ -180,7 +179,8 @@ def _dequant_check(node: Node):
             return f"{what} of shape {list(val(t).shape)} does not match blocks {list(spec.block)} of {dims}"
     if spec.is_4bit:
         if len(dims) != 2 or spec.block[0] != 1:
-            return f"4-bit weight {dims} with block size {list(spec.block)}: the device int4 dequantize takes 2-D weights in [1, group] blocks"
+            return (f"4-bit weight {dims} with block size {list(spec.block)}: the device int4 dequantize takes 2-D "
+                    "weights in [1, group] blocks")
         n, k = dims
         if not int4_layout_fits(n, k):
             return (f"int4 weight [N={n}, K={k}]: the MPS int4 layout needs N % {INT4_N_MULTIPLE} == 0 and "

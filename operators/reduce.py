@@ -13,6 +13,30 @@
   The device has no MPSMax/MPSMin (never dispatched, §6 #28). Unverified on the device: pooling
   windows as wide as a whole row (e.g. a vocabulary), NaN propagation and the index of ties (torch:
   NaN wins, first index among equal maxima).
+- ``topk`` and the integer ``max/min/argmax/argmin/amax/amin`` (``rank_select``): the reduced axes
+  permuted last, viewed as ``[M, n]``; for every pair of a row, ``j`` comes before ``i`` when ``x_j`` is
+  better (greater for largest; NaN is the greatest value, as in torch) or equal at a lower index
+  (``[n, n]`` constant). ``rank_i`` = the number of such ``j`` = ``n * mean(flags)`` (MPSMean of 0/1 in
+  the compute float dtype: the sum is exact and the rounding of ``sum / n`` times ``n`` stays below 0.5
+  for ``n <= 512`` even in float16). The position holding rank ``r`` is ``|rank - r| < 0.5``: exactly one
+  1 among 0s per (row, r), so one max pool over all ``k`` ranks gives the positions (whatever the
+  pool's tie rule), and one MPSIndexSelect the values. Exact for every dtype: no arithmetic on the
+  values, only comparisons. Order: best first, equal values lowest index first (torch's max/argmax
+  return the first index; topk's order among equal values is torch's implementation detail, e.g.
+  index 2 for ``topk([2, 2, 2, 2], 1)``). Limits: ``n <= 512``, ``M * n * n <= 2^22`` comparisons;
+  ``sorted=False`` with ``k > 1`` stays on CPU (torch's order of unsorted results is an implementation
+  detail). sort / argsort: the device has no sort node kind (``NOT_LOWERED``).
+  ``median`` of all elements (torch's lower median, rank ``(n - 1) // 2`` ascending) is the same
+  selection, plus rank ``n - 1``: NaN ranks last, so NaN there means the median is NaN (torch).
+  ``median.dim`` is not registered: its lowering would be the same selection per row (a row with NaN
+  gives its first NaN's index: NaNs would rank among themselves by descending index), but a program
+  returning its ``(values, indices)`` namedtuple cannot be serialized by ExecuTorch with or without a
+  delegate (``torch.return_types.median`` has no pytree serialization name), so delegating it turns the
+  operator suite's skips into emit failures; register it once that is fixed upstream.
+- ``prod``: the reduced axes permuted last and viewed as ``[M, N]``, the two halves multiplied until one
+  column is left (a column of ones pads an odd count): exact for integers (wrapping products are
+  associative; torch multiplies integers and bool in int64, so does the lowering), ``log2(N)`` roundings
+  per element for floats (torch's own vectorised order differs as well).
 - ``any``: ``x != 0`` (bool input as is) cast to 0/1 in the compute float dtype (exact), averaged
   over the reduced axes with MPSMean and compared ``> 0`` (three nodes for a bool input). The mean of
   ``n`` zeros/ones is at least ``1/n`` when one is set: with ``n <= 2^24`` (float32) or ``n <= 2^14``
@@ -24,8 +48,13 @@
   ``[n, n]`` (mathematically exact; the rounding order differs from a sequential scan).
 - ``var.correction``: mean, deviation, mean of squares, times ``n / (n - correction)``. In fp16
   mode the squared deviations are float16 and overflow where ``|x - mean| > 255`` (torch upcasts).
-Integer inputs of mean/sum/max/min/cumsum/var stay on CPU (the device pools/averages floats and a
-float detour is inexact for large integers); ``any`` takes every dtype.
+Integer inputs of mean/sum/cumsum/var stay on CPU (the device averages floats and a float detour is
+inexact for large integers; max/min: ``rank_select`` above); ``any`` and ``prod`` take every dtype.
+Exception: ``mean`` / ``sum`` with a float ``dtype=`` argument (``torch.mean(int64_tensor,
+dtype=torch.float32)``; torch's mean of an integer tensor without it is an error): torch casts the input
+to that dtype and reduces, and so does the lowering (one MPSCast first; in fp16 graphs the cast is to
+float16, which holds integers exactly up to 2048 and overflows above 65504, as any float32 value of an
+fp16 graph).
 """
 from __future__ import annotations
 
@@ -37,7 +66,8 @@ from torch.fx import Node
 
 from ._util import arg, is_float, norm_dim, rank, shape, val
 from .registry import Lowering, op_key
-from .shape import binary, permute, unary, vdtype, view, vshape
+from .shape import binary, cat_values, permute, slice_value, vdtype, view, vshape
+from .unary import convert, unary
 
 aten = torch.ops.aten
 
@@ -45,6 +75,10 @@ aten = torch.ops.aten
 ANY_MEAN_MAX = {torch.float32: 2 ** 24, torch.float16: 2 ** 14}
 #: largest axis cumsum lowers: the triangular constant has n*n elements
 CUMSUM_MAX = 512
+#: topk / integer max: the most elements per row (float16 counts of up to 512 flags are exact to
+#: within 0.5) and the most pairwise comparisons (rows * n * n)
+RANK_MAX = 512
+RANK_PAIRS_MAX = 2 ** 22
 
 
 def _reduce_dims(dims, r: int) -> list[int]:
@@ -75,20 +109,40 @@ def _float_check(what: str):
 
 # ---- mean / sum -----------------------------------------------------------------------------------
 
-def _mean_value(b, x: Node, dims: list[int], keep: bool, out: int | None = None) -> int:
+def _accumulate_check(what: str):
+    """mean / sum: a float input, or any input with a float ``dtype=`` (torch casts the input to it
+    first, and so does the lowering: e.g. ``mean(int64_tensor, dtype=torch.float32)``)."""
+    def check(node: Node):
+        dtype = node.kwargs.get("dtype")
+        if dtype is not None and dtype.is_floating_point:
+            return None
+        return _float_check(what)(node)
+    return check
+
+
+def _reduce_input(b, node: Node) -> int:
+    """The value mean / sum reduce: the input, cast to the ``dtype=`` argument when given."""
+    vid = b.id(node.args[0])
+    dtype = node.kwargs.get("dtype")
+    return vid if dtype is None else convert(b, vid, b.compute_dtype(dtype))
+
+
+def _mean_value(b, x: Node, dims: list[int], keep: bool, out: int | None = None, vid: int | None = None) -> int:
+    """MPSMean of ``x`` (or of ``vid``, a value of x's shape) over ``dims``."""
+    vid = b.id(x) if vid is None else vid
     if out is None:
         s = _device_shape(x)
         s = [1 if i in dims else d for i, d in enumerate(s)] if keep else [d for i, d in enumerate(s)
                                                                           if i not in dims]
-        out = b.new_value(b.dtype(x), s)
-    b.emit("MPSMean", input1_id=b.id(x), output_id=out, num_dims=len(dims), dims=dims, keep_dims=keep)
+        out = b.new_value(vdtype(b, vid), s)
+    b.emit("MPSMean", input1_id=vid, output_id=out, num_dims=len(dims), dims=dims, keep_dims=keep)
     return out
 
 
 def _mean(node: Node, b) -> None:
     x = node.args[0]
     dims = _reduce_dims(arg(node, 1, "dim", None), rank(x))
-    _mean_value(b, x, dims, bool(arg(node, 2, "keepdim", False)), out=b.out(node))
+    _mean_value(b, x, dims, bool(arg(node, 2, "keepdim", False)), out=b.out(node), vid=_reduce_input(b, node))
 
 
 def _exact_factors(n: int, dtype: torch.dtype) -> list[int]:
@@ -125,11 +179,12 @@ def _sum(node: Node, b) -> None:
     dims = _reduce_dims(None if is_default else arg(node, 1, "dim", None), rank(x))
     keep = False if is_default else bool(arg(node, 2, "keepdim", False))
     n = math.prod(s[d] for d in dims)
+    source = _reduce_input(b, node)
     if n == 1:
-        _mean_value(b, x, dims, keep, out=b.out(node))
+        _mean_value(b, x, dims, keep, out=b.out(node), vid=source)
         return
-    dt = b.dtype(x)
-    vid = _mean_value(b, x, dims, keep)
+    dt = vdtype(b, source)
+    vid = _mean_value(b, x, dims, keep, vid=source)
     factors = _exact_factors(n, dt)
     for i, f in enumerate(factors):
         vid = binary(b, "MPSMul", vid, b.scalar(float(f), dt), out=b.out(node) if i == len(factors) - 1 else None)
@@ -137,15 +192,20 @@ def _sum(node: Node, b) -> None:
 
 # ---- max / min / argmax / argmin / any / all (max pooling over a [1, M, 1, R] view) ---------------
 
+def _reduced_axes_last(b, vid: int, in_shape: list[int], dims: list[int]) -> tuple[int, list[int], list[int]]:
+    """``vid`` permuted so the reduced ``dims`` come last: (value, its original shape, the kept axes)."""
+    in_shape = list(in_shape) or [1]
+    keep = [d for d in range(len(in_shape)) if d not in dims]
+    perm = keep + list(dims)
+    if perm != list(range(len(in_shape))):
+        vid = permute(b, vid, perm)
+    return vid, in_shape, keep
+
+
 def pool_reduce(b, vid: int, in_shape: list[int], dims: list[int], negate: bool = False) -> tuple[int, int]:
     """Max (of ``-x`` if ``negate``) over ``dims`` of float value ``vid``: returns (values, int32
     indices), both of shape ``[1, M, 1, 1]`` with M = product of the kept axes in order."""
-    in_shape = list(in_shape) or [1]
-    r = len(in_shape)
-    keep = [d for d in range(r) if d not in dims]
-    perm = keep + list(dims)
-    if perm != list(range(r)):
-        vid = permute(b, vid, perm)
+    vid, in_shape, keep = _reduced_axes_last(b, vid, in_shape, dims)
     if negate:
         vid = unary(b, "MPSNeg", vid)
     m, n = math.prod(in_shape[d] for d in keep), math.prod(in_shape[d] for d in dims)
@@ -166,7 +226,109 @@ def _finish_values(b, values: int, negate: bool, out: int) -> None:
 
 
 def _finish_indices(b, indices: int, out: int) -> None:
-    view(b, b.cast(indices, torch.int64), vshape(b, out), out=out)
+    view(b, convert(b, indices, torch.int64), vshape(b, out), out=out)
+
+
+# ---- topk, integer max / min: ranks from pairwise comparisons -----------------------------------
+
+def rank_select(b, vid: int, in_shape: list[int], dims: list[int], ranks: int | list[int],
+                largest: bool) -> tuple[int, int]:
+    """The elements of rank ``ranks`` (a count k: ranks ``0..k-1``, the k largest / smallest) over ``dims``
+    of value ``vid`` and their int64 indices (flattened over ``dims`` in row-major order), both
+    ``[M, len(ranks)]`` (M = product of the kept axes, in order); exact for every dtype (module
+    docstring). Equal values (NaNs among themselves too) rank by index."""
+    ranks = list(range(ranks)) if isinstance(ranks, int) else list(ranks)
+    k = len(ranks)
+    vid, in_shape, keep = _reduced_axes_last(b, vid, in_shape, dims)
+    m, n = math.prod(in_shape[d] for d in keep), math.prod(in_shape[d] for d in dims)
+    dt = vdtype(b, vid)
+    fdt = b.compute_dtype(torch.float32)
+    flat = view(b, vid, [m * n])
+    mine, other = view(b, vid, [m, n, 1]), view(b, vid, [m, 1, n])  # element i, element j
+    # beats[i, j]: j comes before i -- better, or equal (NaN counts as equal to NaN) and at a lower index
+    beats = binary(b, "MPSGt" if largest else "MPSLt", other, mine)
+    tie = binary(b, "MPSEq", other, mine)
+    if dt.is_floating_point:  # NaN is the largest value (torch's topk / max / median)
+        nan_i, nan_j = unary(b, "MPSIsnan", mine, torch.bool), unary(b, "MPSIsnan", other, torch.bool)
+        better_nan = (binary(b, "MPSGt", nan_j, nan_i) if largest else binary(b, "MPSGt", nan_i, nan_j))
+        beats = binary(b, "MPSBitwiseOr", beats, better_nan)
+        tie = binary(b, "MPSBitwiseOr", tie, binary(b, "MPSBitwiseAnd", nan_i, nan_j))
+    earlier = b.constant(torch.ones(n, n, dtype=torch.bool).tril(-1), dtype=torch.bool)  # [i, j]: j < i
+    beats = binary(b, "MPSBitwiseOr", beats, binary(b, "MPSBitwiseAnd", tie, earlier))
+    # rank_i = number of j that come before i: a mean of 0/1 flags times n, exact to within 0.5
+    flags = b.cast(beats, fdt)
+    mean = b.emit_value("MPSMean", fdt, [m, n, 1], input1_id=flags, num_dims=1, dims=[2], keep_dims=True)
+    rank_of = binary(b, "MPSMul", view(b, mean, [m, 1, n]), b.scalar(float(n), fdt))
+    wanted = b.constant(torch.tensor(ranks, dtype=torch.float32).reshape(1, k, 1), dtype=fdt)
+    hit = binary(b, "MPSLt", unary(b, "MPSAbs", binary(b, "MPSSub", rank_of, wanted)), b.scalar(0.5, fdt))
+    # one hit per (row, rank): its position is the index of the maximum of the 0/1 flags
+    _, where_hit = pool_reduce(b, b.cast(hit, fdt), [m * k, n], [1])
+    index = view(b, where_hit, [m, k])
+    rows = b.constant((torch.arange(m, dtype=torch.int32) * n).reshape(m, 1), dtype=torch.int32)
+    picked = b.emit_value("MPSIndexSelect", dt, [m * k], input1_id=flat, dim=0,
+                          index_id=view(b, binary(b, "MPSAdd", index, rows), [m * k]))
+    return view(b, picked, [m, k]), b.cast(index, torch.int64)
+
+
+def _topk_args(node: Node):
+    x = node.args[0]
+    k = int(arg(node, 1, "k"))
+    dim = norm_dim(int(arg(node, 2, "dim", -1)), rank(x))
+    return x, k, dim, bool(arg(node, 3, "largest", True)), bool(arg(node, 4, "sorted", True))
+
+
+def _topk_check(node: Node):
+    x, k, dim, _, is_sorted = _topk_args(node)
+    if val(x).dtype == torch.bool:
+        return "topk of a bool tensor"
+    if not is_sorted and k > 1:
+        return "topk with sorted=False: torch's order of the results is an implementation detail"
+    return _rank_reason("topk", x, [dim], k)
+
+
+def _topk(node: Node, b) -> None:
+    x, k, dim, largest, _ = _topk_args(node)
+    values, indices = rank_select(b, b.id(x), shape(x), [dim], k, largest)
+    out_values, out_indices = b.outs(node)
+    kept = [d for i, d in enumerate(_device_shape(x)) if i != dim]
+    # [M, k] -> the kept axes and k last -> k back at position dim
+    back = list(range(dim)) + [len(kept)] + list(range(dim, len(kept)))
+    for vid, out in ((values, out_values), (indices, out_indices)):
+        vid = view(b, vid, kept + [k])
+        if back != list(range(len(back))):
+            vid = permute(b, vid, back)
+        view(b, vid, vshape(b, out), out=out)
+
+
+def _median_check(node: Node):
+    x = node.args[0]
+    if val(x).dtype == torch.bool:
+        return "median of a bool tensor"
+    return _rank_reason("median", x, _reduce_dims(None, rank(x)))
+
+
+def _median(node: Node, b) -> None:
+    """torch's lower median of all elements: rank ``(n - 1) // 2`` in ascending order. With NaN the
+    median is NaN (torch): NaN ranks last, so the rank ``n - 1`` element is NaN exactly when there is
+    one."""
+    x = node.args[0]
+    dims = _reduce_dims(None, rank(x))
+    n = val(x).numel()
+    ranks = [(n - 1) // 2] + ([n - 1] if is_float(x) and n > 1 else [])
+    values, _ = rank_select(b, b.id(x), shape(x), dims, ranks, largest=False)
+    out = b.out(node)
+    if len(ranks) == 2:
+        median, last = slice_value(b, values, 1, 0, 1), slice_value(b, values, 1, 1, 2)
+        values = b.emit_value("MPSWhere", vdtype(b, values), [1, 1], input1_id=unary(b, "MPSIsnan", last, torch.bool),
+                              input2_id=last, input3_id=median)
+    view(b, values, vshape(b, out), out=out)
+
+
+_NO_SORT = ("the device has no sort node kind (the delegate's schema has no MPSGraph sort / argSort); "
+            "topk over axes of at most 512 elements is lowered (pairwise comparisons), a full sort is not")
+#: ops the device cannot compute (registry: appended to the "no MPS lowering" reason)
+NOT_LOWERED = {aten.sort.default: _NO_SORT, aten.sort.stable: _NO_SORT, aten.argsort.default: _NO_SORT,
+               aten.argsort.stable: _NO_SORT}
 
 
 #: target -> (what it returns, whether it reduces -x)
@@ -178,10 +340,32 @@ _MINMAX = {
 }
 
 
+def _rank_reason(what: str, x: Node, dims: list[int], k: int = 1):
+    """None if ``rank_select`` can take ``x`` reduced over ``dims``, else why not."""
+    s = _device_shape(x)
+    n = math.prod(s[d] for d in dims)
+    m = math.prod(s) // n
+    if n > RANK_MAX:
+        return (f"{what} over {n} > {RANK_MAX} elements: lowered as pairwise comparisons whose counts are "
+                "exact up to that size in float16")
+    if m * n * n > RANK_PAIRS_MAX:
+        return f"{what} of {m} rows of {n}: {m * n * n} pairwise comparisons > {RANK_PAIRS_MAX}"
+    if k > n:
+        return f"{what} of {k} of {n} elements"
+    return None
+
+
 def _minmax_check(node: Node):
-    if not is_float(node.args[0]):
-        return (f"max/min of a {val(node.args[0]).dtype} tensor: the device max-pools floats only and a "
-                "float detour is inexact for large integers")
+    x = node.args[0]
+    if is_float(x):
+        return None
+    if val(x).dtype == torch.bool:
+        return "max/min of a bool tensor"
+    kind, _ = _MINMAX[op_key(node.target)]
+    dims = _reduce_dims(None if kind == "all" else arg(node, 1, "dim", None), rank(x))
+    reason = _rank_reason(f"max/min of a {val(x).dtype} tensor", x, dims)
+    if reason:
+        return reason + " (the device max-pools floats only; a float detour is inexact for large integers)"
     return None
 
 
@@ -189,7 +373,11 @@ def _minmax(node: Node, b) -> None:
     x = node.args[0]
     kind, negate = _MINMAX[op_key(node.target)]
     dims = _reduce_dims(None if kind == "all" else arg(node, 1, "dim", None), rank(x))
-    values, indices = pool_reduce(b, b.id(x), shape(x), dims, negate)
+    if not is_float(x):  # integers: pairwise comparisons (exact; first index among equal values)
+        values, indices = rank_select(b, b.id(x), shape(x), dims, 1, largest=not negate)
+        negate = False
+    else:
+        values, indices = pool_reduce(b, b.id(x), shape(x), dims, negate)
     if kind in ("values", "all"):
         _finish_values(b, values, negate, b.out(node))
     elif kind == "index":
@@ -228,6 +416,32 @@ def _any(node: Node, b) -> None:
     values, _ = pool_reduce(b, flags, shape(x), dims)
     hit = binary(b, "MPSGt", values, b.scalar(0.0, fdt))
     view(b, hit, vshape(b, out), out=out)
+
+
+# ---- prod ------------------------------------------------------------------------------------------
+
+def _prod(node: Node, b) -> None:
+    """Pairwise products: the reduced axes (permuted last) viewed as ``[M, N]``, the two halves
+    multiplied until one column is left (an odd column count is padded with a column of ones)."""
+    x = node.args[0]
+    dt = b.compute_dtype(val(node).dtype)  # torch: integers and bool multiply as int64
+    vid = convert(b, b.id(x), dt)
+    s = _device_shape(x)
+    dims = _reduce_dims(None if op_key(node.target) is aten.prod.default else [arg(node, 1, "dim")], rank(x))
+    keep = [d for d in range(len(s)) if d not in dims]
+    if keep + dims != list(range(len(s))):
+        vid = permute(b, vid, keep + dims)
+    m, n = math.prod(s[d] for d in keep), math.prod(s[d] for d in dims)
+    vid = view(b, vid, [m, n])
+    while n > 1:
+        if n % 2:
+            ones = b.memo(("prod ones", m, dt), lambda: b.constant(torch.ones(m, 1, dtype=dt), dtype=dt))
+            vid = cat_values(b, [vid, ones], 1)
+            n += 1
+        vid = binary(b, "MPSMul", slice_value(b, vid, 1, 0, n // 2), slice_value(b, vid, 1, n // 2, n))
+        n //= 2
+    out = b.out(node)
+    view(b, vid, vshape(b, out), out=out)
 
 
 # ---- cumsum / var ---------------------------------------------------------------------------------
@@ -301,11 +515,14 @@ def _var(node: Node, b) -> None:
 
 
 LOWERINGS = [
-    Lowering((aten.mean.dim, aten.mean.default), _mean, _float_check("mean")),
-    Lowering((aten.sum.dim_IntList, aten.sum.default), _sum, _float_check("sum")),
+    Lowering((aten.mean.dim, aten.mean.default), _mean, _accumulate_check("mean")),
+    Lowering((aten.sum.dim_IntList, aten.sum.default), _sum, _accumulate_check("sum")),
     Lowering((aten.amax.default, aten.amin.default, aten.max.default, aten.min.default,
               aten.argmax.default, aten.argmin.default), _minmax, _minmax_check),
     Lowering((aten.max.dim, aten.min.dim), _minmax, _minmax_check),
+    Lowering((aten.topk.default,), _topk, _topk_check),
+    Lowering((aten.prod.default, aten.prod.dim_int), _prod),
+    Lowering((aten.median.default,), _median, _median_check),
     Lowering((aten.any.dim, aten.any.dims, aten.any.default), _any),
     Lowering((aten.cumsum.default,), _cumsum, _cumsum_check),
     Lowering((aten.var.correction,), _var, _var_check),

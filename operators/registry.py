@@ -5,8 +5,9 @@ A ``Lowering`` names its targets, a pure ``check(node) -> reason | None`` that r
 that emits MPS nodes. The registry adds the checks every node needs (device dtypes, static
 shapes, non-empty tensors) in front of each lowering's own check.
 
-Family modules (activation.py, binary.py, ...) each export ``LOWERINGS``; ``default_registry``
-builds the one immutable registry from them.
+Family modules (activation.py, binary.py, ...) each export ``LOWERINGS`` and may export
+``NOT_LOWERED``, ``{op overload: why the device cannot compute it}`` (appended to the "no MPS lowering"
+reason); ``default_registry`` builds the one immutable registry from them.
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def generic_reason(node: Node, scope: str = "all") -> Reason:
 class Registry:
     """Immutable map from op overload to its lowering."""
 
-    def __init__(self, lowerings: Iterable[Lowering]):
+    def __init__(self, lowerings: Iterable[Lowering], not_lowered: dict | None = None):
         table: dict[Any, Lowering] = {}
         for low in lowerings:
             for t in low.targets:
@@ -105,6 +106,8 @@ class Registry:
                     raise ValueError(f"two lowerings registered for {t}")
                 table[t] = low
         self._table = MappingProxyType(table)
+        #: ops without a lowering -> why (the device has no way to compute them)
+        self._not_lowered = MappingProxyType(dict(not_lowered or {}))
 
     @property
     def targets(self) -> frozenset:
@@ -124,7 +127,8 @@ class Registry:
             return f"{node.op} nodes are not operators"
         low = self.lowering(node.target)
         if low is None:
-            return f"no MPS lowering for {_name(node.target)}"
+            why = self._not_lowered.get(op_key(node.target))
+            return f"no MPS lowering for {_name(node.target)}" + (f": {why}" if why else "")
         return generic_reason(node, low.generic) or low.check(node)
 
 
@@ -136,9 +140,12 @@ def _name(target: Any) -> str:
 def default_registry() -> Registry:
     """The registry of all op families (built once; immutable)."""
     lowerings: list[Lowering] = [Lowering((operator.getitem,), _lower_getitem, generic="outputs")]
+    not_lowered: dict = {}
     for family in FAMILIES:
-        lowerings.extend(importlib.import_module(f"mps_backend.operators.{family}").LOWERINGS)
-    return Registry(lowerings)
+        module = importlib.import_module(f"mps_backend.operators.{family}")
+        lowerings.extend(module.LOWERINGS)
+        not_lowered.update(getattr(module, "NOT_LOWERED", {}))
+    return Registry(lowerings, not_lowered)
 
 
 def _lower_getitem(node: Node, b) -> None:

@@ -10,11 +10,26 @@ slice/select, semantics §6 #19), and squeeze never writes an empty dims list (�
   no negative-step slice: MPSSlice needs step >= 1).
 - ``pixel_shuffle`` is kept whole (``preserve``) and lowered to MPSPixelShuffle, which computes
   exactly ``torch.pixel_shuffle`` on the last three axes (semantics §5.11).
+- ``roll`` is kept whole (``preserve``: the default decomposition builds an ``(arange + shift) fmod n``
+  index in int64) and lowered as two slices and one MPSCat per rolled axis (``shifts`` taken modulo the
+  axis size, a zero shift skipped); without ``dims`` the flattened tensor is rolled and viewed back.
+- ``unfold_copy`` (``Tensor.unfold(dim, size, step)``): window ``w``, offset ``k`` is element ``w * step + k``
+  of the axis: one MPSIndexSelect with that constant index (``[windows * size]``), a view splitting it
+  into ``[windows, size]`` and a permute moving ``size`` last; for ``step == size`` (non-overlapping) a
+  slice and the view and permute, no gather.
+- ``as_strided_copy`` of a contiguous input (``out[i] = x.flat[offset + sum_j i_j * stride_j]``): a
+  reshape of a contiguous block (``MPSSlice`` of the flat view + MPSView), a permutation of the input's
+  axes (MPSPermute), or otherwise one MPSIndexSelect of the flat view with the constant element
+  positions (overlapping windows too), at most ``AS_STRIDED_GATHER_MAX`` elements. Positions must lie
+  inside the input (torch's storage bounds).
 
 The small emit helpers below (``view``, ``permute``, ``binary``...) are shared by the other
 families of this package that build multi-node decompositions.
 """
 from __future__ import annotations
+
+import itertools
+import math
 
 import torch
 from torch.fx import Node
@@ -257,6 +272,146 @@ def _alias(node: Node, b) -> None:
     b.alias(node, b.id(node.args[0]))
 
 
+def _roll(node: Node, b) -> None:
+    x = node.args[0]
+    shifts = arg(node, 1, "shifts")
+    shifts = [int(shifts)] if isinstance(shifts, int) else [int(v) for v in shifts]
+    dims = arg(node, 2, "dims", [])
+    dims = [int(dims)] if isinstance(dims, int) else [int(d) for d in dims]
+    vid = b.id(x)
+    if not dims:  # roll the flattened tensor
+        n = val(x).numel()
+        if shifts[0] % n == 0:
+            b.alias(node, vid)
+            return
+        view(b, _roll_axis(b, view(b, vid, [n]), 0, shifts[0], n), shape(x) or [1], out=b.out(node))
+        return
+    s = shape(x) or [1]
+    for shift, d in zip(shifts, dims):
+        d = norm_dim(d, rank(x))
+        vid = _roll_axis(b, vid, d, shift, s[d])
+    b.alias(node, vid)
+
+
+def _roll_axis(b, vid: int, dim: int, shift: int, size: int) -> int:
+    """``vid`` rolled by ``shift`` along ``dim`` (size ``size``): ``cat(x[size - s:], x[:size - s])``."""
+    s = shift % size
+    if s == 0:
+        return vid
+    return cat_values(b, [slice_value(b, vid, dim, size - s, size), slice_value(b, vid, dim, 0, size - s)], dim)
+
+
+def _roll_check(node: Node):
+    shifts, dims = arg(node, 1, "shifts"), arg(node, 2, "dims", [])
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if (not dims and len(shifts) != 1) or (dims and len(dims) != len(shifts)):
+        return f"roll with shifts {shifts} and dims {dims} (torch requires one shift per dim)"
+    return None
+
+
+def _unfold_args(node: Node):
+    x = node.args[0]
+    dim = norm_dim(int(arg(node, 1, "dimension")), rank(x))
+    size, step = int(arg(node, 2, "size")), int(arg(node, 3, "step"))
+    return x, dim, size, step
+
+
+def _unfold_check(node: Node):
+    x = node.args[0]
+    if rank(x) == 0:
+        return "unfold of a rank-0 tensor"
+    return None
+
+
+def _unfold(node: Node, b) -> None:
+    x, dim, size, step = _unfold_args(node)
+    s = shape(x)
+    windows = (s[dim] - size) // step + 1
+    vid = b.id(x)
+    if step == size:
+        picked = slice_value(b, vid, dim, 0, windows * size)
+    else:
+        offsets = (torch.arange(windows) * step).reshape(-1, 1) + torch.arange(size)
+        picked = index_select(b, vid, dim, offsets.reshape(-1))
+    split = view(b, picked, s[:dim] + [windows, size] + s[dim + 1:])
+    r = len(s) + 1
+    perm = list(range(dim + 1)) + list(range(dim + 2, r)) + [dim + 1]  # the window offset axis last
+    if perm == list(range(r)):
+        b.alias(node, split)
+    else:
+        permute(b, split, perm, out=b.out(node))
+
+
+#: most output elements as_strided_copy lowers as a gather with a constant index (4 bytes each)
+AS_STRIDED_GATHER_MAX = 2 ** 22
+
+
+def _as_strided_args(node: Node):
+    x = node.args[0]
+    size = [int(d) for d in arg(node, 1, "size")]
+    stride = [int(d) for d in arg(node, 2, "stride")]
+    offset = arg(node, 3, "storage_offset", None)
+    return x, size, stride, int(offset or 0)
+
+
+def _as_strided_check(node: Node):
+    x, size, stride, offset = _as_strided_args(node)
+    v = val(x)
+    if not v.is_contiguous() or v.storage_offset() != 0:
+        return "as_strided_copy of a non-contiguous input (its storage layout is not the graph's)"
+    if any(st < 0 for st in stride) or offset < 0:
+        return f"as_strided_copy with negative strides {stride} / offset {offset}"
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride))
+    if last >= v.numel():
+        return f"as_strided_copy reading element {last} of a {v.numel()}-element input"
+    if _as_strided_form(x, size, stride, offset)[0] == "gather" and math.prod(size) > AS_STRIDED_GATHER_MAX:
+        return (f"as_strided_copy of {math.prod(size)} elements that is neither a reshape nor a permutation "
+                f"(a gather with a constant index, at most {AS_STRIDED_GATHER_MAX})")
+    return None
+
+
+def _contiguous_strides(s: list[int]) -> list[int]:
+    return [math.prod(s[i + 1:]) for i in range(len(s))]
+
+
+def _as_strided_form(x: Node, size: list[int], stride: list[int], offset: int):
+    """("view", None): a contiguous block reshaped; ("permute", perm): x permuted; else ("gather", None).
+    Size-1 axes have no meaningful stride and are ignored."""
+    def same(a, b_):
+        return all(n == 1 or st == st2 for n, st, st2 in zip(size, a, b_))
+
+    if same(stride, _contiguous_strides(size)):
+        return "view", None
+    xs = shape(x)
+    if offset == 0 and len(size) == len(xs) and sorted(size) == sorted(xs):
+        xst = _contiguous_strides(xs)
+        for perm in itertools.permutations(range(len(xs))) if len(xs) <= 6 else ():
+            if [xs[p] for p in perm] == size and same(stride, [xst[p] for p in perm]):
+                return "permute", list(perm)
+    return "gather", None
+
+
+def _as_strided(node: Node, b) -> None:
+    x, size, stride, offset = _as_strided_args(node)
+    n = val(x).numel()
+    form, perm = _as_strided_form(x, size, stride, offset)
+    out_shape = size or [1]
+    if form == "permute":
+        permute(b, b.id(x), perm, out=b.out(node))
+        return
+    flat = view(b, b.id(x), [n])
+    count = math.prod(size)
+    if form == "view":
+        block = flat if (offset, count) == (0, n) else slice_value(b, flat, 0, offset, offset + count)
+    else:
+        positions = torch.full(size, offset, dtype=torch.int64)
+        for d, (k, st) in enumerate(zip(size, stride)):
+            positions = positions + (torch.arange(k) * st).reshape([-1 if e == d else 1 for e in range(len(size))])
+        block = index_select(b, flat, 0, positions.reshape(-1))
+    view(b, block, out_shape, out=b.out(node))
+
+
 LOWERINGS = [
     Lowering((aten.view_copy.default, aten._unsafe_view.default), _view),
     Lowering((aten.permute_copy.default,), _permute),
@@ -271,4 +426,8 @@ LOWERINGS = [
     Lowering((aten.repeat.default,), _repeat),
     Lowering((aten.flip.default,), _flip),
     Lowering((aten.alias_copy.default, aten.detach_copy.default), _alias),
+    Lowering((aten.roll.default,), _roll, _roll_check, preserve=True),
+    # unfold: what to_edge keeps when aten.unfold is in _core_aten_ops_exception_list (same function)
+    Lowering((aten.unfold_copy.default, aten.unfold.default), _unfold, _unfold_check),
+    Lowering((aten.as_strided_copy.default,), _as_strided, _as_strided_check),
 ]

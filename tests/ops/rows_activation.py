@@ -1,5 +1,5 @@
 """Op-table rows: activations (relu, leaky_relu, hardtanh, softmax, log_softmax, hardswish,
-hardsigmoid, silu; gelu is pinned in rows_elementwise.py)."""
+hardsigmoid, silu, elu / selu / celu, softplus, mish, logsigmoid; gelu is pinned in rows_elementwise.py)."""
 from __future__ import annotations
 
 import torch
@@ -38,6 +38,39 @@ ROWS = [
         kinds="MPSHardTanh"),
     # silu: the default decomposition (sigmoid, mul) is lowered
     row("act-silu", F.silu, randn(4, 6, scale=3.0), kinds={"MPSSigmoid", "MPSMul"}, tol={"fp16": 2e-3}),
-    # log_sigmoid decomposes into log1p (no exact lowering)
-    row("act-log-sigmoid", F.logsigmoid, randn(4), cpu_reason="no MPS lowering for aten.log1p"),
+    # ---- elu family: x > 0 ? scale x : alpha scale expm1(input_scale x), expm1 = 2t / (1 - t),
+    # t = tanh(x / 2) (accurate near 0). Max relative error vs eager (device model, unary.py): fp32
+    # 1.8e-7, fp16 1.3e-3 of each element (normal float16 range)
+    row("act-elu", F.elu, randn(4, 6, scale=3.0), kinds={"MPSTanh", "MPSWhere"}),
+    row("act-elu-alpha", lambda x: F.elu(x, 0.5), randn(3, 4, 5, scale=2.0), kinds={"MPSTanh", "MPSWhere"}),
+    row("act-elu-scales", lambda x: torch.ops.aten.elu(x, 1.5, 2.0, 0.5), randn(4, 6, scale=3.0),
+        kinds={"MPSTanh", "MPSMul"}),
+    # a negative input_scale: the expm1 argument is positive for x <= 0 (general expm1)
+    row("act-elu-negative-input-scale", lambda x: torch.ops.aten.elu(x, 1.0, 1.0, -0.5), randn(4, 6, scale=3.0),
+        kinds={"MPSTanh", "MPSExp"}),
+    # tiny negatives: exp(x) - 1 would be 0 or off by 100 %
+    row("act-elu-tiny", F.elu, values([-1e-9, -3e-7, -1e-4, -0.0, 0.0, 2e-8, NAN, INF, -INF, -30.0]),
+        precisions=("fp32",), kinds="MPSTanh"),
+    row("act-elu-special", F.elu, values([NAN, INF, -INF, -0.0, 0.0, -1e-3, -30.0, 5.0]), kinds="MPSTanh"),
+    # selu (edge: elu with selu's constants): fp32 2.1e-7; fp16 1.3e-3, 2e-3 for results near 6e-5
+    row("act-selu", F.selu, randn(4, 6, scale=3.0), kinds={"MPSTanh", "MPSWhere"}),
+    # celu: the decomposition's expm1 (lowered, general form): fp32 2.5e-7, fp16 1.7e-3 per element
+    # (normal range; the harness's scale is max |eager|)
+    row("act-celu", lambda x: F.celu(x, 0.7), randn(4, 6, scale=3.0), kinds={"MPSTanh", "MPSExp"}),
+
+    # ---- softplus (preserved): (relu(z) + log1p(exp(-|z|))) / beta, x above the threshold; no
+    # float16 overflow of exp(beta x) (torch's formula) -- fp16 rows reach x = 19 with threshold 20.
+    # Max relative error per element vs eager: fp32 2.4e-7, fp16 1.5e-3
+    row("act-softplus", F.softplus, randn(4, 6, scale=6.0), kinds={"MPSReLU", "MPSAtanh", "MPSWhere"}),
+    row("act-softplus-beta-threshold", lambda x: F.softplus(x, 2.0, 5.0), randn(4, 6, scale=3.0),
+        kinds={"MPSReLU", "MPSDiv"}),
+    row("act-softplus-large", F.softplus, values([11.5, 15.0, 19.0, 20.5, -15.0, -0.0, NAN, INF, -INF]),
+        kinds="MPSReLU"),
+    # mish = x tanh(softplus(x)) on the preserved softplus: fp32 3.3e-7, fp16 2.1e-3 per element where
+    # |mish| >= 1e-3 (below, float16 subnormal intermediates: the harness's scale is max |eager|)
+    row("act-mish", F.mish, randn(4, 6, scale=3.0), kinds={"MPSReLU", "MPSTanh"}),
+    # logsigmoid: min(x, 0) - log1p(exp(-|x|)) (decomposition), log1p lowered: fp32 2.4e-7, fp16 1.5e-3
+    row("act-log-sigmoid", F.logsigmoid, randn(4, 6, scale=4.0), kinds={"MPSAtanh", "MPSLog"}),
+    row("act-log-sigmoid-special", F.logsigmoid, values([-10.0, -5.0, -1.0, 0.0, 1.0, 5.0, 10.0, 30.0, -INF, INF, NAN]),
+        kinds="MPSAtanh"),
 ]

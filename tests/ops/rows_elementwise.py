@@ -6,6 +6,7 @@ import torch
 from .harness import randbool, randint, randn, row, uniform, values
 
 NAN, INF = float("nan"), float("inf")
+ROUND_DECIMALS = torch.ops.aten.round.decimals
 SPECIAL = [0.0, -0.0, 1.5, -2.25, INF, -INF, NAN, 3.0]
 
 
@@ -69,6 +70,14 @@ UNARY = [
     row("unary-round-special", torch.round, values([-0.0, INF, -INF, NAN, 8388609.0, -8388609.0, 1e9, 0.25]),
         precisions=("fp32",), kinds="MPSRound"),  # fp16 would round the large inputs to inf
     row("unary-round-int", torch.round, randint(-50, 50, (5,))),  # identity on integers
+    # decimals (not core ATen): torch's round(x * 10^d) / 10^d with the half-to-even rounding (same
+    # float32 operations); fp16: the scaled value and the quotient round to float16 -> 2e-3
+    row("unary-round-decimals", lambda x: torch.round(x, decimals=2), randn(4, 5, scale=3.0),
+        kinds={"MPSRound", "MPSMul", "MPSDiv"}, tol={"fp16": 2e-3}, non_core=[ROUND_DECIMALS]),
+    row("unary-round-decimals-negative", lambda x: torch.round(x, decimals=-1), randn(4, 5, scale=300.0),
+        kinds={"MPSRound", "MPSDiv", "MPSMul"}, tol={"fp16": 2e-3}, non_core=[ROUND_DECIMALS]),
+    row("unary-round-decimals-ties", lambda x: torch.round(x, decimals=1), values([0.25, 0.35, -0.25, 1.05, 2.5]),
+        precisions=("fp32",), kinds="MPSRound", non_core=[ROUND_DECIMALS]),
     row("unary-floor-int", torch.floor, randint(-50, 50, (5,), torch.int64)),
     row("unary-ceil-int8", torch.ceil, randint(-50, 50, (5,), torch.int8)),
     row("unary-isnan", torch.isnan, values(SPECIAL), kinds="MPSIsnan"),
@@ -82,7 +91,26 @@ UNARY = [
     # non-bool: the device's logical NOT skips the cast to Bool -> compare with zero
     row("unary-logical-not-float", torch.logical_not, values(SPECIAL), kinds="MPSEq"),
     row("unary-logical-not-int", torch.logical_not, randint(-2, 3, (3, 4)), kinds="MPSEq"),
-    row("unary-log1p", torch.log1p, uniform(0.0, 1.0, 4), cpu_reason="no MPS lowering"),
+    # log1p: 2 atanh(x / (2 + x)) for |x| < 0.5, log(1 + x) elsewhere; expm1: 2t / (1 - t), t = tanh(x/2),
+    # for x <= 0.5, exp(x) - 1 above. Max relative error of each element vs eager (device model, see
+    # unary.py): fp32 2.3e-7 / 1.6e-7, fp16 1.3e-3 (normal float16 range)
+    row("unary-log1p", torch.log1p, uniform(-0.99, 5.0, 4, 6), kinds={"MPSAtanh", "MPSLog", "MPSWhere"}),
+    row("unary-log1p-tiny", torch.log1p, values([1e-9, -1e-9, 3e-7, -3e-7, 1e-4, -0.0, 0.0, -0.49, 0.49]),
+        precisions=("fp32",), kinds="MPSAtanh"),  # log(1 + x) would give 0 for the first four
+    # relative check of small values in fp16 (the harness scales by max |eager|, here about 1): log1p's
+    # ~3 float16 roundings and the division's -> 2e-3
+    row("unary-log1p-small-fp16", lambda x: torch.log1p(x) / x, values([1e-3, -1e-3, 2e-4, -3e-4, 0.01, -0.3, 0.4]),
+        precisions=("fp16",), kinds="MPSAtanh", tol={"fp16": 2e-3}),
+    row("unary-log1p-special", torch.log1p, values([-1.0, -2.0, INF, -INF, NAN, -0.0, 1e4, -0.5, 0.5]),
+        kinds="MPSAtanh"),
+    row("unary-log1p-int", torch.log1p, randint(0, 100, (3, 4)), kinds={"MPSCast", "MPSAtanh"}),
+    row("unary-expm1", torch.expm1, randn(4, 6, scale=3.0), kinds={"MPSTanh", "MPSExp", "MPSWhere"}),
+    row("unary-expm1-tiny", torch.expm1, values([1e-9, -1e-9, 3e-7, -3e-7, 1e-4, -0.0, 0.0, 0.5, 0.51]),
+        precisions=("fp32",), kinds="MPSTanh"),
+    # the same relative check for expm1 (2t / (1 - t) then the division: ~4 float16 roundings)
+    row("unary-expm1-small-fp16", lambda x: torch.expm1(x) / x, values([1e-3, -1e-3, 2e-4, -3e-4, 0.01, -0.3, 0.4]),
+        precisions=("fp16",), kinds="MPSTanh", tol={"fp16": 2e-3}),
+    row("unary-expm1-special", torch.expm1, values([INF, -INF, NAN, -0.0, -100.0, 10.0]), kinds="MPSTanh"),
 ]
 
 CLAMP = [
@@ -122,7 +150,7 @@ CLAMP = [
         kinds={"MPSWhere"}),
 ]
 
-# pinned regressions of the upstream defects (upstream-coverage.md §5)
+# pinned regressions of the upstream defects (docs/upstream-defects.md §5)
 REGRESSIONS = [
     # #3: scalar bytes must match the declared dtype
     row("regress-int32-plus-int-scalar", lambda x: x + 3, randint(-100, 100, (3, 4)), kinds="MPSAdd"),

@@ -7,9 +7,6 @@ import torch.nn.functional as F
 from .harness import randint, randn, row, values
 
 
-
-
-
 def i64(data):
     return values(data, torch.int64)
 
@@ -18,6 +15,20 @@ def _put_middle(x, i, v):
     y = x.clone()
     y[:, i] = v
     return y
+
+
+def _perm_rows(rows, n, k):
+    """int64 [rows, k]: distinct positions in [0, n) per row (scatter without duplicates)."""
+    return lambda: torch.stack([torch.randperm(n)[:k] for _ in range(rows)])
+
+
+def _perm_cols(n, k, cols):
+    """int64 [k, cols]: distinct positions in [0, n) per column."""
+    return lambda: torch.stack([torch.randperm(n)[:k] for _ in range(cols)], 1)
+
+
+def _perm_last(a, b, n, k):
+    return lambda: torch.stack([torch.randperm(n)[:k] for _ in range(a * b)]).reshape(a, b, k)
 
 
 class ConstantIndex(torch.nn.Module):
@@ -57,7 +68,10 @@ ROWS = [
     row("index-tensor-first", lambda x, i: x[i], randn(5, 3), values([4, 0, 4], torch.int32),
         kinds="MPSIndexTensor"),
     row("index-tensor-constant-index", ConstantIndex, randn(2, 3, 4), kinds="MPSIndexTensor"),
-    row("index-tensor-two", lambda x, i: x[i, :, i], randn(2, 3, 4), i64([0, 1]), cpu_reason="not adjacent"),
+    # several indices that are not an outer product: one linearized index, one MPSIndexSelect;
+    # on non-adjacent axes (torch puts the index axes first) the data is permuted first
+    row("index-tensor-two", lambda x, i: x[i, :, i], randn(2, 3, 4), i64([0, -1]),
+        kinds={"MPSPermute", "MPSIndexSelect"}),
     # several indices: an outer product on adjacent axes is one index_select per axis ...
     row("index-tensor-outer", lambda x, r, c: x[:, r[:, None], c], randn(2, 5, 4), i64([4, -1, 0]), i64([3, -4]),
         kinds="MPSIndexSelect"),
@@ -66,9 +80,15 @@ ROWS = [
     # ... clamped at >= 0 (interpolation decompositions): no negative-index fix-up
     row("index-tensor-outer-clamped", lambda x, r, c: x[:, :, r.clamp(0, 4)[:, None], c.clamp(min=0)],
         randn(1, 2, 5, 4), i64([4, 7, 0, 2]), i64([3, -4, 1]), kinds="MPSIndexSelect"),
-    # ... but pairs of indices (a zip, not an outer product) stay on CPU
-    row("index-tensor-zip", lambda x, r, c: x[r, c], randn(5, 4), i64([4, 0]), i64([3, 1]),
-        cpu_reason="do not select an outer product"),
+    # ... pairs of indices (a zip, not an outer product): rows * 4 + cols into the [20] view
+    row("index-tensor-zip", lambda x, r, c: x[r, c], randn(5, 4), i64([4, 0, -1]), i64([3, 1, -4]),
+        kinds={"MPSMul", "MPSAdd", "MPSIndexSelect"}),
+    row("index-tensor-zip-middle-broadcast", lambda x, r, c: x[:, r, c], randn(2, 5, 4, 3),
+        randint(0, 5, (2, 3), torch.int64), values([3, 0, 2], torch.int32), kinds="MPSIndexSelect"),
+    row("index-tensor-zip-three-int-data", lambda x, a, r, c: x[a, r, c], randint(-9, 9, (3, 5, 4), torch.int64),
+        i64([2, 0, 1, 2]), i64([4, -1, 0, 3]), i64([0]), kinds="MPSIndexSelect"),
+    row("index-tensor-zip-non-adjacent", lambda x, r, c: x[r, :, c], randn(5, 2, 4, 3), i64([[4, 0], [1, 1]]),
+        i64([3, -1]), kinds={"MPSPermute", "MPSIndexSelect"}),
 
     # ---- index_put: one index, accumulate=False, values_shape = full indexed shape --------------
     row("index-put-first", lambda x, i, v: x.index_put((i,), v), randn(4, 3, 2), i64([1, -4]), randn(2, 3, 2),
@@ -76,9 +96,31 @@ ROWS = [
     row("index-put-broadcast-values", lambda x, i, v: x.index_put((i,), v), randn(4, 3, 2), i64([3, 0]),
         randn(2), kinds="MPSIndexPut"),
     row("index-put-middle-axis", _put_middle, randn(2, 5, 3), i64([4, -1]), randn(2, 2, 3), kinds="MPSIndexPut"),
-    # upstream defect: accumulate ignored (always "set" on the device)
+    # several indices: linearized, one MPSIndexPut on the view with the indexed axes as one
+    row("index-put-two", lambda x, r, c, v: x.index_put((r, c), v), randn(5, 2), i64([0, 2]), i64([1, -1]),
+        randn(2), kinds={"MPSIndexPut", "MPSView"}),
+    row("index-put-three-broadcast-values", lambda x, a, r, c, v: x.index_put((a, r, c), v), randn(5, 3, 2),
+        i64([0, 2]), i64([1, 1]), i64([0, 1]), randn(1), kinds="MPSIndexPut"),
+    row("index-put-four", lambda x, a, r, c, d, v: x.index_put((a, r, c, d), v), randn(5, 3, 2, 4),
+        i64([0, 2]), i64([1, 1]), i64([0, 1]), i64([2, 3]), values([10.0]), kinds="MPSIndexPut"),
+    row("index-put-middle-zip", lambda x, r, c, v: torch.ops.aten.index_put(x, [None, r, c], v), randn(2, 5, 4, 3),
+        i64([[4, 0], [1, -2]]), i64([3, 1]), randn(2, 2, 2, 3), kinds="MPSIndexPut"),
+    row("index-put-non-adjacent", lambda x, r, c, v: torch.ops.aten.index_put(x, [r, None, c], v), randn(5, 3, 4),
+        i64([4, 0]), i64([-1, 2]), randn(3), kinds={"MPSPermute", "MPSIndexPut"}),
+    row("index-put-int-data", lambda x, r, c, v: x.index_put((r, c), v), randint(-9, 9, (4, 3)), i64([0, 3]),
+        i64([2, 2]), randint(-9, 9, (2,)), kinds="MPSIndexPut"),
+    # accumulate=True (the device scatter overwrites, §6 #10): gather, add, scatter per entry in
+    # index order, like torch's serial kernel: duplicates sum in torch's order
     row("index-put-accumulate", lambda x, i, v: x.index_put((i,), v, accumulate=True), randn(4, 3),
-        i64([1, 1]), randn(2, 3), cpu_reason="accumulate=True"),
+        i64([1, 1, -4, 3]), randn(4, 3), kinds={"MPSIndexSelect", "MPSAdd", "MPSIndexPut"}),
+    row("index-put-accumulate-middle-broadcast", lambda x, i, v: torch.ops.aten.index_put(x, [None, i], v, True),
+        randn(2, 5, 3), i64([[4, 0], [4, 4]]), randn(3), kinds="MPSIndexPut"),
+    row("index-put-accumulate-two", lambda x, r, c, v: x.index_put((r, c), v, accumulate=True), randn(5, 2),
+        i64([0, 2, 0]), i64([1, 1, 1]), randn(3), kinds="MPSIndexPut"),
+    row("index-put-accumulate-int-wraps", lambda x, i, v: x.index_put((i,), v, accumulate=True),
+        values([120, -5, 7], torch.int8), i64([0, 0, 2]), values([5, 10, -3], torch.int8), kinds="MPSIndexPut"),
+    row("index-put-accumulate-many", lambda x, i, v: x.index_put((i,), v, accumulate=True), randn(8),
+        randint(0, 8, (40,), torch.int64), randn(40), cpu_reason="accumulate=True of 40 index entries"),
 
     # ---- slice_scatter / select_scatter -------------------------------------------------------
     row("index-slice-scatter", lambda x, s: torch.slice_scatter(x, s, 1, 1, 3), randn(2, 5, 3), randn(2, 2, 3),
@@ -93,6 +135,21 @@ ROWS = [
     row("index-select-scatter", lambda x, s: torch.select_scatter(x, s, 1, -1), randn(2, 3, 4), randn(2, 4)),
     row("index-select-scatter-preserved", lambda x, s: torch.select_scatter(x, s, 0, 1), randn(3, 4), randn(4),
         kinds="MPSCat"),
+
+    # ---- scatter (set mode) -> MPSScatter ---------------------------------------------------------
+    row("index-scatter-src", lambda x, i, s: x.scatter(1, i, s), randn(3, 5), _perm_rows(3, 5, 2), randn(3, 2),
+        kinds="MPSScatter"),
+    row("index-scatter-src-larger", lambda x, i, s: torch.scatter(x, 0, i, s), randn(4, 3), _perm_cols(4, 2, 3),
+        randn(3, 5), kinds={"MPSSlice", "MPSScatter"}),  # src sliced to the index's shape
+    # an index smaller than the data on another axis: scatter into the corner, cat the rest back
+    row("index-scatter-corner", lambda x, i, s: x.scatter(2, i, s), randn(3, 4, 5), _perm_last(2, 3, 5, 2),
+        randn(2, 3, 2), kinds={"MPSScatter", "MPSCat"}),
+    row("index-scatter-value", lambda x, i: x.scatter(1, i, -2.5), randn(3, 5), _perm_rows(3, 5, 3),
+        kinds={"MPSExpand", "MPSScatter"}),
+    row("index-scatter-value-int", lambda x, i: x.scatter(0, i, 7), randint(-9, 9, (4, 3), torch.int64),
+        _perm_cols(4, 2, 3), kinds="MPSScatter"),
+    row("index-scatter-add", lambda x, i, s: x.scatter_add(1, i, s), randn(3, 5), _perm_rows(3, 5, 2),
+        randn(3, 2), cpu_reason="no MPS lowering for aten.scatter_add"),
 
     # ---- gather --------------------------------------------------------------------------------
     row("index-gather", lambda x, i: torch.gather(x, 1, i), randn(2, 3, 4), randint(0, 3, (2, 5, 4), torch.int64),

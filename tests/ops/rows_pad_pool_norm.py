@@ -7,7 +7,6 @@ import torch.nn.functional as F
 
 from .harness import randint, randn, row
 
-
 PAD_KINDS = "MPSIndexSelect"
 
 

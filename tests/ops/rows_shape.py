@@ -74,6 +74,28 @@ ROWS = [
     row("shape-repeat-int", lambda x: x.repeat(3), randint(0, 9, (4,)), kinds="MPSExpand"),
     row("shape-flip", lambda x: x.flip(0, -1), randn(2, 3, 4), kinds="MPSIndexSelect"),
     row("shape-flip-size1-only", lambda x: x.flip(1) + 1.0, randn(3, 1)),
+    # roll (preserved): two slices and a cat per rolled axis
+    row("shape-roll", lambda x: torch.roll(x, 1, 0), randn(3, 4), kinds={"MPSSlice", "MPSCat"}),
+    row("shape-roll-two-dims-negative", lambda x: torch.roll(x, (-1, 5), (-1, 1)), randn(2, 3, 4), kinds="MPSCat"),
+    row("shape-roll-flat", lambda x: torch.roll(x, 5), randn(3, 4), kinds={"MPSView", "MPSCat"}),
+    row("shape-roll-int-zero-shift", lambda x: torch.roll(x, (4, 2), (0, 1)), randint(0, 9, (4, 3)), kinds="MPSCat"),
+    # unfold: a gather with the constant window offsets, a view and a permute; step == size: a slice.
+    # (Tensor.unfold reaches the partitioner as unfold_copy through to_edge_transform_and_lower; the
+    # harness's plain to_edge keeps aten.unfold, which edge verification rejects unless excepted: both
+    # targets share the lowering, tests/test_arg_forms.py lowers unfold_copy)
+    row("shape-unfold", lambda x: x.unfold(1, 3, 2), randn(2, 8, 3), kinds={"MPSIndexSelect", "MPSPermute"},
+        non_core=[aten.unfold.default]),
+    row("shape-unfold-last", lambda x: x.unfold(-1, 2, 1), randn(3, 5), kinds="MPSIndexSelect",
+        non_core=[aten.unfold.default]),
+    row("shape-unfold-non-overlapping", lambda x: x.unfold(0, 2, 2), randint(0, 9, (5, 3)),
+        kinds={"MPSSlice", "MPSPermute"}, non_core=[aten.unfold.default]),
+    # as_strided: a reshape of a block, a permutation, or a gather of constant positions
+    row("shape-as-strided-view", lambda x: torch.as_strided(x, (2, 3), (3, 1), 2), randn(3, 4), kinds="MPSSlice"),
+    row("shape-as-strided-permute", lambda x: torch.as_strided(x, (4, 3), (1, 4)), randn(3, 4), kinds="MPSPermute"),
+    row("shape-as-strided-windows", lambda x: torch.as_strided(x, (3, 4), (2, 1), 1), randn(12),
+        kinds="MPSIndexSelect"),
+    row("shape-as-strided-out-of-bounds", lambda x: torch.ops.aten.as_strided_copy(x, (4, 4), (4, 1)), randn(3, 4),
+        cpu_reason="reading element 15"),
     row("shape-alias", lambda x: torch.ops.aten.alias(x) * 2.0, randn(3, 4)),
     row("shape-detach", lambda x: x.detach() * 2.0, randn(3, 4)),
     row("shape-buffer-views-of-larger-storage", BufferViews, randn(3, 4)),
