@@ -838,6 +838,8 @@ def program_input_specs(pte: bytes | str | os.PathLike, *, method: str = "forwar
 
 
 def _input_specs(_C: Any, data: bytes, method: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    from mps_backend.runtime.core import max_tensor_bytes  # noqa: PLC0415
+
     try:
         program = _C._load_program_from_buffer(data, program_verification=_C.Verification.InternalConsistency)
         names = {program.get_method_name(i) for i in range(program.num_methods())}
@@ -845,12 +847,18 @@ def _input_specs(_C: Any, data: bytes, method: str) -> list[tuple[tuple[int, ...
             raise EmulatorError(f"the program has no method {method!r} (methods: {sorted(names)})")
         meta = program.method_meta(method)
         specs = []
+        limit = max_tensor_bytes()
         for i in range(meta.num_inputs()):
             info = meta.input_tensor_meta(i)
             dtype = _SCALAR_TYPES.get(info.dtype())
             if dtype is None:
                 raise EmulatorError(f"input {i} of {method!r} has an unsupported ScalarType code {info.dtype()}")
-            specs.append((tuple(info.sizes()), dtype))
+            sizes = tuple(info.sizes())
+            nbytes = math.prod(max(int(d), 0) for d in sizes) * dtype.itemsize
+            if nbytes > limit:  # a tensor this big is a corrupt program, not an input to make up
+                raise EmulatorError(f"input {i} of {method!r} is declared {list(sizes)} ({nbytes / 2**30:.3g} GiB), "
+                                    f"beyond the {limit / 2**30:.3g} GiB per-tensor budget (MPS_BACKEND_MAX_TENSOR_BYTES)")
+            specs.append((sizes, dtype))
     except (RuntimeError, IndexError) as exc:  # IndexError: an input that is not a tensor
         raise EmulatorError(f"ExecuTorch could not read the inputs of {method!r}: {exc}") from exc
     return specs

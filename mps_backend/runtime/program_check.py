@@ -9,6 +9,8 @@ with :class:`ProgramFormatError` naming what and where:
 
 - a file that is not an executorch program (identifier ``ET..``), a truncated extended header;
 - names that are not UTF-8 or contain control characters (method, operator, backend id, compile-spec key);
+- an execution plan without its values, inputs, outputs or chains (the runtime asserts on them), inputs or
+  outputs outside the value table;
 - a delegate whose payload reference points outside the program's inline data or segments, a compile spec
   without its value, a segment that reaches past the end of the file;
 - a memory plan (``non_const_buffer_sizes``) beyond the budget: ``MPS_BACKEND_MAX_PLAN_BYTES``, default
@@ -103,6 +105,14 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
         plan = fb.table(pos, "ExecutionPlan", f"execution_plan[{p}]")
         method = _name(fb, plan["name"], f"execution_plan[{p}].name")
         where = f"method {method!r}"
+        for field in ("values", "inputs", "outputs", "chains"):  # executorch asserts (aborts) on a missing one
+            if plan[field] is None:
+                raise fb.fail(f"{where}: the execution plan has no {field} field")
+        n_values = len(plan["values"])
+        for field in ("inputs", "outputs"):
+            bad = [i for i in plan[field] if not 0 <= i < n_values]
+            if bad:
+                raise fb.fail(f"{where}: {field} {bad} outside the {n_values} values")
         for i, op_pos in enumerate(plan["operators"] or ()):
             op = fb.table(op_pos, "Operator", f"{where} operators[{i}]")
             _name(fb, op["name"], f"{where} operators[{i}].name")
