@@ -1,6 +1,6 @@
-"""Load programs in another executorch runtime (run with that runtime's Python): the compatibility matrix.
+"""Load programs in another executorch runtime (its venv's Python, or its package first on PYTHONPATH).
 
-    OLD_VENV/bin/python scripts/compat_check.py CASE_DIR     # prints one JSON object per case
+    PYTHONPATH=.runtime-et1.4 .venv/bin/python scripts/compat_check.py CASE_DIR   # one JSON object per case
 
 For each ``CASE.pte`` in CASE_DIR (written by tests/test_runtime_matrix.py with executorch 1.5.1):
 - ``verifies``: the runtime parses the program with full verification (``InternalConsistency``);

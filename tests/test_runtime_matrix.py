@@ -1,8 +1,10 @@
 """Runtime compatibility matrix: programs written with executorch 1.5.1 read by the runtimes apps ship.
 
-Each case is exported here (executorch 1.5.1), then ``scripts/compat_check.py`` runs in every runtime
-venv ``make compat`` / ``make test`` created (``MPS_BACKEND_COMPAT_PYTHONS``: their Python executables,
-default ``.venv-et1.4/bin/python``) and in this one: the program must verify, its forward method must
+Each case is exported here (executorch 1.5.1), then ``scripts/compat_check.py`` runs in every older
+runtime and in this one. ``MPS_BACKEND_COMPAT_RUNTIMES`` lists them (``os.pathsep``-separated): a folder
+holding an ``executorch`` package (``pip install --no-deps --target``; run with this Python, the folder
+first on ``PYTHONPATH``) or another venv's Python executable; default ``.runtime-et1.4``, which
+``make compat`` / ``make test`` create. In each: the program must verify, its forward method must
 read the same in both runtimes, every operator must have a kernel, a program with MPS delegates must
 get as far as initialising the MPS delegate, and a program without one must run with the same outputs.
 With ``MPS_BACKEND_COMPAT_REPORT=FILE`` the table is written there (docs/runtime-compat.md).
@@ -27,10 +29,10 @@ CHECKER = ROOT / "scripts" / "compat_check.py"
 NOT_REGISTERED = "0x:20"  # Error::NotFound from Method::init: "Backend MPSBackend is not registered"
 
 
-def _pythons() -> list[Path]:
-    listed = os.environ.get("MPS_BACKEND_COMPAT_PYTHONS")
-    paths = [Path(p) for p in listed.split(os.pathsep)] if listed else [ROOT / ".venv-et1.4" / "bin" / "python"]
-    return [p for p in paths if p.exists()]
+def _runtimes() -> list[Path]:
+    listed = os.environ.get("MPS_BACKEND_COMPAT_RUNTIMES")
+    paths = [Path(p) for p in listed.split(os.pathsep)] if listed else [ROOT / ".runtime-et1.4"]
+    return [p for p in paths if (p / "executorch").is_dir() or p.is_file()]
 
 
 class _GridSample(nn.Module):  # grid_sampler_2d has no MPS lowering (portable kernel since executorch 1.1)
@@ -85,8 +87,14 @@ def _llm(folder: Path) -> bytes:
     return out.read_bytes()
 
 
-def _check(python: Path | str, folder: Path) -> dict[str, dict]:
-    run = subprocess.run([str(python), str(CHECKER), str(folder)], capture_output=True, text=True, timeout=600)
+def _check(runtime: Path | None, folder: Path) -> dict[str, dict]:
+    """Run the checker in this venv (None), with a runtime folder first on the path, or in another venv."""
+    env, python = dict(os.environ), sys.executable
+    if runtime is not None and runtime.is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(runtime), env.get("PYTHONPATH")]))
+    elif runtime is not None:
+        python = str(runtime)
+    run = subprocess.run([python, str(CHECKER), str(folder)], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     return {r["case"]: r for r in rows}
@@ -115,13 +123,13 @@ def _write_report(path: Path, results: dict[str, dict[str, dict]], delegated: di
     path.write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.skipif(not _pythons(), reason="no older executorch runtime venv: `make compat` (or `make test`) creates "
-                    ".venv-et1.4 with executorch 1.4.0")
+@pytest.mark.skipif(not _runtimes(), reason="no older executorch runtime: `make compat` (or `make test`) installs "
+                    "executorch 1.4.0 into .runtime-et1.4")
 def test_programs_load_in_the_runtimes_apps_ship(tmp_path):
     delegated = _cases(tmp_path)
-    results = {"1.5.1 (this venv)": _check(sys.executable, tmp_path)}
-    for python in _pythons():
-        rows = _check(python, tmp_path)
+    results = {"1.5.1 (this venv)": _check(None, tmp_path)}
+    for runtime in _runtimes():
+        rows = _check(runtime, tmp_path)
         version = next(iter(rows.values()))["runtime"]
         results[version] = rows
     base = results["1.5.1 (this venv)"]
