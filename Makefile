@@ -7,10 +7,12 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test bench zoo compat fuzz lint clean
 
-# executorch 1.4.0 (the last release with the MPS delegate runtime) for the runtime compatibility matrix:
-# only its package (116 MB, --no-deps) in a folder put first on PYTHONPATH, beside the torch 2.14.1 of .venv
-# (which satisfies its torch>=2.13); a second venv would hold a second 5.5 GB torch
-COMPAT_DIR   := .runtime-et1.4
+# executorch runtimes that ship the MPS delegate and run on this torch (1.3 and 1.4 need torch>=2.12; 2.14.1
+# satisfies it) for the runtime compatibility matrix: only their packages (about 110 MB each, --no-deps), one
+# folder each under .runtime-et/, put first on PYTHONPATH beside .venv's torch (a venv each would hold a 5.5 GB
+# torch each). 1.0-1.2 need torch 2.9-2.11: see the README, "Runtime compatibility".
+COMPAT_RELEASES := 1.3.1 1.4.0
+COMPAT_DIR   := .runtime-et
 COMPAT_STAMP := $(COMPAT_DIR)/.installed-stamp
 
 $(STAMP): pyproject.toml
@@ -22,11 +24,14 @@ demo: $(STAMP)  ## export the built-in demo model to out/mps_demo.pte and verify
 	@mkdir -p out
 	$(BIN)/mps-backend export --verify -o out/mps_demo.pte
 
-$(COMPAT_STAMP): $(STAMP)
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps --target $(COMPAT_DIR) executorch==1.4.0
+$(COMPAT_STAMP): $(STAMP) Makefile
+	@for v in $(COMPAT_RELEASES); do \
+	  test -d $(COMPAT_DIR)/$$v/executorch || \
+	  $(BIN)/pip install -q --disable-pip-version-check --no-deps --target $(COMPAT_DIR)/$$v executorch==$$v || exit 1; \
+	done
 	@touch $(COMPAT_STAMP)
 
-test: $(STAMP) $(COMPAT_STAMP)  ## the whole test suite (with the executorch 1.4.0 runtime for the compatibility matrix)
+test: $(STAMP) $(COMPAT_STAMP)  ## the whole test suite (with the executorch 1.3.1 and 1.4.0 runtimes for the compatibility matrix)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)  ## every benchmark in benchmarks/ (ratios to yardsticks measured in the same run); exit 1 on a missed target
@@ -36,7 +41,7 @@ ZOO_ARGS ?=
 zoo: $(STAMP)  ## the full model zoo, fp32 and fp16, one subprocess per model: writes docs/model-zoo.md, exit 1 on a missed target
 	$(BIN)/python -m mps_backend.zoo --out docs/model-zoo.md $(ZOO_ARGS)
 
-compat: $(STAMP) $(COMPAT_STAMP)  ## programs written here, read by executorch 1.4.0's runtime: writes docs/runtime-compat.md
+compat: $(STAMP) $(COMPAT_STAMP)  ## programs written here, run by executorch 1.3.1's and 1.4.0's runtimes: writes docs/runtime-compat.md
 	MPS_BACKEND_COMPAT_REPORT=docs/runtime-compat.md $(BIN)/python -m pytest -q tests/test_runtime_matrix.py
 
 fuzz: $(STAMP)  ## 100,000 mutated .pte files through check/inspect/run, each worker under an address-space limit; crashes saved as regression files

@@ -1,18 +1,21 @@
-"""Load programs in another executorch runtime (its venv's Python, or its package first on PYTHONPATH).
+"""Load and run programs in another executorch runtime: the compatibility matrix.
 
-    PYTHONPATH=.runtime-et1.4 .venv/bin/python scripts/compat_check.py CASE_DIR   # one JSON object per case
+    PYTHONPATH=.runtime-et/1.4.0 .venv/bin/python scripts/compat_check.py CASE_DIR   # one JSON per case
 
-For each ``CASE.pte`` in CASE_DIR (written by tests/test_runtime_matrix.py with executorch 1.5.1):
+(or that runtime's venv Python). For each ``CASE.pte`` in CASE_DIR (written by
+tests/test_runtime_matrix.py with executorch 1.5.1):
 - ``verifies``: the runtime parses the program with full verification (``InternalConsistency``);
 - ``meta``: the forward method's input/output sizes and dtypes as this runtime reads them;
-- ``operators_missing``: operators the program names that this runtime's kernel registry lacks;
-- ``load``: ``ok`` or the runtime's error; a program with MPS delegates stops at "Backend MPSBackend is
-  not registered" (the runtime wheels for 1.0-1.4 link their backend registry into the pybindings
-  without exporting ``register_backend``, so the emulated delegate cannot be registered there: the
-  delegate itself is checked by the device model, its format unchanged since 0.4);
-- ``outputs``: for programs without MPS delegates, the outputs on ``CASE.inputs.pt``, saved to
-  ``CASE.out-<version>.pt`` for the caller to compare.
-Only torch, executorch and the standard library are used (nothing of mps_backend).
+- ``operators_missing``: operators the program names (``CASE.operators.json``, listed by the caller:
+  executorch's own deserializer needs ``flatc`` in some releases) that this runtime's registry lacks;
+- ``load``: ``ok`` or the runtime's error. MPS delegates run on the emulated device when
+  ``mps_backend`` is importable (its shim is built against this runtime's headers and registers
+  ``MPSBackend`` in this runtime's registry: ``emulator`` says whether that worked); without it a
+  program with MPS delegates stops at "Backend MPSBackend is not registered";
+- ``outputs``: with ``CASE.inputs.pt`` (a list of steps, each a list of input tensors), the number of
+  steps run through the runtime's own module (``_load_for_executorch_from_buffer``, state such as a
+  KV cache kept between steps); the outputs are saved to ``CASE.out-<version>.pt`` for the caller.
+Only torch, executorch, the standard library and (for the emulator) ``mps_backend.runtime`` are used.
 """
 from __future__ import annotations
 
@@ -56,10 +59,7 @@ def check(pte: Path, version: str, registered: set[str]) -> dict:
         result.update(verifies=False, error=str(e))
         return result
     result["meta"] = _meta(program)
-    from executorch.exir._serialize._program import deserialize_pte_binary  # noqa: PLC0415
-
-    plan_ops = {f"{o.name}.{o.overload}" if o.overload else o.name
-                for plan in deserialize_pte_binary(data).program.execution_plan for o in plan.operators}
+    plan_ops = set(json.loads(pte.with_name(pte.stem + ".operators.json").read_text()))
     result["operators_missing"] = sorted(plan_ops - registered)
     try:
         program.load_method("forward")
@@ -70,18 +70,30 @@ def check(pte: Path, version: str, registered: set[str]) -> dict:
     inputs = pte.with_name(pte.stem + ".inputs.pt")
     if inputs.exists():
         module = runtime._load_for_executorch_from_buffer(data)
-        outputs = module.run_method("forward", tuple(torch.load(inputs)))
-        torch.save(list(outputs), pte.with_name(f"{pte.stem}.out-{version}.pt"))
+        outputs = [list(module.run_method("forward", tuple(step))) for step in torch.load(inputs)]
+        torch.save(outputs, pte.with_name(f"{pte.stem}.out-{version}.pt"))
         result["outputs"] = len(outputs)
     return result
+
+
+def _emulate() -> str:
+    """Register the emulated MPS delegate in this runtime: ``ok`` or why not."""
+    try:
+        from mps_backend.runtime.emulator import load_emulator  # noqa: PLC0415
+
+        load_emulator()
+    except Exception as e:  # noqa: BLE001 - reported, not raised
+        return f"{type(e).__name__}: {e}"
+    return "ok" if "MPSBackend" in runtime._get_registered_backend_names() else "not registered"
 
 
 def main() -> None:
     folder = Path(sys.argv[1])
     version = _version()
     registered = set(runtime._get_operator_names())
+    emulator = _emulate()
     for pte in sorted(folder.glob("*.pte")):
-        print(json.dumps(check(pte, version, registered)), flush=True)
+        print(json.dumps({**check(pte, version, registered), "emulator": emulator}), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,20 @@
 ExecuTorch's own runtime (the pybindings of the installed executorch wheel) loads and
 runs the program: CPU kernels, memory planning, delegate calls. A small C++ shim
 (``shim/mps_emulator.cpp``), compiled on first use against the headers shipped in the
-wheel and linked to the wheel's ``libexecutorch.so``, registers a backend named
-``MPSBackend`` in that library's backend registry. Its ``execute()`` hands every tensor
+wheel and linked to the library of the wheel that holds the runtime's backend registry,
+registers a backend named ``MPSBackend`` in that registry. Which library that is differs
+between releases (1.5: ``lib/libexecutorch.so`` beside the ``_C`` pybindings; 1.3-1.4:
+``backends/qualcomm/libqnn_executorch_backend.so``, which their ``_portable_lib`` pybindings
+link; 1.0: ``_portable_lib`` itself): it is found at run time as the library that defines
+``executorch::runtime::register_backend`` for the loaded pybindings (``dladdr``). Its ``execute()`` hands every tensor
 argument of the delegate call to a ctypes callback in this module, which splits them
 into inputs and outputs as the device runtime does (semantics §4: the first
 ``len(input_ids)`` tensors are inputs, the next ``len(output_ids)`` outputs), runs the
 device-model interpreter (:func:`mps_backend.runtime.interpreter.execute`) and writes
 the results into the output buffers.
+
+Wheels before 1.3 lack part of the runtime headers: ``MPS_BACKEND_ET_HEADERS`` names the
+executorch source tree of the same release (see :func:`_extra_headers`).
 
 Build cache: ``$MPS_BACKEND_CACHE_DIR``, else ``$XDG_CACHE_HOME/mps_backend``, else
 ``~/.cache/mps_backend``; file ``emulator-<executorch version>-<hash>.so`` where the hash
@@ -167,11 +174,54 @@ def _find_compiler() -> str:
     )
 
 
+def pybindings() -> Any:
+    """The executorch runtime's Python module: ``_portable_lib`` up to executorch 1.4, ``_C`` since 1.5.
+
+    ``_portable_lib`` is tried first: an older release's package put before a newer one on the path
+    (``executorch`` is a namespace package) is the runtime meant, and 1.5 has no ``_portable_lib``.
+    """
+    try:
+        from executorch.extension.pybindings import _portable_lib as _C  # noqa: PLC0415  (torch imported above)
+    except ImportError:
+        try:
+            from executorch.extension.pybindings import _C  # noqa: PLC0415
+        except ImportError as exc:
+            raise EmulatorBuildError(f"the installed executorch has no runtime pybindings: {exc}") from exc
+    return _C
+
+
 def _executorch_dir() -> Path:
     """Root of the executorch package whose pybindings this process uses."""
-    from executorch.extension.pybindings import _C  # noqa: PLC0415  (torch is imported above)
+    return Path(pybindings().__file__).resolve().parents[2]
 
-    return Path(_C.__file__).resolve().parents[2]
+
+# executorch::runtime::register_backend(executorch::runtime::Backend const&), Itanium C++ ABI
+_REGISTER_BACKEND = "_ZN10executorch7runtime16register_backendERKNS0_7BackendE"
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _runtime_library() -> Path:
+    """The shared library that defines the backend registry the loaded pybindings use: the one the
+    shim must link so that its ``register_backend`` call lands in the same registry."""
+    module = pybindings()
+    try:
+        # the pybindings are loaded already: this handle only looks the symbol up through them and
+        # their dependencies, the way the dynamic linker resolved it for them
+        handle = ctypes.CDLL(module.__file__, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
+        address = ctypes.cast(getattr(handle, _REGISTER_BACKEND), ctypes.c_void_p).value
+        info = _DlInfo()
+        libdl = ctypes.CDLL(None)
+        libdl.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        if not libdl.dladdr(address, ctypes.byref(info)) or not info.dli_fname:
+            raise OSError("dladdr found no library")
+    except (OSError, AttributeError) as exc:
+        raise EmulatorBuildError(f"cannot find the library that holds executorch's backend registry for "
+                                 f"{module.__file__}: {exc}") from exc
+    return Path(os.fsdecode(info.dli_fname)).resolve()
 
 
 def _executorch_version() -> str:
@@ -185,10 +235,47 @@ def _executorch_version() -> str:
         return __version__
 
 
+_BACKEND_HEADER = Path("executorch", "runtime", "backend", "interface.h")
+
+
+def _extra_headers(include: Path) -> list[Path]:
+    """Header folders the wheel lacks. Wheels before 1.3 ship only part of the runtime's headers (no
+    ``runtime/backend``): ``MPS_BACKEND_ET_HEADERS`` then names the folder that holds them (ignored for a
+    wheel that has them), the
+    executorch source tree at the wheel's release tag (its root, or a folder with an ``executorch``
+    folder inside), e.g. ``git clone --branch v1.0.1 https://github.com/pytorch/executorch``."""
+    if (include / _BACKEND_HEADER).is_file():
+        return []  # a complete wheel (1.3 and later): its own headers only
+    named = os.environ.get("MPS_BACKEND_ET_HEADERS")
+    if not named:
+        raise EmulatorBuildError(
+            f"this executorch wheel ({_executorch_version()}) ships no {_BACKEND_HEADER} under {include} "
+            "(wheels before 1.3 carry only part of the runtime headers): set MPS_BACKEND_ET_HEADERS to the "
+            "executorch source tree at the same release, e.g. `git clone --depth 1 --branch v"
+            f"{_executorch_version().split('+')[0]} https://github.com/pytorch/executorch`")
+    root = Path(named).expanduser().resolve()
+    if (root / _BACKEND_HEADER).is_file():
+        return [root]
+    if (root / _BACKEND_HEADER.relative_to("executorch")).is_file():
+        if root.name == "executorch":
+            return [root.parent]
+        # headers are included as <executorch/...>: a link named executorch to the tree, in the cache
+        link_parent = _cache_dir() / "headers" / hashlib.sha256(str(root).encode()).hexdigest()[:16]
+        link = link_parent / "executorch"
+        if not link.is_symlink():
+            link_parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(root, target_is_directory=True)
+        return [link_parent]
+    raise EmulatorBuildError(f"MPS_BACKEND_ET_HEADERS={named}: no {_BACKEND_HEADER} there nor "
+                             f"{_BACKEND_HEADER.relative_to('executorch')} (the root of an executorch source tree)")
+
+
 def _compile_command(compiler: str, source: Path, output: Path) -> list[str]:
     et = _executorch_dir()
     include = et / "include"
-    libdir = et / "lib"
+    runtime = _runtime_library()
+    # the wheel's headers first: they match its binaries; the source tree only fills what is missing
+    extra = [flag for folder in _extra_headers(include) for flag in ("-isystem", str(folder))]
     return [
         compiler,
         "-std=c++17",
@@ -203,12 +290,13 @@ def _compile_command(compiler: str, source: Path, output: Path) -> list[str]:
         "-DC10_USING_CUSTOM_GENERATED_MACROS",
         "-DET_EVENT_TRACER_ENABLED",
         "-isystem", str(include),
+        *extra,
         "-isystem", str(include / "executorch" / "runtime" / "core" / "portable_type" / "c10"),
         str(source),
         "-o", str(output),
-        f"-L{libdir}",
-        "-l:libexecutorch.so",
-        f"-Wl,-rpath,{libdir}",
+        f"-L{runtime.parent}",
+        f"-l:{runtime.name}",
+        f"-Wl,-rpath,{runtime.parent}",
         "-Wl,--no-undefined",
     ]
 
@@ -490,9 +578,9 @@ def load_emulator() -> _Emulator:
     device model.
     """
     # The pybindings need torch loaded first; the shim must be loaded after them so
-    # that its DT_NEEDED libexecutorch.so (SONAME libexecutorch.so) resolves to the
+    # that its DT_NEEDED runtime library (libexecutorch.so in 1.5) resolves to the
     # already-loaded copy, i.e. the same backend registry.
-    from executorch.extension.pybindings import _C  # noqa: PLC0415
+    _C = pybindings()
 
     path = build_shim()
     try:
@@ -523,7 +611,7 @@ def load_emulator() -> _Emulator:
         )
     if "MPSBackend" not in _C._get_registered_backend_names():
         raise EmulatorError(
-            "the MPS emulator shim registered its backend in a different libexecutorch.so than the "
+            "the MPS emulator shim registered its backend in a different runtime library than the "
             f"pybindings use ({_C.__file__})"
         )
     return emulator

@@ -126,6 +126,52 @@ def test_build_failure_reports_command(tmp_path, monkeypatch):
     assert not any(tmp_path.iterdir())
 
 
+def test_shim_links_the_library_that_holds_the_backend_registry():
+    library = emulator._runtime_library()
+    et = emulator._executorch_dir()
+    assert library.is_file() and et in library.parents
+    # the dynamic symbol table of that library defines register_backend (not only refers to it)
+    import subprocess
+
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+    assert emulator._REGISTER_BACKEND in symbols.stdout
+    command = emulator._compile_command("c++", Path("s.cpp"), Path("s.so"))
+    assert f"-l:{library.name}" in command and f"-L{library.parent}" in command
+    assert command[command.index("-isystem") + 1] == str(et / "include")  # the wheel's headers come first
+
+
+def _header_tree(root: Path) -> Path:
+    (root / "runtime" / "backend").mkdir(parents=True)
+    (root / "runtime" / "backend" / "interface.h").write_text("// stand-in\n")
+    return root
+
+
+def test_headers_a_wheel_lacks_come_from_MPS_BACKEND_ET_HEADERS(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(tmp_path / "cache"))
+    bare = tmp_path / "wheel-include"
+    bare.mkdir()
+    monkeypatch.delenv("MPS_BACKEND_ET_HEADERS", raising=False)
+    with pytest.raises(EmulatorBuildError, match=r"MPS_BACKEND_ET_HEADERS.*--branch v"):
+        emulator._extra_headers(bare)
+    monkeypatch.setenv("MPS_BACKEND_ET_HEADERS", str(tmp_path))
+    assert emulator._extra_headers(emulator._executorch_dir() / "include") == []  # 1.5.1 ships them
+    # a checkout named executorch: its parent is the include folder
+    checkout = _header_tree(tmp_path / "src" / "executorch")
+    monkeypatch.setenv("MPS_BACKEND_ET_HEADERS", str(checkout))
+    assert emulator._extra_headers(bare) == [checkout.parent.resolve()]
+    monkeypatch.setenv("MPS_BACKEND_ET_HEADERS", str(checkout.parent))
+    assert emulator._extra_headers(bare) == [checkout.parent.resolve()]
+    # a checkout with another name: reached through a link named executorch in the cache
+    other = _header_tree(tmp_path / "et-v1.0.1")
+    monkeypatch.setenv("MPS_BACKEND_ET_HEADERS", str(other))
+    (folder,) = emulator._extra_headers(bare)
+    assert (folder / "executorch" / "runtime" / "backend" / "interface.h").read_text() == "// stand-in\n"
+    assert emulator._extra_headers(bare) == [folder]  # the link is reused
+    monkeypatch.setenv("MPS_BACKEND_ET_HEADERS", str(tmp_path / "nothing-here"))
+    with pytest.raises(EmulatorBuildError, match="no executorch/runtime/backend/interface.h there"):
+        emulator._extra_headers(bare)
+
+
 def test_backend_registered_in_the_pybindings_registry():
     emu = load_emulator()
     assert load_emulator() is emu  # once per process

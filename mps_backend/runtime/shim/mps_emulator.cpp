@@ -103,6 +103,27 @@ struct EmuHandle {
 
 constexpr size_t kMinBlobSize = 30;  // MPSDelegateHeader kMinSize
 
+
+// Runtime API differences between executorch releases, resolved at compile time (the int overload
+// wins when its return type compiles): 1.3+ have FreeableBuffer::data_safe() and
+// EValue::tryToTensorList() returning Result; 1.0-1.2 only data() and toTensorList().
+template <typename Buffer>
+auto buffer_data(Buffer* buffer, int) -> decltype(buffer->data_safe()) {
+  return buffer->data_safe();
+}
+template <typename Buffer>
+Result<const void*> buffer_data(Buffer* buffer, long) {
+  return buffer->data();
+}
+template <typename Value>
+auto tensor_list(const Value* value, int) -> decltype(value->tryToTensorList()) {
+  return value->tryToTensorList();
+}
+template <typename Value>
+Result<executorch::aten::ArrayRef<executorch::aten::Tensor>> tensor_list(const Value* value, long) {
+  return value->toTensorList();
+}
+
 class MPSEmulatorBackend final : public BackendInterface {
  public:
   ~MPSEmulatorBackend() override = default;
@@ -119,7 +140,7 @@ class MPSEmulatorBackend final : public BackendInterface {
     if (processed == nullptr) {
       return Error::InvalidArgument;
     }
-    Result<const void*> data = processed->data_safe();
+    Result<const void*> data = buffer_data(processed, 0);
     if (!data.ok()) {
       ET_LOG(Error, "MPSBackend emulator: processed buffer is not pointer-backed");
       return data.error();
@@ -176,7 +197,7 @@ class MPSEmulatorBackend final : public BackendInterface {
         if (value->isTensor()) {
           descs.push_back(describe(value->toTensor(), static_cast<int32_t>(i), -1));
         } else if (value->isTensorList()) {
-          auto list = value->tryToTensorList();
+          auto list = tensor_list(value, 0);
           if (!list.ok()) {
             ET_LOG(Error, "MPSBackend emulator: bad tensor list at arg %zu", i);
             return list.error();
