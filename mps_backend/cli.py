@@ -170,17 +170,19 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _read_pte(path: str) -> bytes:
-    """The program in ``path``: a .pte, or the program inside a bundled program (.bpte)."""
+def _read_pte(path: str, mapped: bool = False) -> bytes | memoryview:
+    """The program in ``path``: a .pte, or the program inside a bundled program (.bpte). ``mapped``: a
+    .pte is memory-mapped (read where it is looked at: ``inspect`` of a multi-GB file stays small)."""
     from mps_backend.export import is_bundled, unbundle  # noqa: PLC0415
+    from mps_backend.serialization.pte import map_file  # noqa: PLC0415
 
     p = pathlib.Path(path)
     if not p.is_file():
         raise SystemExit(f"{path}: no such file")
     from mps_backend.runtime.program_check import ProgramFormatError, check_program  # noqa: PLC0415
 
-    data = p.read_bytes()
-    program = unbundle(data) if is_bundled(data) else data
+    data: bytes | memoryview = map_file(p) if mapped else p.read_bytes()
+    program = unbundle(bytes(data)) if is_bundled(bytes(data[:8])) else data
     try:
         check_program(program)  # before executorch's deserializer or runtime sees it
     except ProgramFormatError as e:
@@ -196,7 +198,7 @@ def cmd_inspect(args) -> int:
     if legacy.is_mobile_file(args.file):  # PTMF at bytes 4-7: a PyTorch Mobile flatbuffer, not a .pte
         return legacy.inspect_mobile(args.file)
     try:
-        delegates = delegate_blobs(_read_pte(args.file), backend_id=None)
+        delegates = delegate_blobs(_read_pte(args.file, mapped=True), backend_id=None, copy=False)
     except MPSFormatError as e:
         print(f"{args.file}: {e}", file=sys.stderr)
         return 2

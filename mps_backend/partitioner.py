@@ -37,19 +37,38 @@ class CpuNode:
 
 @dataclass
 class PartitionReport:
-    """What one ``partition()`` call decided."""
+    """What ``partition()`` decided: for one method, or (``methods``) for each method of a program,
+    in the order executorch partitioned them, with the lists and counts summed over them."""
 
     delegated: list[str] = field(default_factory=list)
     on_cpu: list[CpuNode] = field(default_factory=list)
     partitions: int = 0
     #: delegated nodes whose results float16 may not represent (casts in fp16 mode), with why
     fp16_notes: list[str] = field(default_factory=list)
+    #: one report per ``partition()`` call (per method) when there were several; empty otherwise
+    methods: list[PartitionReport] = field(default_factory=list)
+
+    @classmethod
+    def combine(cls, reports: Sequence[PartitionReport]) -> PartitionReport:
+        """The report of a program from the reports of its methods (one report: itself)."""
+        if len(reports) == 1:
+            return reports[0]
+        return cls(delegated=[n for r in reports for n in r.delegated], on_cpu=[n for r in reports for n in r.on_cpu],
+                   partitions=sum(r.partitions for r in reports), fp16_notes=[n for r in reports for n in r.fp16_notes],
+                   methods=list(reports))
 
     @property
     def total(self) -> int:
         return len(self.delegated) + len(self.on_cpu)
 
     def __str__(self) -> str:
+        if self.methods:
+            lines = [f"{len(self.delegated)}/{self.total} operator nodes delegated to MPS in {self.partitions} "
+                     f"partition(s) over {len(self.methods)} methods"]
+            for i, method in enumerate(self.methods, 1):
+                lines.append(f"method {i} of {len(self.methods)} (in the order executorch lowered them):")
+                lines += ["  " + line for line in str(method).splitlines()]
+            return "\n".join(lines)
         lines = [f"{len(self.delegated)}/{self.total} operator nodes delegated to MPS in "
                  f"{self.partitions} partition(s)"]
         if self.on_cpu:
@@ -129,12 +148,14 @@ class MPSPartitioner(Partitioner):
             fp16 = use_fp16
         self.use_fp16 = fp16
         self.delegation_spec = DelegationSpec(BACKEND_ID, [specs.fp16_spec(fp16)])
-        self._report = PartitionReport()
+        self._reports: list[PartitionReport] = []
         super().__init__()
 
     def report(self) -> PartitionReport:
-        """The report of the latest ``partition()`` call."""
-        return self._report
+        """What this partitioner decided: for a program with several methods (executorch calls
+        ``partition()`` once per method), every method's report in ``methods`` and their sums. Use one
+        partitioner per program, as executorch's own flows do: a reused one reports all it partitioned."""
+        return PartitionReport.combine(self._reports) if self._reports else PartitionReport()
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         registry = default_registry()
@@ -167,7 +188,7 @@ class MPSPartitioner(Partitioner):
                 report.on_cpu.append(CpuNode(node.name, _target_name(node.target), reason))
         if self.use_fp16:
             report.fp16_notes = [note for n in gm.graph.nodes if n in delegated for note in [_fp16_cast_note(n)] if note]
-        self._report = report
+        self._reports.append(report)
         dynamic = [n for n in report.on_cpu if "dynamic shape" in n.reason]
         if dynamic:
             warnings.warn(DynamicShapeWarning(

@@ -132,11 +132,12 @@ class Header:
 
 @dataclass
 class Blob:
-    """A decoded blob: header, graph, and the raw bytes the constants live in."""
+    """A decoded blob: header, graph, and the raw bytes the constants live in (``bytes``, or the
+    ``memoryview`` it was read from)."""
 
     header: Header
     graph: Graph
-    data: bytes
+    data: bytes | memoryview
 
     def constant_bytes(self, value_id: int) -> memoryview:
         t = self.graph.values[value_id]

@@ -148,7 +148,8 @@ def _required(value: Any, what: str) -> Any:
 
 
 def _decode(data: bytes | bytearray | memoryview) -> tuple[Blob, list[str]]:
-    raw = bytes(data)
+    # a memoryview (of a memory-mapped file, say) is read in place: constants are not copied
+    raw = data.cast("B") if isinstance(data, memoryview) else bytes(data)
     header = read_header(raw)
     fb = _FlatBuffer(memoryview(raw)[HEADER_SIZE:header.segment_offset], "flatbuffer")
     root = fb.deref(0, "root offset")

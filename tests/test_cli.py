@@ -35,6 +35,22 @@ def test_inspect_describes_the_delegate(demo_pte, capsys):
     assert "header: segment offset" in text and "MPSConv2D" in text and "inputs: 0:float32[1, 3, 32, 32]" in text
 
 
+def test_inspect_maps_the_file_instead_of_reading_it(demo_pte, capsys, monkeypatch):
+    """A multi-GB .pte is inspected through a memory map: pages are read where the tables and the MPS
+    graph are, the weights are not copied (the reader works on views of the mapping)."""
+    import pathlib
+
+    from mps_backend.serialization import pte
+
+    mapped = []
+    real_map = pte.map_file
+    monkeypatch.setattr(pte, "map_file", lambda path: mapped.append(path) or real_map(path))
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: pytest.fail(f"{self} read whole"))
+    assert main(["inspect", str(demo_pte)]) == 0
+    assert [pathlib.Path(p) for p in mapped] == [demo_pte]
+    assert "1 delegate(s), 1 MPS" in capsys.readouterr().out
+
+
 def test_inspect_rejects_a_file_that_is_not_a_pte(tmp_path, capsys):
     bogus = tmp_path / "bogus.pte"
     bogus.write_bytes(b"definitely not a program" * 10)

@@ -138,6 +138,34 @@ def test_report_names_cpu_nodes_with_reasons():
     assert "left on CPU" in text
 
 
+def test_report_of_a_program_with_several_methods_covers_each_method():
+    class Relu(torch.nn.Module):
+        def forward(self, x):
+            return x.relu() * 3
+
+    class Sorts(torch.nn.Module):
+        def forward(self, x):
+            return torch.sort(x * 2).values
+
+    x = torch.randn(6)
+    part = MPSPartitioner()
+    programs = {"plain": torch.export.export(Relu(), (x,)), "sorts": torch.export.export(Sorts(), (x,))}
+    to_edge_transform_and_lower(programs, partitioner=[part])
+    report = part.report()
+    assert len(report.methods) == 2, str(report)
+    first, second = report.methods
+    assert first.on_cpu == [] and {"aten_relu_default", "aten_mul_tensor"} <= set(first.delegated)
+    assert [n.target for n in second.on_cpu] == ["aten::sort"] and "aten_mul_tensor" in second.delegated
+    assert report.delegated == first.delegated + second.delegated and report.on_cpu == second.on_cpu
+    assert report.partitions == first.partitions + second.partitions == 2
+    text = str(report)
+    assert "over 2 methods" in text and "method 2 of 2" in text and "sort" in text
+    # one method: one report, no per-method list
+    single = MPSPartitioner()
+    to_edge_transform_and_lower(programs["plain"], partitioner=[single])
+    assert single.report().methods == [] and single.report().delegated == first.delegated
+
+
 def test_debug_handle_map_points_mps_nodes_at_source_nodes(demo):
     ep = torch.export.export(demo[0], demo[1])
     edge = to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner()])

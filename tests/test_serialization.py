@@ -272,9 +272,32 @@ def test_pte_inline_and_segment_storage_agree(upstream_pte_dir):
     assert [d.backend_id for d in delegate_blobs(segmented, backend_id=None)] == ["MPSBackend"]
 
 
+def test_a_mapped_pte_is_read_in_place(upstream_pte_dir, tmp_path):
+    from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+    from mps_backend.serialization.pte import map_file
+
+    segmented = (upstream_pte_dir / "mlp_fp32.pte").read_bytes()
+    inline = bytes(serialize_pte_binary(deserialize_pte_binary(segmented), extract_delegate_segments=False))
+    for data in (segmented, inline):
+        path = tmp_path / "p.pte"
+        path.write_bytes(data)
+        view = map_file(path)
+        (copied,) = delegate_blobs(data)
+        (mapped,) = delegate_blobs(view, copy=False)
+        assert isinstance(copied.blob, bytes) and isinstance(mapped.blob, memoryview)
+        assert mapped.blob.obj is view.obj  # a slice of the file's mapping: nothing copied
+        assert bytes(mapped.blob) == copied.blob and mapped.compile_specs == copied.compile_specs
+        blob = read_blob(mapped.blob)
+        assert isinstance(blob.data, memoryview) and blob.data.obj is view.obj  # constants read in place too
+        assert blob.graph == read_blob(copied.blob).graph
+        assert len(blob.graph.constant_ids) > 0
+        for vid in blob.graph.constant_ids:
+            assert bytes(blob.constant_bytes(vid)) == bytes(read_blob(copied.blob).constant_bytes(vid))
+
+
 @pytest.mark.parametrize("data", [b"", b"not a program at all", b"\0\0\0\0MP00" + bytes(64)])
 def test_pte_rejects_non_pte(data):
-    with pytest.raises(MPSFormatError, match="not an ExecuTorch .pte"):
+    with pytest.raises(MPSFormatError, match="not an executorch program"):
         delegate_blobs(data)
 
 

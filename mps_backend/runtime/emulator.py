@@ -1,13 +1,14 @@
-"""Run whole ``.pte`` files with ``MPSBackend`` delegates on Linux.
+"""Run whole ``.pte`` files with ``MPSBackend`` delegates on Linux and macOS.
 
 ExecuTorch's own runtime (the pybindings of the installed executorch wheel) loads and
 runs the program: CPU kernels, memory planning, delegate calls. A small C++ shim
 (``shim/mps_emulator.cpp``), compiled on first use against the headers shipped in the
 wheel and linked to the library of the wheel that holds the runtime's backend registry,
 registers a backend named ``MPSBackend`` in that registry. Which library that is differs
-between releases (1.5: ``lib/libexecutorch.so`` beside the ``_C`` pybindings; 1.3-1.4:
-``backends/qualcomm/libqnn_executorch_backend.so``, which their ``_portable_lib`` pybindings
-link; 1.0: ``_portable_lib`` itself): it is found at run time as the library that defines
+between releases (1.5: ``lib/libexecutorch.so`` beside the ``_C`` pybindings, ``lib/libexecutorch.dylib``
+on macOS; 1.3-1.4: ``backends/qualcomm/libqnn_executorch_backend.so``, which their Linux ``_portable_lib``
+pybindings link, and ``_portable_lib`` itself on macOS; 1.0: ``_portable_lib`` itself): it is found at run
+time as the library that defines
 ``executorch::runtime::register_backend`` for the loaded pybindings (``dladdr``). Its ``execute()`` hands every tensor
 argument of the delegate call to a ctypes callback in this module, which splits them
 into inputs and outputs as the device runtime does (semantics §4: the first
@@ -19,9 +20,10 @@ Wheels before 1.3 lack part of the runtime headers: ``MPS_BACKEND_ET_HEADERS`` n
 executorch source tree of the same release (see :func:`_extra_headers`).
 
 Build cache: ``$MPS_BACKEND_CACHE_DIR``, else ``$XDG_CACHE_HOME/mps_backend``, else
-``~/.cache/mps_backend``; file ``emulator-<executorch version>-<hash>.so`` where the hash
-covers the shim source, the compiler command and the wheel location. The compiler is
-``$CXX``, else ``c++``, ``g++`` or ``clang++`` from ``PATH``.
+``~/.cache/mps_backend``; file ``emulator-<executorch version>-<hash>.so`` (``.dylib`` on macOS)
+where the hash covers the shim source, the compiler command, the wheel location, the platform and
+the machine. The compiler is ``$CXX``, else from ``PATH``: ``c++``, ``g++`` or ``clang++`` on Linux,
+``clang++``, ``c++`` or ``g++`` on macOS (see :func:`_compile_command` for the flags of each).
 """
 from __future__ import annotations
 
@@ -156,21 +158,43 @@ def _fallback_cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"mps_backend-{uid}"
 
 
-def _find_compiler() -> str:
+_SUPPORTED_PLATFORMS = "Linux and macOS"
+
+
+def _is_macos(platform: str) -> bool:
+    return platform == "darwin"
+
+
+def _check_platform(platform: str) -> None:
+    if platform != "linux" and not _is_macos(platform):
+        raise EmulatorBuildError(f"the MPS emulator cannot build its ExecuTorch backend shim on this platform "
+                                 f"({platform!r}): {_SUPPORTED_PLATFORMS} are supported")
+
+
+def _compiler_names(platform: str) -> tuple[str, ...]:
+    """Compilers tried from ``PATH`` when ``$CXX`` is not set, in order: on macOS Apple's clang first (the
+    wheel's dylibs use libc++; ``c++`` is clang there too, ``g++`` usually a clang alias or Homebrew GCC)."""
+    return ("clang++", "c++", "g++") if _is_macos(platform) else ("c++", "g++", "clang++")
+
+
+def _find_compiler(platform: str | None = None) -> str:
+    platform = sys.platform if platform is None else platform
     cxx = os.environ.get("CXX")
     if cxx:
         found = shutil.which(cxx)
         if found is None:
             raise EmulatorBuildError(f"$CXX is set to {cxx!r}, which is not an executable on PATH")
         return found
-    for name in ("c++", "g++", "clang++"):
+    names = _compiler_names(platform)
+    for name in names:
         found = shutil.which(name)
         if found is not None:
             return found
+    install = ("`xcode-select --install` (Xcode Command Line Tools)" if _is_macos(platform) else
+               "`apt-get install g++` (Debian/Ubuntu) or `dnf install gcc-c++` (Fedora/RHEL)")
     raise EmulatorBuildError(
         "the MPS emulator needs a C++17 compiler to build its ExecuTorch backend shim, and none "
-        "was found (looked for $CXX, c++, g++, clang++). Install one, e.g. `apt-get install g++` "
-        "(Debian/Ubuntu) or `dnf install gcc-c++` (Fedora/RHEL), or set CXX."
+        f"was found (looked for $CXX, {', '.join(names)}). Install one, e.g. {install}, or set CXX."
     )
 
 
@@ -206,7 +230,17 @@ class _DlInfo(ctypes.Structure):
 
 def _runtime_library() -> Path:
     """The shared library that defines the backend registry the loaded pybindings use: the one the
-    shim must link so that its ``register_backend`` call lands in the same registry."""
+    shim must link so that its ``register_backend`` call lands in the same registry.
+
+    The same calls hold on macOS (checked against the Mach-O files of the 1.3.1, 1.4.0 and 1.5.1
+    macOS arm64 wheels, not run on a Mac): ``os.RTLD_NOLOAD`` exists there and ``dlopen`` with it
+    returns the already-loaded image; ``dlsym`` on that handle searches the image and the libraries it
+    depends on, and adds the leading underscore of Mach-O symbol names itself (the files define
+    ``__ZN10executorch7runtime16register_backend...``; the name asked for stays ``_REGISTER_BACKEND``);
+    ``dladdr`` is in libSystem, reached through ``CDLL(None)`` (the main program and its libraries),
+    and its ``Dl_info`` has the same four fields. The result there: ``lib/libexecutorch.dylib`` (1.5)
+    or the ``_portable_lib`` pybindings themselves (1.3-1.4), both Mach-O dylibs (not bundles), so the
+    shim can link them."""
     module = pybindings()
     try:
         # the pybindings are loaded already: this handle only looks the symbol up through them and
@@ -214,7 +248,7 @@ def _runtime_library() -> Path:
         handle = ctypes.CDLL(module.__file__, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
         address = ctypes.cast(getattr(handle, _REGISTER_BACKEND), ctypes.c_void_p).value
         info = _DlInfo()
-        libdl = ctypes.CDLL(None)
+        libdl = ctypes.CDLL(None)  # glibc: dladdr in libc (libdl before 2.34); macOS: libSystem
         libdl.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
         if not libdl.dladdr(address, ctypes.byref(info)) or not info.dli_fname:
             raise OSError("dladdr found no library")
@@ -270,28 +304,53 @@ def _extra_headers(include: Path) -> list[Path]:
                              f"{_BACKEND_HEADER.relative_to('executorch')} (the root of an executorch source tree)")
 
 
-def _compile_command(compiler: str, source: Path, output: Path) -> list[str]:
+def _compile_command(compiler: str, source: Path, output: Path, platform: str | None = None) -> list[str]:
+    """The command that builds the shim ``output`` from ``source``, for ``platform`` (a ``sys.platform``
+    value; default: this one). Linux (GNU ld or lld, libstdc++): the runtime library by its file name
+    (``-l:``), every symbol resolved at link time. macOS (Apple clang, ld64, libc++): a dylib linking the
+    runtime library by its full path (ld64 has no ``-l:``; the shim then records the library's install
+    name, ``@rpath/libexecutorch.dylib`` in 1.5.1, which the ``-rpath`` resolves to the copy the
+    pybindings loaded). Other platforms: :class:`EmulatorBuildError`."""
+    platform = sys.platform if platform is None else platform
+    _check_platform(platform)
     et = _executorch_dir()
     include = et / "include"
     runtime = _runtime_library()
     # the wheel's headers first: they match its binaries; the source tree only fills what is missing
     extra = [flag for folder in _extra_headers(include) for flag in ("-isystem", str(folder))]
-    return [
-        compiler,
-        "-std=c++17",
-        "-O2",
-        "-fPIC",
-        "-shared",
-        "-fvisibility=hidden",
-        "-fvisibility-inlines-hidden",
-        # the wheel's libraries use the new libstdc++ ABI (std::__cxx11 symbols)
-        "-D_GLIBCXX_USE_CXX11_ABI=1",
+    headers = [
         # what the wheel's executorch-config.cmake puts on its imported targets
         "-DC10_USING_CUSTOM_GENERATED_MACROS",
         "-DET_EVENT_TRACER_ENABLED",
         "-isystem", str(include),
         *extra,
         "-isystem", str(include / "executorch" / "runtime" / "core" / "portable_type" / "c10"),
+    ]
+    common = ["-std=c++17", "-O2", "-fPIC"]
+    hidden = ["-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+    if _is_macos(platform):
+        return [
+            compiler,
+            *common,
+            "-dynamiclib",
+            *hidden,
+            # no _GLIBCXX_USE_CXX11_ABI: the macOS wheel's libraries use libc++
+            *headers,
+            str(source),
+            "-o", str(output),
+            f"-Wl,-install_name,@rpath/{output.name}",
+            str(runtime),
+            f"-Wl,-rpath,{runtime.parent}",
+            "-Wl,-undefined,error",  # ld64's spelling of --no-undefined (its default for dylibs, made explicit)
+        ]
+    return [
+        compiler,
+        *common,
+        "-shared",
+        *hidden,
+        # the wheel's libraries use the new libstdc++ ABI (std::__cxx11 symbols)
+        "-D_GLIBCXX_USE_CXX11_ABI=1",
+        *headers,
         str(source),
         "-o", str(output),
         f"-L{runtime.parent}",
@@ -301,17 +360,24 @@ def _compile_command(compiler: str, source: Path, output: Path) -> list[str]:
     ]
 
 
-def shim_path() -> Path:
-    """Where the shim for this executorch installation and shim source is (or will be) cached."""
+def _shim_suffix(platform: str) -> str:
+    """File suffix of the built shim: ``.dylib`` on macOS (ctypes loads either there), ``.so`` elsewhere."""
+    return ".dylib" if _is_macos(platform) else ".so"
+
+
+def shim_path(*, platform: str | None = None) -> Path:
+    """Where the shim for this executorch installation and shim source is (or will be) cached
+    (``platform``: a ``sys.platform`` value, default this one; another is only useful to tests)."""
+    platform = sys.platform if platform is None else platform
     source = _SHIM_SOURCE.read_bytes()
-    placeholder = _compile_command("<cxx>", Path("<src>"), Path("<out>"))
+    placeholder = _compile_command("<cxx>", Path("<src>"), Path("<out>"), platform)
     digest = hashlib.sha256()
     digest.update(source)
     digest.update("\0".join(placeholder).encode())
-    digest.update(sys.platform.encode())
+    digest.update(platform.encode())
     digest.update(os.uname().machine.encode())
     version = _executorch_version().replace("+", "_").replace("/", "_")
-    return _cache_dir() / f"emulator-{version}-{digest.hexdigest()[:16]}.so"
+    return _cache_dir() / f"emulator-{version}-{digest.hexdigest()[:16]}{_shim_suffix(platform)}"
 
 
 def _digest_path(library: Path) -> Path:
@@ -332,7 +398,7 @@ def _build_into(target: Path, force: bool) -> Path:
         return target
     compiler = _find_compiler()
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp.so", dir=target.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp" + target.suffix, dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     command = _compile_command(compiler, _SHIM_SOURCE, tmp)
@@ -578,8 +644,9 @@ def load_emulator() -> _Emulator:
     device model.
     """
     # The pybindings need torch loaded first; the shim must be loaded after them so
-    # that its DT_NEEDED runtime library (libexecutorch.so in 1.5) resolves to the
-    # already-loaded copy, i.e. the same backend registry.
+    # that its DT_NEEDED runtime library (libexecutorch.so in 1.5; on macOS its
+    # LC_LOAD_DYLIB @rpath/libexecutorch.dylib) resolves to the already-loaded copy,
+    # i.e. the same backend registry.
     _C = pybindings()
 
     path = build_shim()

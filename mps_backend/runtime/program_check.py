@@ -17,50 +17,21 @@ with :class:`ProgramFormatError` naming what and where:
   4 GiB per method (the planned activations and mutable buffers the runtime allocates up front).
 
 Only the program's tables are decoded (no weights, no delegate payloads): cheap also on multi-GB files.
-The partial schema below lists the ``program.fbs`` fields in their vtable order (unchanged from
-executorch 1.0 to 1.5; later fields are not read).
+The partial schema is ``serialization/program.py``.
 """
 from __future__ import annotations
 
 import os
-import struct
 from typing import Any
 
-from mps_backend.serialization.flatbuf import FlatBuffer, compile_schema
+from mps_backend.serialization.flatbuf import FlatBuffer
+from mps_backend.serialization.program import open_program
 
 DEFAULT_MAX_PLAN_BYTES = 4 << 30
-_EXTENDED_HEADER_MAGIC = b"eh00"
 
 
 class ProgramFormatError(ValueError):
     """A ``.pte`` the runtime must not be given: the message says what is wrong and where."""
-
-
-def _f(name: str, ftype: str, default: str | None = None) -> dict:
-    return {"name": name, "type": ftype, "default": default, "deprecated": False}
-
-
-_SCHEMA = {
-    "enums": {"DataLocation": {"base": "byte", "values": {"INLINE": 0, "SEGMENT": 1}}},
-    "unions": {},
-    "structs": {},
-    "tables": {
-        "Program": [_f("version", "uint"), _f("execution_plan", "[ExecutionPlan]"), _f("constant_buffer", "[Opaque]"),
-                    _f("backend_delegate_data", "[Opaque]"), _f("segments", "[DataSegment]")],
-        "ExecutionPlan": [_f("name", "string"), _f("container_meta_type", "Opaque"), _f("values", "[Opaque]"),
-                          _f("inputs", "[int]"), _f("outputs", "[int]"), _f("chains", "[Opaque]"),
-                          _f("operators", "[Operator]"), _f("delegates", "[BackendDelegate]"),
-                          _f("non_const_buffer_sizes", "[long]")],
-        "Operator": [_f("name", "string"), _f("overload", "string")],
-        "BackendDelegate": [_f("id", "string"), _f("processed", "BackendDelegateDataReference"),
-                            _f("compile_specs", "[CompileSpec]")],
-        "BackendDelegateDataReference": [_f("location", "DataLocation", "INLINE"), _f("index", "uint")],
-        "CompileSpec": [_f("key", "string"), _f("value", "[ubyte]")],
-        "DataSegment": [_f("offset", "ulong"), _f("size", "ulong")],
-        "Opaque": [],  # tables the check does not look into
-    },
-}
-_LAYOUTS = compile_schema(_SCHEMA)
 
 
 def max_plan_bytes() -> int:
@@ -78,24 +49,11 @@ def _name(fb: FlatBuffer, value: Any, what: str) -> str:
 
 def check_program(data: bytes | bytearray | memoryview) -> None:
     """Raise :class:`ProgramFormatError` if ``data`` is not a program the runtime can be given safely."""
-    view = memoryview(data)
-    if len(view) < 8 or bytes(view[4:6]) != b"ET":
-        raise ProgramFormatError("not an executorch program (no 'ET..' flatbuffer identifier at bytes 4-7)")
-    program_size, segment_base = len(view), None
-    if bytes(view[8:12]) == _EXTENDED_HEADER_MAGIC:
-        if len(view) < 32:  # magic, length, program size, segment base (+ segment data size)
-            raise ProgramFormatError("extended header truncated")
-        header_len, program_size, segment_base = struct.unpack_from("<IQQ", view, 12)
-        if header_len < 24 or not 8 <= program_size <= len(view):
-            raise ProgramFormatError(f"extended header: program size {program_size} outside the {len(view)}-byte file")
-        if segment_base and segment_base > len(view):
-            raise ProgramFormatError(f"extended header: segments start at {segment_base}, past the end of the file "
-                                     f"({len(view)} bytes)")
-    fb = FlatBuffer(view[:program_size], "program", _LAYOUTS, ProgramFormatError)
-    program = fb.table(fb.deref(0, "root offset"), "Program", "program")
+    tables = open_program(data, ProgramFormatError)
+    fb, program = tables.fb, tables.program
     inline = len(program["backend_delegate_data"] or ())
     segments = [fb.table(p, "DataSegment", f"segments[{i}]") for i, p in enumerate(program["segments"] or ())]
-    available = len(view) - segment_base if segment_base else 0
+    available = tables.segment_bytes
     for i, seg in enumerate(segments):
         if seg["offset"] + seg["size"] > available:
             raise ProgramFormatError(f"segments[{i}] ({seg['offset']} + {seg['size']} bytes) reaches past the "

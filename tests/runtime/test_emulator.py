@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import sys
 import threading
 from pathlib import Path
 
@@ -103,7 +105,8 @@ def _ops_outputs():
 def test_build_caches_atomically(tmp_path, monkeypatch):
     monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(tmp_path))
     path = emulator.build_shim()
-    assert path.parent == tmp_path and path.name.startswith("emulator-") and path.suffix == ".so"
+    assert path.parent == tmp_path and path.name.startswith("emulator-")
+    assert path.suffix == (".dylib" if sys.platform == "darwin" else ".so")
     assert emulator._executorch_version().replace("+", "_") in path.name
     assert sorted(tmp_path.iterdir()) == [path, path.with_name(path.name + ".sha256")]  # no temporary left
     mtime = path.stat().st_mtime_ns
@@ -114,7 +117,8 @@ def test_build_without_compiler_names_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    with pytest.raises(EmulatorBuildError, match=r"apt-get install g\+\+"):
+    hint = r"xcode-select --install" if sys.platform == "darwin" else r"apt-get install g\+\+"
+    with pytest.raises(EmulatorBuildError, match=hint):
         emulator.build_shim(force=True)
 
 
@@ -130,14 +134,125 @@ def test_shim_links_the_library_that_holds_the_backend_registry():
     library = emulator._runtime_library()
     et = emulator._executorch_dir()
     assert library.is_file() and et in library.parents
-    # the dynamic symbol table of that library defines register_backend (not only refers to it)
+    # the dynamic symbol table of that library defines register_backend (not only refers to it); Mach-O
+    # names carry one more leading underscore, so the ELF name is a substring of nm's line there too
     import subprocess
 
-    symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+    nm = ["nm", "-gU"] if sys.platform == "darwin" else ["nm", "-D", "--defined-only"]
+    symbols = subprocess.run([*nm, str(library)], capture_output=True, text=True, check=True)
     assert emulator._REGISTER_BACKEND in symbols.stdout
     command = emulator._compile_command("c++", Path("s.cpp"), Path("s.so"))
-    assert f"-l:{library.name}" in command and f"-L{library.parent}" in command
+    if sys.platform == "darwin":
+        assert str(library) in command and f"-Wl,-rpath,{library.parent}" in command
+    else:
+        assert f"-l:{library.name}" in command and f"-L{library.parent}" in command
     assert command[command.index("-isystem") + 1] == str(et / "include")  # the wheel's headers come first
+
+
+@pytest.fixture
+def fake_wheel(tmp_path, monkeypatch):
+    """An executorch package folder with complete headers and the given runtime library, so that the
+    build command of any platform can be made on this machine: returns a function of the library name."""
+    et = tmp_path / "site-packages" / "executorch"
+    _header_tree(et / "include" / "executorch")
+    monkeypatch.setattr(emulator, "_executorch_dir", lambda: et)
+
+    def with_library(name: str) -> Path:
+        library = et / "lib" / name
+        monkeypatch.setattr(emulator, "_runtime_library", lambda: library)
+        return library
+
+    return with_library
+
+
+def test_compile_command_on_linux_is_unchanged(fake_wheel):
+    library = fake_wheel("libexecutorch.so")
+    include = library.parents[1] / "include"
+    command = emulator._compile_command("g++", Path("shim.cpp"), Path("out.so"), platform="linux")
+    assert command == [
+        "g++", "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+        "-D_GLIBCXX_USE_CXX11_ABI=1", "-DC10_USING_CUSTOM_GENERATED_MACROS", "-DET_EVENT_TRACER_ENABLED",
+        "-isystem", str(include),
+        "-isystem", str(include / "executorch" / "runtime" / "core" / "portable_type" / "c10"),
+        "shim.cpp", "-o", "out.so",
+        f"-L{library.parent}", "-l:libexecutorch.so", f"-Wl,-rpath,{library.parent}", "-Wl,--no-undefined",
+    ]
+
+
+def test_compile_command_on_macos_links_the_dylib_by_path(fake_wheel):
+    library = fake_wheel("libexecutorch.dylib")
+    include = library.parents[1] / "include"
+    command = emulator._compile_command("clang++", Path("shim.cpp"), Path("out.dylib"), platform="darwin")
+    assert command[0] == "clang++" and "-std=c++17" in command and "-fvisibility=hidden" in command
+    assert "-dynamiclib" in command or "-shared" in command
+    # libc++, ld64: none of the GNU flags
+    assert not [flag for flag in command if flag.startswith(("-D_GLIBCXX", "-l:", "-L"))]
+    assert "-Wl,--no-undefined" not in command
+    # the runtime library by its full path, found at load time through an rpath to its folder
+    assert str(library) in command
+    assert f"-Wl,-rpath,{library.parent}" in command
+    assert "-Wl,-undefined,error" in command
+    assert "-Wl,-install_name,@rpath/out.dylib" in command
+    # the same headers and macros as on Linux, the wheel's first
+    assert command[command.index("-isystem") + 1] == str(include)
+    assert {"-DC10_USING_CUSTOM_GENERATED_MACROS", "-DET_EVENT_TRACER_ENABLED"} <= set(command)
+    assert command[command.index("-o") + 1] == "out.dylib" and "shim.cpp" in command
+    # the library comes after the source: ld64 then resolves the shim's references against it
+    assert command.index(str(library)) > command.index("shim.cpp")
+
+
+@pytest.mark.parametrize("platform", ["win32", "cygwin", "freebsd14", "emscripten"])
+def test_compile_command_refuses_other_platforms(fake_wheel, platform):
+    fake_wheel("libexecutorch.so")
+    with pytest.raises(EmulatorBuildError, match=rf"'{platform}'.*Linux and macOS are supported"):
+        emulator._compile_command("c++", Path("shim.cpp"), Path("out.so"), platform=platform)
+    with pytest.raises(EmulatorBuildError, match="Linux and macOS are supported"):
+        emulator.shim_path(platform=platform)
+
+
+def test_shim_file_suffix_per_platform(fake_wheel, tmp_path, monkeypatch):
+    monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(tmp_path / "cache"))
+    fake_wheel("libexecutorch.dylib")
+    mac = emulator.shim_path(platform="darwin")
+    fake_wheel("libexecutorch.so")
+    linux = emulator.shim_path(platform="linux")
+    assert mac.suffix == ".dylib" and linux.suffix == ".so"
+    assert mac.parent == linux.parent == tmp_path / "cache"
+    assert mac.stem != linux.stem  # different commands and platforms: different cache keys
+    assert emulator._digest_path(mac).name == mac.name + ".sha256"
+    assert emulator.shim_path() == emulator.shim_path(platform=sys.platform)
+
+
+def _fake_compilers(folder: Path, *names: str) -> None:
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        tool = folder / name
+        tool.write_text("#!/bin/sh\nexit 1\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+
+
+def test_compiler_order_per_platform(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    _fake_compilers(bin_dir, "c++", "g++", "clang++")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.delenv("CXX", raising=False)
+    assert emulator._find_compiler(platform="darwin") == str(bin_dir / "clang++")  # Apple's clang first
+    assert emulator._find_compiler(platform="linux") == str(bin_dir / "c++")  # as before
+    (bin_dir / "clang++").unlink()
+    assert emulator._find_compiler(platform="darwin") == str(bin_dir / "c++")
+    (bin_dir / "c++").unlink()
+    assert emulator._find_compiler(platform="darwin") == str(bin_dir / "g++")
+    assert emulator._find_compiler(platform="linux") == str(bin_dir / "g++")
+    monkeypatch.setenv("CXX", "g++")  # $CXX wins on both
+    _fake_compilers(bin_dir, "clang++")
+    assert emulator._find_compiler(platform="darwin") == str(bin_dir / "g++")
+    monkeypatch.delenv("CXX")
+    for name in ("clang++", "g++"):
+        (bin_dir / name).unlink()
+    with pytest.raises(EmulatorBuildError, match=r"looked for \$CXX, clang\+\+, c\+\+, g\+\+.*xcode-select --install"):
+        emulator._find_compiler(platform="darwin")
+    with pytest.raises(EmulatorBuildError, match=r"looked for \$CXX, c\+\+, g\+\+, clang\+\+.*apt-get install g\+\+"):
+        emulator._find_compiler(platform="linux")
 
 
 def _header_tree(root: Path) -> Path:
