@@ -80,7 +80,7 @@ def build_graph(ep: ExportedProgram, use_fp16: bool) -> GraphBuilder:
     for n in user_inputs:  # boundary casts into the compute precision
         if b.compute_dtype(n.meta["val"].dtype) != n.meta["val"].dtype:
             b.current = n
-            b.ids[n] = b.cast(b.ids[n], b.compute_dtype(n.meta["val"].dtype))
+            b.boundary_cast(n, b.compute_dtype(n.meta["val"].dtype))
     for n in placeholders:
         if constants[n] is not None and n.users:
             if use_fp16:  # preprocess cannot refuse a node the partitioner accepted: say it instead

@@ -166,6 +166,8 @@ class GraphBuilder:
         #: fx node that emitted each MPS node (a tuple for a fused one: conv + batch norm), None for casts
         self.node_origin: list[Any] = []
         self._memo: dict[Any, Any] = {}  # results of memo(key, make): one per key per graph
+        #: fp16 mode: user inputs given as float32 -> their float32 value id before the boundary cast
+        self._float32_inputs: dict[FxNode, int] = {}
 
     # ---- dtypes -------------------------------------------------------------------------
     def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -334,6 +336,20 @@ class GraphBuilder:
         vid = self.new_value(dtype, shape)
         self.emit(op, min_max=min_max, output_id=vid, **fields)
         return vid
+
+    def boundary_cast(self, node: FxNode, dtype: torch.dtype) -> int:
+        """Bind user input ``node`` to its value cast to ``dtype`` (fp16 mode: float32 -> float16),
+        remembering the uncast value for :meth:`float32_input`."""
+        self._float32_inputs[node] = self.ids[node]
+        self.ids[node] = self.cast(self.ids[node], dtype)
+        return self.ids[node]
+
+    def float32_input(self, arg: Any) -> int | None:
+        """In fp16 mode, the float32 value of a user input before its boundary cast (None for anything
+        else). Single nodes whose result jumps on a tiny change of the input (floor, ceil; max pools
+        whose indices are read) read it, so that float16 rounding of the input cannot flip their
+        result; their result is cast to float16 at once (no float32 value reaches a float16 one)."""
+        return self._float32_inputs.get(arg) if isinstance(arg, FxNode) else None
 
     def cast(self, vid: int, dtype: torch.dtype) -> int:
         """A new value holding ``vid`` cast to ``dtype`` (MPSCast writes a fresh id)."""

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mps_backend.partitioner import MPSPartitioner, PartitionReport
+from mps_backend.partitioner import MPSPartitioner, PartitionReport, edge_compile_config
 from mps_backend.passes import check_fp16_constants, drop_unused_constants
 from mps_backend.runtime_compat import DEFAULT_TARGET, check_program
 from mps_backend.serialization.model import Header
@@ -108,6 +108,7 @@ def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
         if use_fp16:
             check_fp16_constants(ep)
         edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner],
+                                                                          compile_config=edge_compile_config(),
                                                                           generate_etrecord=etrecord))
         blobs = _delegate_blobs(edge)
         program = stage("to_executorch", edge.to_executorch)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+from executorch.exir import EdgeCompileConfig
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import tag_constant_data
@@ -131,6 +132,21 @@ def _is_debug_tap(node: Node) -> bool:
 
 def _target_name(target) -> str:
     return str(getattr(op_key(target), "_name", None) or getattr(target, "__name__", target))
+
+
+def edge_compile_config(**overrides) -> EdgeCompileConfig:
+    """The ``EdgeCompileConfig`` for lowering with :class:`MPSPartitioner`: the defaults, plus the ops we
+    lower whole that are not core ATen in the exception list of the edge verifier. executorch keeps an op
+    the partitioner asks to preserve out of the verifier's way only when the default decompositions
+    have an entry for it; ops without one (``adaptive_max_pool2d``/``3d``) stay in the graph either way
+    and fail verification ("not in Core ATen opset") before the partitioner can take them."""
+    from executorch.exir.program._program import _default_decomposition_table  # noqa: PLC0415
+
+    table = _default_decomposition_table()
+    survivors = [t for t in default_registry().targets  # non-core ops no decomposition removes
+                 if isinstance(t, torch._ops.OpOverload) and torch.Tag.core not in t.tags and t not in table]
+    overrides.setdefault("_core_aten_ops_exception_list", sorted(survivors, key=str))
+    return EdgeCompileConfig(**overrides)
 
 
 class MPSPartitioner(Partitioner):

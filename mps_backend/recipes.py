@@ -88,7 +88,7 @@ class MPSRecipeProvider(BackendRecipeProvider):
         if unknown:
             raise ValueError(f"MPS recipe {recipe_type.value!r} takes no parameter {sorted(unknown)}"
                              + (" (only group_size)" if scheme else ""))
-        from mps_backend.partitioner import MPSPartitioner  # noqa: PLC0415
+        from mps_backend.partitioner import MPSPartitioner, edge_compile_config  # noqa: PLC0415
 
         partitioners: list[Any] = [MPSPartitioner(use_fp16=use_fp16)]
         if fallback:
@@ -106,7 +106,8 @@ class MPSRecipeProvider(BackendRecipeProvider):
             quantization = QuantizationRecipe(quantizers=None, ao_quantization_configs=[
                 AOQuantizationConfig(weight_only_config(scheme, group), filter_fn=quantizable(scheme, group))])
         return ExportRecipe(name=recipe_type.value, quantization_recipe=quantization,
-                            lowering_recipe=LoweringRecipe(partitioners=partitioners))
+                            lowering_recipe=LoweringRecipe(partitioners=partitioners,
+                                                           edge_compile_config=edge_compile_config()))
 
 
 if BACKEND_NAME not in recipe_registry.list_backends():  # an ecosystem registration, once per process

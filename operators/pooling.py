@@ -183,6 +183,9 @@ def _bind(b, node: Node, values: int, idx: int | None = None) -> None:
         return
     target = _out_shape(node)
     values, idx = _reshaped(b, values, target), _reshaped(b, idx, target)
+    want = b.compute_dtype(val(node)[0].dtype)
+    if vdtype(b, values) != want:  # pooled in float32 (see _source)
+        values = b.cast(values, want)
     if _indices_read(node):
         idx = b.cast(idx, torch.int64)
     b.ids[node] = (values, idx)
@@ -234,14 +237,23 @@ def _check(n: int, max_pool: bool):
     return check
 
 
-def _planes(b, x: Node, n: int) -> tuple[int, list[int], int]:
-    """(number M of pooled planes / volumes, their n spatial sizes, the input as a 4-D value:
+def _source(b, node: Node) -> int:
+    """The value a pooling node reads. In fp16 mode a max pool whose indices are read pools a float32
+    user input in float32: rounded to float16 first, nearby values tie and the index of the first one
+    would come out instead of the largest's."""
+    x = node.args[0]
+    exact = b.float32_input(x) if _indices_read(node) else None
+    return exact if exact is not None else b.id(x)
+
+
+def _planes(b, x: Node, n: int, vid: int) -> tuple[int, list[int], int]:
+    """(number M of pooled planes / volumes, their n spatial sizes, the input ``vid`` as a 4-D value:
     ``[N, C, H, W]`` itself, or viewed as ``[1, M, H, W]`` / ``[1, M*D, H, W]``)."""
     s = shape(x)
     m, sizes = math.prod(s[:-n]), s[-n:]
     if len(s) == 4 and n == 2:
-        return m, sizes, b.id(x)
-    return m, sizes, view(b, b.id(x), [1, m * math.prod(sizes[:-2])] + sizes[-2:])
+        return m, sizes, vid
+    return m, sizes, view(b, vid, [1, m * math.prod(sizes[:-2])] + sizes[-2:])
 
 
 def _volume(b, vid: int, m: int, depth: int) -> int:
@@ -254,7 +266,7 @@ def _max_pool(node: Node, b) -> None:
     """max_pool2d/3d_with_indices: values, and indices over the input plane / volume."""
     x, n = node.args[0], 3 if op_key(node.target) is aten.max_pool3d_with_indices.default else 2
     axes = _axes(node, n, True)
-    m, sizes, vid = _planes(b, x, n)
+    m, sizes, vid = _planes(b, x, n, _source(b, node))
     if n == 2:
         _bind(b, node, *_pool(b, "max", vid, *axes))
         return
@@ -278,7 +290,7 @@ def _avg_pool(node: Node, b) -> None:
     # divisor_override: sum / divisor = (mean over whole windows) * kernel size / divisor
     count = "window" if divisor is not None else "padding" if arg(node, 5, "count_include_pad", True) else "input"
     axes = _axes(node, n, False)
-    m, sizes, out = _planes(b, x, n)
+    m, sizes, out = _planes(b, x, n, b.id(x))
     if n == 3:
         dk, hk, wk = axes
         if not (hk.identity and wk.identity):
@@ -369,7 +381,7 @@ def _adaptive(node: Node, b) -> None:
         b.emit("MPSMean", input1_id=b.id(x), output_id=b.out(node), num_dims=n, dims=list(range(r - n, r)),
                keep_dims=True)
         return
-    m, sizes, vid = _planes(b, x, n)
+    m, sizes, vid = _planes(b, x, n, _source(b, node) if kind == "max" else b.id(x))
     if n == 2:
         _bind(b, node, *_adaptive_plane(b, kind, vid, *out_sizes))
         return

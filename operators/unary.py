@@ -260,14 +260,18 @@ def _rounding(kind: str):
         x = b.id(node.args[0])
         if vdtype(b, x) not in FLOAT_DTYPES:  # integers are already integral
             b.alias(node, x)
-        elif kind == "floor":
-            b.emit("MPSFloor", input1_id=x, output_id=b.out(node))
-        elif kind == "ceil":
-            b.emit("MPSCeil", input1_id=x, output_id=b.out(node))
-        elif kind == "trunc":
-            b.alias(node, trunc(b, x))
+            return
+        if kind in ("floor", "ceil"):
+            # fp16 mode on a float32 user input: one node on the float32 value (rounding it to float16
+            # first would move -1.0001 to -1.0 and floor it to -1), its integral result cast to float16.
+            # (trunc and round are several nodes with float16 constants: they stay in float16.)
+            exact = b.float32_input(node.args[0])
+            src = exact if exact is not None else x
+            out = b.new_value(vdtype(b, src), b.graph.values[src].dims)
+            b.emit("MPSFloor" if kind == "floor" else "MPSCeil", input1_id=src, output_id=out)
+            b.alias(node, out if exact is None else b.cast(out, b.dtype(node)))
         else:
-            b.alias(node, round_half_even(b, x))
+            b.alias(node, trunc(b, x) if kind == "trunc" else round_half_even(b, x))
     return lower
 
 

@@ -19,6 +19,10 @@ from .flatbuf import FlatBuffer, compile_schema
 
 EXTENDED_HEADER_MAGIC = b"eh00"
 INLINE, SEGMENT = 0, 1  # DataLocation
+#: union KernelTypes: the EValue kinds by type tag (0 is NONE)
+EVALUE_KINDS = ("NONE", "Null", "Int", "Bool", "Double", "Tensor", "String", "IntList", "DoubleList", "BoolList",
+                "TensorList", "OptionalTensorList")
+KERNEL_CALL = 1  # union InstructionArguments: KernelCall, DelegateCall, MoveCall, JumpFalseCall, FreeCall
 
 
 def _f(name: str, ftype: str, default: str | None = None) -> dict:
@@ -27,15 +31,20 @@ def _f(name: str, ftype: str, default: str | None = None) -> dict:
 
 _SCHEMA = {
     "enums": {"DataLocation": {"base": "byte", "values": {"INLINE": INLINE, "SEGMENT": SEGMENT}}},
-    "unions": {},
+    "unions": {"KernelTypes": {}, "InstructionArguments": {}},
     "structs": {},
     "tables": {
         "Program": [_f("version", "uint"), _f("execution_plan", "[ExecutionPlan]"), _f("constant_buffer", "[Opaque]"),
                     _f("backend_delegate_data", "[BackendDelegateInlineData]"), _f("segments", "[DataSegment]")],
-        "ExecutionPlan": [_f("name", "string"), _f("container_meta_type", "Opaque"), _f("values", "[Opaque]"),
-                          _f("inputs", "[int]"), _f("outputs", "[int]"), _f("chains", "[Opaque]"),
+        "ExecutionPlan": [_f("name", "string"), _f("container_meta_type", "Opaque"), _f("values", "[EValue]"),
+                          _f("inputs", "[int]"), _f("outputs", "[int]"), _f("chains", "[Chain]"),
                           _f("operators", "[Operator]"), _f("delegates", "[BackendDelegate]"),
                           _f("non_const_buffer_sizes", "[long]")],
+        "EValue": [_f("val", "KernelTypes")],
+        "Chain": [_f("inputs", "[int]"), _f("outputs", "[int]"), _f("instructions", "[Instruction]"),
+                  _f("stacktrace", "[Opaque]")],
+        "Instruction": [_f("instr_args", "InstructionArguments")],
+        "KernelCall": [_f("op_index", "int"), _f("args", "[int]")],
         "Operator": [_f("name", "string"), _f("overload", "string")],
         "BackendDelegate": [_f("id", "string"), _f("processed", "BackendDelegateDataReference"),
                             _f("compile_specs", "[CompileSpec]")],
@@ -81,6 +90,9 @@ def open_program(data: bytes | bytearray | memoryview, error: type[Exception]) -
     view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
     if len(view) < 8 or bytes(view[4:6]) != b"ET":
         raise error("not an executorch program (no 'ET..' flatbuffer identifier at bytes 4-7)")
+    if not bytes(view[6:8]).isdigit():  # the runtime logs all four bytes when they are not its own 'ET12'
+        raise error(f"not an executorch program: flatbuffer identifier {bytes(view[4:8])!r} at bytes 4-7 is not "
+                    "'ET' and a two-digit schema version")
     program_size, segment_base = len(view), None
     if bytes(view[8:12]) == EXTENDED_HEADER_MAGIC:
         if len(view) < 32:  # magic, length, program size, segment base (+ segment data size)

@@ -20,7 +20,7 @@ import torch
 
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, load_hf, load_llama
 from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
-from mps_backend.partitioner import MPSPartitioner, PartitionReport
+from mps_backend.partitioner import MPSPartitioner, PartitionReport, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_compat import DEFAULT_TARGET
 
@@ -187,7 +187,8 @@ def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", qu
             ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
         del decoder
         with prog.stage("lower to MPS"):
-            edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], constant_methods=meta)
+            edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], constant_methods=meta,
+                                                  compile_config=edge_compile_config())
         del ep
         delegates = _count_mps_delegates(edge)
         with prog.stage("to_executorch"):

@@ -9,7 +9,7 @@ with :class:`ProgramFormatError` naming what and where:
 
 - a file that is not an executorch program (identifier ``ET..``), a truncated extended header;
 - names that are not UTF-8 or contain control characters (method, operator, backend id, compile-spec key);
-- an execution plan without its values, inputs, outputs or chains (the runtime asserts on them), inputs or
+- an execution plan without its values, inputs, outputs, chains or memory plan (the runtime asserts on them), inputs or
   outputs outside the value table;
 - a delegate whose payload reference points outside the program's inline data or segments, a compile spec
   without its value, a segment that reaches past the end of the file;
@@ -47,6 +47,78 @@ def _name(fb: FlatBuffer, value: Any, what: str) -> str:
     return value
 
 
+#: EValue kinds a kernel argument of a schema type may hold (executorch's unboxing asserts on any other:
+#: ``EValue::toInt`` of a Bool aborts the process); a ``T?`` argument may also be Null. Types not listed
+#: are not checked.
+_ACCEPTS = {"Tensor": {"Tensor"}, "int": {"Int"}, "SymInt": {"Int"}, "ScalarType": {"Int"}, "MemoryFormat": {"Int"},
+            "Layout": {"Int"}, "bool": {"Bool"}, "float": {"Double"}, "Scalar": {"Int", "Double", "Bool"},
+            "str": {"String"}, "int[]": {"IntList"}, "SymInt[]": {"IntList"}, "float[]": {"DoubleList"},
+            "bool[]": {"BoolList"}, "Tensor[]": {"TensorList"}, "Tensor?[]": {"OptionalTensorList"}}
+
+
+def _argument_kinds(name: str, overload: str) -> list[tuple[str, set[str]]] | None:
+    """(argument name, EValue kinds it accepts) per schema argument of operator ``name.overload``; None
+    for an operator torch does not know here (its arguments are then not checked)."""
+    import re  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    try:
+        schema = torch._C._get_schema(name, overload)
+    except RuntimeError:
+        return None
+    kinds = []
+    for arg in schema.arguments:
+        text = re.sub(r"\[\d+\]", "[]", str(arg.type))  # int[2] -> int[]
+        optional = text.endswith("?") and not text.endswith("?[]")
+        accepted = _ACCEPTS.get(text[:-1] if optional else text)
+        kinds.append((arg.name, (accepted | {"Null"}) if accepted and optional else accepted or set()))
+    return kinds
+
+
+def _check_kernel_calls(fb: FlatBuffer, plan: dict, operators: list[tuple[str, str]], where: str) -> None:
+    """Every kernel call names an operator of the plan and values of the plan, and each argument holds
+    the kind of value the operator's schema declares (the runtime unboxes them unchecked)."""
+    from mps_backend.serialization.program import EVALUE_KINDS, KERNEL_CALL  # noqa: PLC0415
+
+    values = plan["values"]
+    kinds: dict[int, str] = {}
+
+    def kind(v: int) -> str:
+        if v not in kinds:
+            tag, _ = fb.table(values[v], "EValue", f"{where} values[{v}]")["val"]
+            kinds[v] = EVALUE_KINDS[tag] if tag < len(EVALUE_KINDS) else f"type tag {tag}"
+        return kinds[v]
+
+    schemas: dict[int, list | None] = {}
+    for c, chain_pos in enumerate(plan["chains"]):
+        chain = fb.table(chain_pos, "Chain", f"{where} chains[{c}]")
+        for k, instr_pos in enumerate(chain["instructions"] or ()):
+            tag, body = fb.table(instr_pos, "Instruction", f"{where} chains[{c}].instructions[{k}]")["instr_args"]
+            if tag != KERNEL_CALL or body is None:
+                continue
+            at = f"{where} instruction {k} (kernel call)"
+            call = fb.table(body, "KernelCall", at)
+            op, args = call["op_index"], list(call["args"] or ())
+            if not 0 <= op < len(operators):
+                raise fb.fail(f"{at}: operator index {op} outside the {len(operators)} operators")
+            bad = [a for a in args if not 0 <= a < len(values)]
+            if bad:
+                raise fb.fail(f"{at}: argument value(s) {bad} outside the {len(values)} values")
+            if op not in schemas:
+                schemas[op] = _argument_kinds(*operators[op])
+            expected = schemas[op]
+            if expected is None:
+                continue
+            name = f"{operators[op][0]}.{operators[op][1] or 'default'}"
+            if len(args) < len(expected):
+                raise fb.fail(f"{at}: {name} takes {len(expected)} arguments, the call passes {len(args)}")
+            for (arg_name, accepted), v in zip(expected, args):
+                if accepted and kind(v) not in accepted:
+                    raise fb.fail(f"{at}: {name} argument {arg_name!r} is value {v}, a {kind(v)} (the kernel "
+                                  f"reads {' or '.join(sorted(accepted))})")
+
+
 def check_program(data: bytes | bytearray | memoryview) -> None:
     """Raise :class:`ProgramFormatError` if ``data`` is not a program the runtime can be given safely."""
     tables = open_program(data, ProgramFormatError)
@@ -63,7 +135,7 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
         plan = fb.table(pos, "ExecutionPlan", f"execution_plan[{p}]")
         method = _name(fb, plan["name"], f"execution_plan[{p}].name")
         where = f"method {method!r}"
-        for field in ("values", "inputs", "outputs", "chains"):  # executorch asserts (aborts) on a missing one
+        for field in ("values", "inputs", "outputs", "chains", "non_const_buffer_sizes"):  # executorch asserts on a missing one
             if plan[field] is None:
                 raise fb.fail(f"{where}: the execution plan has no {field} field")
         n_values = len(plan["values"])
@@ -71,11 +143,13 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
             bad = [i for i in plan[field] if not 0 <= i < n_values]
             if bad:
                 raise fb.fail(f"{where}: {field} {bad} outside the {n_values} values")
+        operators = []
         for i, op_pos in enumerate(plan["operators"] or ()):
             op = fb.table(op_pos, "Operator", f"{where} operators[{i}]")
-            _name(fb, op["name"], f"{where} operators[{i}].name")
-            if op["overload"] is not None:
-                _name(fb, op["overload"], f"{where} operators[{i}].overload")
+            name = _name(fb, op["name"], f"{where} operators[{i}].name")
+            overload = _name(fb, op["overload"], f"{where} operators[{i}].overload") if op["overload"] is not None else ""
+            operators.append((name, overload))
+        _check_kernel_calls(fb, plan, operators, where)
         for d, d_pos in enumerate(plan["delegates"] or ()):
             delegate = fb.table(d_pos, "BackendDelegate", f"{where} delegates[{d}]")
             backend = _name(fb, delegate["id"], f"{where} delegates[{d}].id")

@@ -238,12 +238,31 @@ def check_cpu(r: Row) -> None:
 
 
 def _fp16_float32_values(graph) -> set:
-    """float32 values of an fp16 graph that are neither user inputs nor boundary output casts,
-    and nodes whose own ``dtype`` field says float32 (MPSFull/FullLike/Arange, inner casts)."""
+    """float32 values of an fp16 graph that are neither user inputs, nor boundary output casts, nor
+    part of a float32 island on the inputs (rounding ops and max-pool indices read float32 user inputs
+    in float32: values computed only from inputs and such values, read only by such nodes or by a cast
+    to float16), and nodes whose own ``dtype`` field says float32 (MPSFull/FullLike/Arange, inner casts)."""
+    from mps_backend.serialization.device_facts import node_value_ids
+
     boundary = {n["output_id"] for n in graph.nodes
                 if n.op == "MPSCast" and n["dtype"] == DataType.float32 and n["output_id"] in graph.output_ids}
-    f32 = {f"value {i}" for i, v in enumerate(graph.values)
-           if v.datatype == DataType.float32 and i not in boundary and i not in graph.input_ids}
+    f32_ids = {i for i, v in enumerate(graph.values) if v.datatype == DataType.float32}
+    island = set(graph.input_ids) & f32_ids
+    for n in graph.nodes:  # topological order: a node on island values only extends the island
+        reads = [i for i in node_value_ids(n.fields, outputs=False) if i >= 0]
+        if reads and n.op != "MPSCast" and all(i in island or i not in f32_ids for i in reads) \
+                and any(i in island for i in reads):
+            island |= {i for i in node_value_ids(n.fields, outputs=True) if i in f32_ids}
+    leaked = set()
+    for n in graph.nodes:  # island values may only reach island nodes or a cast to float16
+        reads = [i for i in node_value_ids(n.fields, outputs=False) if i in island - set(graph.input_ids)]
+        outs = set(node_value_ids(n.fields, outputs=True)) & f32_ids  # integer results (indices) may leave it
+        if reads and not (outs <= island or (n.op == "MPSCast" and n["dtype"] == DataType.float16)):
+            leaked |= set(reads)
+    used = {i for n in graph.nodes for out in (False, True) for i in node_value_ids(n.fields, outputs=out)}
+    unused = set(range(len(graph.values))) - used - set(graph.output_ids)  # entries simplify left unreferenced
+    allowed = (island - leaked) | boundary | set(graph.input_ids) | unused
+    f32 = {f"value {i}" for i in f32_ids if i not in allowed}
     f32 |= {f"node {k} ({n.op}.dtype)" for k, n in enumerate(graph.nodes)
             if n.fields.get("dtype") == DataType.float32 and n.fields.get("output_id") not in boundary}
     return f32
@@ -284,6 +303,23 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, rel: float, what: str) ->
         f"device {o.flatten()[worst].item()!r}, eager {e.flatten()[worst].item()!r}")
 
 
+def _read_in_float32_only(graph, delegate_inputs) -> set[int]:
+    """Program inputs every node of an fp16 graph reads as float32 (floor, ceil, max-pool indices on
+    the input itself): no node reads the float16 value of its boundary cast. Their eager reference is
+    the float32 input; for the others it is the input rounded to float16, as the device sees it."""
+    from mps_backend.serialization.device_facts import node_value_ids
+
+    read = {i for n in graph.nodes for i in node_value_ids(n.fields, outputs=False)}
+    exact = set()
+    for j, vid in enumerate(graph.input_ids):
+        if graph.values[vid].datatype != DataType.float32:
+            continue
+        casts = [n["output_id"] for n in graph.nodes if n.op == "MPSCast" and n["input1_id"] == vid]
+        if not any(c in read or c in graph.output_ids for c in casts):
+            exact.add(delegate_inputs[j])
+    return exact
+
+
 def check_row(r: Row, precision: str) -> None:
     module, inputs, _ = prepared(r)
     low = lower(r, precision)
@@ -311,12 +347,17 @@ def check_row(r: Row, precision: str) -> None:
     bad = [i for i in info if i.reinterpreted]
     assert not bad, f"outputs the runtime would reinterpret: {bad}"
 
+    exact: set[int] = set()
     if precision == "fp16":  # what the device sees after its boundary casts, computed in float32
-        eager_in = [x.half().float() if x.dtype == torch.float32 else x for x in inputs]
+        exact = _read_in_float32_only(g, low.delegate_inputs)
+        eager_in = [x.half().float() if x.dtype == torch.float32 and i not in exact else x
+                    for i, x in enumerate(inputs)]
     else:
         eager_in = list(inputs)
     with torch.no_grad():
         ref = _flat(module(*eager_in))
+    if precision == "fp16" and exact:  # computed from the float32 input, still held in float16 at the end
+        ref = [e.half().float() if e.dtype == torch.float32 else e for e in ref]
     assert len(ref) == len(low.delegate_outputs)
     for k, (e, d) in enumerate(zip(ref, low.delegate_outputs)):
         assert_close(outs[d], e, r.tolerance(precision), f"output {k} ({precision})")
