@@ -46,8 +46,33 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def subset_run() -> run_suite.SuiteRun:
-    return run_suite.run(run_suite.operator_files(SUBSET), ("mps",), seed=run_suite.DEFAULT_SEED,
-                         log=None)
+    from mps_backend.testing.suite_flow import WHOLE_PROGRAM_ENV
+
+    previous = os.environ.get(WHOLE_PROGRAM_ENV)
+    os.environ[WHOLE_PROGRAM_ENV] = "1"  # every case also lowered whole, as old export scripts do
+    try:
+        return run_suite.run(run_suite.operator_files(SUBSET), ("mps",), seed=run_suite.DEFAULT_SEED,
+                             log=None)
+    finally:
+        if previous is None:
+            del os.environ[WHOLE_PROGRAM_ENV]
+        else:
+            os.environ[WHOLE_PROGRAM_ENV] = previous
+
+
+def test_every_case_also_lowers_as_a_whole_program(subset_run):
+    """The old-script entry point, ``to_backend("MPSBackend", to_edge(ep).exported_program(), specs)``:
+    a case the partitioner delegates whole lowers whole; one with CPU nodes is refused with the nodes
+    named; preprocess never fails on a node its check accepted."""
+    outcomes = {}
+    for test, sub in subset_run.subtests():
+        if "Whole Program" in sub:
+            outcomes[run_suite.case_id(test, sub)] = (sub["Whole Program"], bool(sub.get("CPU Nodes")))
+    assert len(outcomes) > 50, outcomes
+    bad = {case: o for case, (o, _) in outcomes.items() if not o.startswith(("lowered", "refused"))}
+    assert not bad, bad
+    refused_whole = {case for case, (o, cpu) in outcomes.items() if o == "refused" and not cpu}
+    assert not refused_whole, refused_whole
 
 
 def _expected_pass() -> list[str]:

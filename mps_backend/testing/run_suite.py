@@ -528,6 +528,7 @@ def render_markdown(run_: SuiteRun, *, title: str = "ExecuTorch operator test su
                   f"delegation rate {_pct(t.delegation_rate)} |", ""]
         lines += _failure_section(run_, flow)
         lines += _cpu_section(run_, flow)
+        lines += _whole_program_section(run_, flow)
         lines += _skip_section(run_, flow)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -550,6 +551,26 @@ def _failure_section(run_: SuiteRun, flow: str) -> list[str]:
         err = err if len(err) <= 400 else err[:400] + " […]"
         out.append(f"| `{case_id(test, sub)}` | `{cls}` | {_md(err)} |")
     return out + [""]
+
+
+def _whole_program_section(run_: SuiteRun, flow: str) -> list[str]:
+    """Cases also lowered whole (``MPS_SUITE_WHOLE_PROGRAM``): how each ended; nothing when not run."""
+    results: collections.Counter = collections.Counter()
+    crashes = []
+    for test, sub in run_.subtests():
+        if (test.get("flow") or sub.get("Flow")) != flow or "Whole Program" not in sub:
+            continue
+        outcome = sub["Whole Program"]
+        results[outcome.split(":")[0]] += 1
+        if not outcome.startswith(("lowered", "refused")):
+            crashes.append(f"| `{case_id(test, sub)}` | {_md(outcome)} |")
+    if not results:
+        return []
+    out = [f"### Whole-program `to_backend(\"MPSBackend\", ...)` (`{flow}`)", "",
+           "Every case also lowered the way old export scripts do (`to_edge`, then the whole program to the "
+           "backend; `MPS_SUITE_WHOLE_PROGRAM=1`): " + ", ".join(f"{k} {n}" for k, n in results.most_common())
+           + " (*refused*: the backend named the nodes the device cannot run, as it must).", ""]
+    return out + (["| Case | Outcome |", "|---|---|", *crashes, ""] if crashes else [])
 
 
 def _cpu_section(run_: SuiteRun, flow: str) -> list[str]:

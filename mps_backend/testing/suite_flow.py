@@ -140,8 +140,10 @@ class MPSToEdgeTransformAndLower(ToEdgeTransformAndLower):
     def __init__(self, partitioners=None, edge_compile_config=None, *, use_fp16: bool = False):
         super().__init__(default_partitioner_cls=functools.partial(MPSPartitioner, use_fp16=use_fp16),
                          partitioners=partitioners, edge_compile_config=edge_compile_config)
+        self.use_fp16 = use_fp16
 
     def run(self, artifact, inputs=None, generate_etrecord: bool = False) -> None:
+        whole = _whole_program_input(artifact) if os.environ.get(WHOLE_PROGRAM_ENV) else None
         try:
             super().run(artifact, inputs=inputs, generate_etrecord=generate_etrecord)
         finally:
@@ -150,6 +152,50 @@ class MPSToEdgeTransformAndLower(ToEdgeTransformAndLower):
                 if isinstance(partitioner, MPSPartitioner):
                     cpu_nodes += [f"{n.target}: {n.reason}" for n in partitioner.report().on_cpu]
             _CAPTURE.current()["CPU Nodes"] = cpu_nodes
+            if whole is not None:
+                _CAPTURE.current()["Whole Program"] = whole_program(whole, self.use_fp16)
+
+
+#: set (to anything) to also lower every case as a whole program, the way old export scripts do
+#: (``to_backend("MPSBackend", to_edge(ep).exported_program(), compile_specs)``); recorded per case as
+#: ``Whole Program``: ``lowered``, ``refused`` (the backend named what the device cannot run) or
+#: ``crash: ...`` (preprocess failed on a node its support check accepted), ``not ours: ...`` (to_edge failed)
+WHOLE_PROGRAM_ENV = "MPS_SUITE_WHOLE_PROGRAM"
+
+
+def _whole_program_input(artifact: Any) -> Any:
+    import copy  # noqa: PLC0415
+
+    try:
+        return copy.deepcopy(artifact)  # the partitioner path below consumes the exported program
+    except Exception as e:  # noqa: BLE001 - recorded, the suite's own path goes on
+        return e
+
+
+def whole_program(ep: Any, use_fp16: bool) -> str:
+    """Lower ``ep`` whole with ``to_backend("MPSBackend", ...)``: what happened, as a short string."""
+    from executorch.exir import to_edge  # noqa: PLC0415
+    from executorch.exir.backend.backend_api import to_backend  # noqa: PLC0415
+
+    from mps_backend.backend import LoweringError  # noqa: PLC0415
+    from mps_backend.compile_specs import fp16_spec  # noqa: PLC0415
+    from mps_backend.partitioner import edge_compile_config  # noqa: PLC0415
+
+    if isinstance(ep, BaseException):
+        return f"not ours: copying the exported program: {type(ep).__name__}: {ep}"[:300]
+    try:
+        edge = to_edge(ep, compile_config=edge_compile_config())
+    except Exception as e:  # noqa: BLE001
+        return f"not ours: to_edge: {type(e).__name__}: {e}"[:300]
+    try:
+        to_backend("MPSBackend", edge.exported_program(), [fp16_spec(use_fp16)])
+    except LoweringError as e:
+        if "failed to lower" in str(e) or "no MPS lowering" in str(e):
+            return f"crash: {e}"[:600]
+        return "refused"
+    except Exception as e:  # noqa: BLE001 - anything else out of preprocess is a lowering bug
+        return f"crash: {type(e).__name__}: {e}"[:600]
+    return "lowered"
 
 
 class MPSSerialize(Serialize):
@@ -455,6 +501,8 @@ def _subtest_metadata(item: pytest.Item, runner: Any) -> list[dict]:
         meta["Failure Class"] = classify(record.result, record.error)
         meta["Root Error"] = _root_error(record.error) or _skip_reason(record)
         meta["CPU Nodes"] = captured.get("CPU Nodes", [])
+        if "Whole Program" in captured:
+            meta["Whole Program"] = captured["Whole Program"]
     return subtests
 
 
