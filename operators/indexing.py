@@ -152,6 +152,74 @@ def _embedding(node: Node, b) -> None:
         view(b, out, out_shape, out=b.out(node))
 
 
+# ---- embedding_bag --------------------------------------------------------------------------------
+# Bags from runtime offsets, without a segment reduction (the device has none): the rows of all
+# indices are gathered ([N, D]), a [bags, N] membership mask is computed from the offsets
+# (offsets[b] <= n < end[b]; index == padding_idx excluded) and one matmul sums each bag. Mean divides
+# by the bag's size (an empty bag gives 0, as torch). The three auxiliary outputs (offset2bag,
+# bag_size, max_indices) are not computed: a program that reads them keeps the node on CPU.
+
+_BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
+
+
+def _embedding_bag_args(node: Node) -> dict:
+    return {"mode": int(arg(node, 4, "mode", 0)), "weights": arg(node, 6, "per_sample_weights", None),
+            "include_last": bool(arg(node, 7, "include_last_offset", False)),
+            "padding_idx": arg(node, 8, "padding_idx", -1)}
+
+
+def _embedding_bag_check(node: Node):
+    w, idx, offsets = node.args[:3]
+    a = _embedding_bag_args(node)
+    if a["mode"] not in (0, 1):
+        return f"embedding_bag mode {_BAG_MODES.get(a['mode'], a['mode'])!r} (sum and mean are lowered)"
+    if rank(w) != 2 or rank(idx) != 1 or rank(offsets) != 1:
+        return f"embedding_bag of weight rank {rank(w)}, indices rank {rank(idx)}, offsets rank {rank(offsets)}"
+    if any(u.args[1] != 0 and u.users for u in node.users):
+        return "embedding_bag whose offset2bag / bag_size / max_indices outputs are read (only the bags are lowered)"
+    if val(w).numel() >= INT32_LIMIT or shape(idx)[0] >= 2 ** 24:
+        return "embedding_bag with >= 2^31 table elements or >= 2^24 indices"
+    if shape(offsets)[0] - a["include_last"] < 1:
+        return "embedding_bag with no bags"
+    return _index_reason(idx, "embedding_bag indices") or _index_reason(offsets, "embedding_bag offsets")
+
+
+def _embedding_bag(node: Node, b) -> None:
+    w, idx, offsets = node.args[:3]
+    a = _embedding_bag_args(node)
+    n, n_off, dim = shape(idx)[0], shape(offsets)[0], shape(w)[1]
+    bags = n_off - 1 if a["include_last"] else n_off
+    dt, odt = b.dtype(w), vdtype(b, b.id(offsets))
+    rows = b.new_value(dt, [n, dim])
+    b.emit("MPSEmbedding", input1_id=b.id(w), input2_id=b.id(idx), output_id=rows, padding_idx=-1,
+           scale_grad_by_freq=False, sparse=False)
+    if a["weights"] is not None:  # sum mode only (torch's rule): each row scaled by its weight
+        rows = binary(b, "MPSMul", rows, view(b, b.id(a["weights"]), [n, 1]))
+    off = b.id(offsets)
+    starts = view(b, off if bags == n_off else slice_value(b, off, 0, 0, bags), [bags, 1])
+    tail = [slice_value(b, off, 0, 1, n_off)] if n_off > 1 else []
+    if not a["include_last"]:  # the last bag ends at the last index
+        tail.append(b.constant(torch.tensor([n], dtype=odt), dtype=odt))
+    ends = view(b, tail[0] if len(tail) == 1 else cat_values(b, tail, 0), [bags, 1])
+    pos = b.constant(torch.arange(n, dtype=odt).reshape(1, n), dtype=odt)
+    inside = binary(b, "MPSBitwiseAnd", binary(b, "MPSGe", pos, starts), binary(b, "MPSLt", pos, ends))
+    padding = a["padding_idx"]
+    if padding is not None and padding >= 0:  # rows of padding_idx count in no bag
+        keep = binary(b, "MPSNe", view(b, b.id(idx), [1, n]), b.scalar(int(padding), vdtype(b, b.id(idx))))
+        inside = binary(b, "MPSBitwiseAnd", inside, keep)
+    mask = b.cast(inside, dt)  # [bags, n], 0/1
+    out = b.new_value(dt, [bags, dim])
+    if a["mode"] == 1:  # mean: each bag's row of the mask divided by its size (at least 1)
+        size = b.new_value(dt, [bags, 1])
+        b.emit("MPSMatMul", input1_id=mask, input2_id=b.constant(torch.ones(n, 1), dtype=dt), output_id=size)
+        size = binary(b, "MPSAdd", size, b.cast(binary(b, "MPSEq", size, b.scalar(0.0, dt)), dt))
+        divided = b.new_value(dt, [bags, n])
+        b.emit("MPSDiv", input1_id=mask, input2_id=size, output_id=divided, rounding_mode=None)
+        mask = divided
+    b.emit("MPSMatMul", input1_id=mask, input2_id=rows, output_id=out)
+    b.ids[node] = (out, None, None, None)
+
+
 # ---- index.Tensor / index_put ---------------------------------------------------------------------
 
 def _single_index(node: Node):
@@ -561,6 +629,8 @@ def _gather(node: Node, b) -> None:
 LOWERINGS = [
     Lowering((aten.index_select.default,), _index_select, _index_select_check),
     Lowering((aten.embedding.default,), _embedding, _embedding_check),
+    Lowering((aten._embedding_bag.default, aten._embedding_bag_forward_only.default), _embedding_bag,
+             _embedding_bag_check, generic="args"),
     Lowering((aten.index.Tensor,), _index_tensor, _index_check),
     Lowering((aten.index_put.default,), _index_put, _index_put_check),
     Lowering((aten.slice_scatter.default,), _slice_scatter, _scatter_check),

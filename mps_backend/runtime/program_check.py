@@ -7,12 +7,16 @@ whatever its memory plan asks for. :func:`check_program` reads the program flatb
 bounded reader (``serialization/flatbuf.py``: every offset checked, work bounded by the size) and refuses,
 with :class:`ProgramFormatError` naming what and where:
 
-- a file that is not an executorch program (identifier ``ET..``), a truncated extended header;
+- a file that is not an executorch program (identifier ``ET`` and two digits: the runtime logs it as text
+  when it is not its own), a truncated extended header;
 - names that are not UTF-8 or contain control characters (method, operator, backend id, compile-spec key);
 - an execution plan without its values, inputs, outputs, chains or memory plan (the runtime asserts on them), inputs or
   outputs outside the value table;
 - a delegate whose payload reference points outside the program's inline data or segments, a compile spec
   without its value, a segment that reaches past the end of the file;
+- a kernel call whose operator or argument values are out of range, that passes fewer arguments than the
+  operator's schema has, or whose argument holds another kind of value than the schema's type (executorch's
+  kernel wrappers unbox them unchecked: ``EValue::toInt`` of a Tensor aborts the process);
 - a memory plan (``non_const_buffer_sizes``) beyond the budget: ``MPS_BACKEND_MAX_PLAN_BYTES``, default
   4 GiB per method (the planned activations and mutable buffers the runtime allocates up front).
 

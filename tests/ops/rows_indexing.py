@@ -6,6 +6,9 @@ import torch.nn.functional as F
 
 from .harness import randint, randn, row, values
 
+#: the no-grad form of aten._embedding_bag (the table exports under no_grad): not core ATen
+BAG = torch.ops.aten._embedding_bag_forward_only.default
+
 
 def i64(data):
     return values(data, torch.int64)
@@ -59,6 +62,30 @@ ROWS = [
     row("index-embedding-int32", lambda w, i: F.embedding(i, w), randn(6, 5), values([5, 2, 2], torch.int32),
         kinds="MPSEmbedding"),
     row("index-embedding-0d", lambda w, i: F.embedding(i, w), randn(6, 5), i64(3), kinds="MPSEmbedding"),
+
+    # ---- embedding_bag: bags from runtime offsets, one matmul with a membership mask -------------
+    row("index-embedding-bag-mean", lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o),
+        i64([1, 2, 4, 5, 4, 3, 2, 9]), i64([0, 4]), kinds={"MPSEmbedding", "MPSMatMul"}, non_core=[BAG]),
+    row("index-embedding-bag-sum-empty-bags", lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5),
+                                                                          o, mode="sum"),
+        i64([1, 2, 4, 5, 4, 3, 2, 9]), i64([0, 0, 3, 8]), kinds={"MPSEmbedding", "MPSMatMul"}, non_core=[BAG]),
+    row("index-embedding-bag-mean-empty-last", lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5),
+                                                                           o, mode="mean"),
+        i64([1, 2, 4]), i64([0, 1, 3]), kinds={"MPSEmbedding", "MPSMatMul"}, non_core=[BAG]),
+    row("index-embedding-bag-include-last-offset", lambda i, o: F.embedding_bag(
+        i, torch.linspace(-2, 2, 50).reshape(10, 5), o, mode="sum", include_last_offset=True),
+        i64([1, 2, 4, 5, 4, 3]), i64([0, 2, 2, 6]), kinds={"MPSEmbedding", "MPSMatMul"}, non_core=[BAG]),
+    row("index-embedding-bag-padding-idx", lambda i, o: F.embedding_bag(
+        i, torch.linspace(-2, 2, 50).reshape(10, 5), o, mode="mean", padding_idx=2),
+        i64([1, 2, 4, 2, 4, 3]), i64([0, 3]), kinds={"MPSEmbedding", "MPSMatMul"}, non_core=[BAG]),
+    row("index-embedding-bag-per-sample-weights", lambda i, o, sw: F.embedding_bag(
+        i, torch.linspace(-2, 2, 50).reshape(10, 5), o, mode="sum", per_sample_weights=sw),
+        i64([1, 2, 4, 5, 4]), i64([0, 2]), randn(5), kinds={"MPSEmbedding", "MPSMatMul"}, non_core=[BAG]),
+    row("index-embedding-bag-int32", lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o),
+        values([9, 0, 3], torch.int32), values([0, 1], torch.int32), kinds={"MPSEmbedding", "MPSMatMul"}, non_core=[BAG]),
+    row("index-embedding-bag-max", lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o,
+                                                               mode="max"),
+        i64([1, 2, 4, 5]), i64([0, 2]), cpu_reason="mode 'max'", non_core=[BAG]),
 
     # ---- index.Tensor: exactly one index -------------------------------------------------------
     row("index-tensor-one-negative", lambda x, i: x[:, i], randn(2, 3, 4), i64([0, 2, -1, -3]),
