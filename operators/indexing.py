@@ -197,21 +197,31 @@ def _embedding_bag(node: Node, b) -> None:
         rows = binary(b, "MPSMul", rows, view(b, b.id(a["weights"]), [n, 1]))
     off = b.id(offsets)
     starts = view(b, off if bags == n_off else slice_value(b, off, 0, 0, bags), [bags, 1])
-    tail = [slice_value(b, off, 0, 1, n_off)] if n_off > 1 else []
-    if not a["include_last"]:  # the last bag ends at the last index
-        tail.append(b.constant(torch.tensor([n], dtype=odt), dtype=odt))
-    ends = view(b, tail[0] if len(tail) == 1 else cat_values(b, tail, 0), [bags, 1])
     pos = b.constant(torch.arange(n, dtype=odt).reshape(1, n), dtype=odt)
-    inside = binary(b, "MPSBitwiseAnd", binary(b, "MPSGe", pos, starts), binary(b, "MPSLt", pos, ends))
-    padding = a["padding_idx"]
-    if padding is not None and padding >= 0:  # rows of padding_idx count in no bag
-        keep = binary(b, "MPSNe", view(b, b.id(idx), [1, n]), b.scalar(int(padding), vdtype(b, b.id(idx))))
-        inside = binary(b, "MPSBitwiseAnd", inside, keep)
-    mask = b.cast(inside, dt)  # [bags, n], 0/1
+    total = b.constant(torch.tensor([n], dtype=odt), dtype=odt)
+
+    def members(last_end_is_n: bool) -> int:
+        """[bags, n] 0/1: index n in bag b (offsets[b] <= n < end of b), padding_idx excluded."""
+        # bag b ends at offsets[b + 1]; the last one at n, or (include_last_offset) at offsets[bags]
+        ends = [slice_value(b, off, 0, 1, bags)] if bags > 1 else []
+        ends.append(total if last_end_is_n else slice_value(b, off, 0, bags, bags + 1))
+        end = view(b, ends[0] if len(ends) == 1 else cat_values(b, ends, 0), [bags, 1])
+        inside = binary(b, "MPSBitwiseAnd", binary(b, "MPSGe", pos, starts), binary(b, "MPSLt", pos, end))
+        padding = a["padding_idx"]
+        if padding is not None and padding >= 0:  # rows of padding_idx count in no bag
+            keep = binary(b, "MPSNe", view(b, b.id(idx), [1, n]), b.scalar(int(padding), vdtype(b, b.id(idx))))
+            inside = binary(b, "MPSBitwiseAnd", inside, keep)
+        return b.cast(inside, dt)
+
+    # the last bag ends at the last index, or with include_last_offset at the last offset
+    mask = members(not a["include_last"])
     out = b.new_value(dt, [bags, dim])
     if a["mode"] == 1:  # mean: each bag's row of the mask divided by its size (at least 1)
+        # torch divides the last bag by n - its start even with include_last_offset (when the last
+        # offset is not n, its sum and its divisor disagree); the device does the same
+        counted = members(True) if a["include_last"] else mask
         size = b.new_value(dt, [bags, 1])
-        b.emit("MPSMatMul", input1_id=mask, input2_id=b.constant(torch.ones(n, 1), dtype=dt), output_id=size)
+        b.emit("MPSMatMul", input1_id=counted, input2_id=b.constant(torch.ones(n, 1), dtype=dt), output_id=size)
         size = binary(b, "MPSAdd", size, b.cast(binary(b, "MPSEq", size, b.scalar(0.0, dt)), dt))
         divided = b.new_value(dt, [bags, n])
         b.emit("MPSDiv", input1_id=mask, input2_id=size, output_id=divided, rounding_mode=None)
