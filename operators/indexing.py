@@ -51,7 +51,8 @@ from torch.fx import Node
 from ._util import arg, clamp_index, norm_dim, rank, shape, val
 from .registry import Lowering, op_key
 from .shape import binary, cat_values, expand, permute, slice_value, vdtype, view, vshape
-from .unary import scalar_value
+from .reduce import pool_reduce
+from .unary import scalar_value, where
 
 aten = torch.ops.aten
 
@@ -156,8 +157,9 @@ def _embedding(node: Node, b) -> None:
 # Bags from runtime offsets, without a segment reduction (the device has none): the rows of all
 # indices are gathered ([N, D]), a [bags, N] membership mask is computed from the offsets
 # (offsets[b] <= n < end[b]; index == padding_idx excluded) and one matmul sums each bag. Mean divides
-# by the bag's size (an empty bag gives 0, as torch). The three auxiliary outputs (offset2bag,
-# bag_size, max_indices) are not computed: a program that reads them keeps the node on CPU.
+# by the bag's size (an empty bag gives 0, as torch); max takes the maximum of the bag's rows with the
+# others at -inf (one max pool over the indices; an empty bag gives 0). The three auxiliary outputs
+# (offset2bag, bag_size, max_indices) are not computed: a program that reads them keeps the node on CPU.
 
 _BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
 
@@ -171,8 +173,8 @@ def _embedding_bag_args(node: Node) -> dict:
 def _embedding_bag_check(node: Node):
     w, idx, offsets = node.args[:3]
     a = _embedding_bag_args(node)
-    if a["mode"] not in (0, 1):
-        return f"embedding_bag mode {_BAG_MODES.get(a['mode'], a['mode'])!r} (sum and mean are lowered)"
+    if a["mode"] not in _BAG_MODES:
+        return f"embedding_bag mode {a['mode']!r}"
     if rank(w) != 2 or rank(idx) != 1 or rank(offsets) != 1:
         return f"embedding_bag of weight rank {rank(w)}, indices rank {rank(idx)}, offsets rank {rank(offsets)}"
     if any(u.args[1] != 0 and u.users for u in node.users):
@@ -211,15 +213,25 @@ def _embedding_bag(node: Node, b) -> None:
         if padding is not None and padding >= 0:  # rows of padding_idx count in no bag
             keep = binary(b, "MPSNe", view(b, b.id(idx), [1, n]), b.scalar(int(padding), vdtype(b, b.id(idx))))
             inside = binary(b, "MPSBitwiseAnd", inside, keep)
-        return b.cast(inside, dt)
+        return inside
 
     # the last bag ends at the last index, or with include_last_offset at the last offset
-    mask = members(not a["include_last"])
+    inside = members(not a["include_last"])
+    if a["mode"] == 2:  # max: the rows outside a bag become -inf, one max over the indices; empty bags 0
+        masked = where(b, view(b, inside, [bags, n, 1]), view(b, rows, [1, n, dim]), b.scalar(float("-inf"), dt))
+        values, _ = pool_reduce(b, masked, [bags, n, dim], [1])
+        size = b.new_value(dt, [bags, 1])
+        b.emit("MPSMatMul", input1_id=b.cast(inside, dt), input2_id=b.constant(torch.ones(n, 1), dtype=dt),
+               output_id=size)
+        filled = binary(b, "MPSGt", size, b.scalar(0.0, dt))
+        b.ids[node] = (where(b, filled, view(b, values, [bags, dim]), b.scalar(0.0, dt)), None, None, None)
+        return
+    mask = b.cast(inside, dt)
     out = b.new_value(dt, [bags, dim])
     if a["mode"] == 1:  # mean: each bag's row of the mask divided by its size (at least 1)
         # torch divides the last bag by n - its start even with include_last_offset (when the last
         # offset is not n, its sum and its divisor disagree); the device does the same
-        counted = members(True) if a["include_last"] else mask
+        counted = b.cast(members(True), dt) if a["include_last"] else mask
         size = b.new_value(dt, [bags, 1])
         b.emit("MPSMatMul", input1_id=counted, input2_id=b.constant(torch.ones(n, 1), dtype=dt), output_id=size)
         size = binary(b, "MPSAdd", size, b.cast(binary(b, "MPSEq", size, b.scalar(0.0, dt)), dt))

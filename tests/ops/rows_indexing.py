@@ -88,7 +88,11 @@ ROWS = [
         values([9, 0, 3], torch.int32), values([0, 1], torch.int32), kinds={"MPSEmbedding", "MPSMatMul"}, non_core=[BAG]),
     row("index-embedding-bag-max", lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o,
                                                                mode="max"),
-        i64([1, 2, 4, 5]), i64([0, 2]), cpu_reason="mode 'max'", non_core=[BAG]),
+        i64([1, 2, 4, 5, 9, 0, 3]), i64([0, 2, 2, 5]), kinds={"MPSEmbedding", "MPSMaxPool2DWithIndices"},
+        non_core=[BAG]),
+    row("index-embedding-bag-max-indices-read", lambda i, o: torch.ops.aten._embedding_bag(
+        torch.linspace(-2, 2, 50).reshape(10, 5), i, o, False, 2)[3],
+        i64([1, 2, 4, 5]), i64([0, 2]), cpu_reason="max_indices outputs are read", non_core=[BAG]),
 
     # ---- index.Tensor: exactly one index -------------------------------------------------------
     row("index-tensor-one-negative", lambda x, i: x[:, i], randn(2, 3, 4), i64([0, 2, -1, -3]),
