@@ -49,9 +49,9 @@ import torch
 from torch.fx import Node
 
 from ._util import arg, clamp_index, norm_dim, rank, shape, val
+from .reduce import pool_reduce
 from .registry import Lowering, op_key
 from .shape import binary, cat_values, expand, permute, slice_value, vdtype, view, vshape
-from .reduce import pool_reduce
 from .unary import scalar_value, where
 
 aten = torch.ops.aten
