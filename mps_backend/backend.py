@@ -31,7 +31,11 @@ from mps_backend.simplify import simplify
 
 class LoweringError(RuntimeError):
     """preprocess could not lower the program: a node the device cannot run (the whole program was
-    handed to ``MPSBackend`` without a partitioner), or a lowering bug."""
+    handed to ``MPSBackend`` without a partitioner), or a lowering bug (:class:`LoweringBug`)."""
+
+
+class LoweringBug(LoweringError):
+    """A node whose support check passed failed to lower: a bug of this project, never the input's fault."""
 
 
 def _unsupported(ep: ExportedProgram, registry) -> list[str]:
@@ -96,11 +100,11 @@ def build_graph(ep: ExportedProgram, use_fp16: bool) -> GraphBuilder:
         b.current = node
         low = registry.lowering(node.target)
         if low is None:
-            raise LoweringError(f"node {node.name} ({node.target}): no MPS lowering (a lowering bug: its check passed)")
+            raise LoweringBug(f"node {node.name} ({node.target}): no MPS lowering (a lowering bug: its check passed)")
         try:
             low.lower(node, b)
         except Exception as e:  # noqa: BLE001  (re-raised with the node named)
-            raise LoweringError(f"node {node.name} ({node.target}) failed to lower (a lowering bug: its support "
+            raise LoweringBug(f"node {node.name} ({node.target}) failed to lower (a lowering bug: its support "
                                 f"check accepted it): {e}") from e
     output = next(n for n in ep.graph.nodes if n.op == "output")
     b.current = output

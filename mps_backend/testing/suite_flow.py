@@ -177,7 +177,7 @@ def whole_program(ep: Any, use_fp16: bool) -> str:
     from executorch.exir import to_edge  # noqa: PLC0415
     from executorch.exir.backend.backend_api import to_backend  # noqa: PLC0415
 
-    from mps_backend.backend import LoweringError  # noqa: PLC0415
+    from mps_backend.backend import LoweringBug, LoweringError  # noqa: PLC0415
     from mps_backend.compile_specs import fp16_spec  # noqa: PLC0415
     from mps_backend.partitioner import edge_compile_config  # noqa: PLC0415
 
@@ -189,9 +189,9 @@ def whole_program(ep: Any, use_fp16: bool) -> str:
         return f"not ours: to_edge: {type(e).__name__}: {e}"[:300]
     try:
         to_backend("MPSBackend", edge.exported_program(), [fp16_spec(use_fp16)])
-    except LoweringError as e:
-        if "a lowering bug" in str(e):  # preprocess failed on a node its support check accepted
-            return f"crash: {e}"[:600]
+    except LoweringBug as e:  # preprocess failed on a node its support check accepted
+        return f"crash: {e}"[:600]
+    except LoweringError:
         return "refused"  # the up-front check named what the device cannot run
     except Exception as e:  # noqa: BLE001 - anything else out of preprocess is a lowering bug
         return f"crash: {type(e).__name__}: {e}"[:600]

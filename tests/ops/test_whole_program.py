@@ -25,12 +25,12 @@ import traceback
 
 import pytest
 from executorch.exir.backend.backend_api import to_backend
-from executorch.exir.delegate import executorch_call_delegate
 from mps_backend.serialization import read_blob
 
 from mps_backend import MPSPartitioner
-from mps_backend.backend import LoweringError
+from mps_backend.backend import LoweringBug, LoweringError
 from mps_backend.compile_specs import fp16_spec
+from mps_backend.export import _delegate_blobs
 
 from . import harness
 
@@ -44,12 +44,6 @@ def _describe(e: BaseException) -> str:
     if e.__cause__ is not None:
         text += f" (from {_describe(e.__cause__)})"
     return f"{text} [{where}]"
-
-
-def _delegate_blobs(edge) -> list[bytes]:
-    gm = edge.exported_program().graph_module
-    return [getattr(gm, n.args[0].target).processed_bytes for n in gm.graph.nodes
-            if n.op == "call_function" and n.target == executorch_call_delegate]
 
 
 def check_row(r: harness.Row) -> list[str]:
@@ -74,7 +68,7 @@ def check_row(r: harness.Row) -> list[str]:
             msg = str(e)
             if not on_cpu:
                 problems.append(f"{case}: fully delegated by the partitioner, whole program raised {_describe(e)}")
-            elif e.__cause__ is not None:
+            elif isinstance(e, LoweringBug):
                 problems.append(f"{case}: whole program: a lowering crashed instead of the support check refusing "
                                 f"{[c.name for c in on_cpu]}: {_describe(e)}")
             elif not any(f"{c.name} (" in msg and c.reason in msg for c in on_cpu):
