@@ -21,8 +21,8 @@ import torch
 from torch.fx import Node as FxNode
 
 from mps_backend.dtypes import mps_dtype
-from mps_backend.serialization.device_facts import NOT_DISPATCHED
-from mps_backend.serialization.model import DataType, Graph, Node, Tensor
+from mps_backend.serialization.device_facts import NEUTRAL_FIELDS, NOT_DISPATCHED
+from mps_backend.serialization.model import DataType, Graph, Node, Tensor, member_fields
 
 
 def fx_val(node: FxNode) -> Any:
@@ -321,11 +321,20 @@ class GraphBuilder:
 
     # ---- nodes --------------------------------------------------------------------------
     def emit(self, op: str, min_max: tuple[float, float] | None = None, **fields: Any) -> None:
-        """Append one MPS node (every field of its table given; the writer checks them). A node kind
-        the runtime has no dispatch case for is refused here (``device_facts.NOT_DISPATCHED``)."""
+        """Append one MPS node. Every field of the member's table must be given (the writer checks),
+        except those with a neutral value (``device_facts.NEUTRAL_FIELDS``: alpha, rounding_mode), which
+        are filled in; a field the table lacks, or a node kind the runtime has no dispatch case for
+        (``device_facts.NOT_DISPATCHED``), is refused here."""
         if op in NOT_DISPATCHED:
             raise ValueError(f"{op} is never dispatched by the MPS runtime (the graph would fail to build); "
                              "decompose it (docs/device-semantics.md §2.7)")
+        names = member_fields(op)
+        unknown = set(fields) - set(names)
+        if unknown:
+            raise ValueError(f"{op} has no field(s) {sorted(unknown)} (its fields: {names})")
+        for name in names:
+            if name not in fields and (op, name) in NEUTRAL_FIELDS:
+                fields[name] = NEUTRAL_FIELDS[op, name]
         self.graph.nodes.append(Node(op, fields, min_max))
         self.node_origin.append(self.current)
 

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import FLOAT_DTYPES
 
 
@@ -51,7 +52,7 @@ def scalar_dtype(tensor: Node, scalar: Any) -> torch.dtype:
     return t if t.is_floating_point else torch.get_default_dtype()
 
 
-def operand(b, node: Node, x: Any, dtype: torch.dtype) -> int:
+def operand(b: GraphBuilder, node: Node, x: Any, dtype: torch.dtype) -> int:
     """Value id of a tensor argument, or a scalar constant of device dtype ``dtype``."""
     if isinstance(x, Node):
         return b.id(x)

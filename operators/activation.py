@@ -41,10 +41,13 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
+
 from ._util import arg, is_float, norm_dim, rank
 from .convolution import folded_into
+from .emit import binary, compare, const, finish, unary, vdtype, vshape, where
 from .registry import Lowering
-from .unary import binary, compare, const, expm1, expm1_nonpositive, finish, log1p, unary, vdtype, vshape, where
+from .unary import expm1, expm1_nonpositive, log1p
 
 aten = torch.ops.aten
 
@@ -53,7 +56,7 @@ def _float_input(node: Node):
     return None if is_float(node.args[0]) else "activation of a non-float tensor"
 
 
-def _relu(node: Node, b) -> None:
+def _relu(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     b.emit("MPSReLU", input1_id=x, input2_id=-1, output_id=b.out(node))
 
@@ -65,7 +68,7 @@ def _gelu_check(node: Node):
     return _float_input(node)
 
 
-def _gelu(node: Node, b) -> None:
+def _gelu(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     if node.kwargs.get("approximate", "none") == "none":
         b.emit("MPSGELU", input1_id=x, output_id=b.out(node), approximate="none")
@@ -73,32 +76,20 @@ def _gelu(node: Node, b) -> None:
     # The device computes x*tanh(x) for approximate='tanh' (semantics §6 #1): use the formula.
     # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
     dt = b.dtype(node.args[0])
-    shape = b.graph.values[x].dims
-
-    def binary(op, a, c):
-        o = b.new_value(dt, shape)
-        b.emit(op, input1_id=a, input2_id=c, output_id=o, **({"alpha": 1.0} if op in ("MPSAdd", "MPSSub") else {}))
-        return o
-
-    x2 = binary("MPSMul", x, x)
-    x3 = binary("MPSMul", x2, x)
-    inner = binary("MPSAdd", x, binary("MPSMul", x3, b.scalar(0.044715, dt)))
-    scaled = binary("MPSMul", inner, b.scalar(0.7978845608028654, dt))
-    t = b.new_value(dt, shape)
-    b.emit("MPSTanh", input1_id=scaled, output_id=t)
-    one_plus = binary("MPSAdd", t, b.scalar(1.0, dt))
-    half_x = binary("MPSMul", x, b.scalar(0.5, dt))
-    out = b.out(node)
-    b.emit("MPSMul", input1_id=half_x, input2_id=one_plus, output_id=out)
+    x3 = binary(b, "MPSMul", binary(b, "MPSMul", x, x), x)
+    inner = binary(b, "MPSAdd", x, binary(b, "MPSMul", x3, b.scalar(0.044715, dt)))
+    t = unary(b, "MPSTanh", binary(b, "MPSMul", inner, b.scalar(0.7978845608028654, dt)))
+    one_plus = binary(b, "MPSAdd", t, b.scalar(1.0, dt))
+    binary(b, "MPSMul", binary(b, "MPSMul", x, b.scalar(0.5, dt)), one_plus, out=b.out(node))
 
 
-def _hardtanh(node: Node, b) -> None:
+def _hardtanh(node: Node, b: GraphBuilder) -> None:
     lo, hi = arg(node, 1, "min_val", -1.0), arg(node, 2, "max_val", 1.0)
     b.emit("MPSHardTanh", input1_id=b.id(node.args[0]), output_id=b.out(node),
            min_value=float(lo), max_value=float(hi))
 
 
-def _leaky_relu(node: Node, b) -> None:
+def _leaky_relu(node: Node, b: GraphBuilder) -> None:
     b.emit("MPSLeakyReLU", input1_id=b.id(node.args[0]), output_id=b.out(node),
            negative_slope=float(arg(node, 1, "negative_slope", 0.01)))
 
@@ -110,13 +101,13 @@ def _softmax_check(node: Node):
 
 
 def _softmax(op: str):
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         dim = norm_dim(arg(node, 1, "dim"), rank(node.args[0]))
         b.emit(op, input1_id=b.id(node.args[0]), output_id=b.out(node), dim=dim, half_to_float=False)
     return lower
 
 
-def _log_softmax(node: Node, b) -> None:
+def _log_softmax(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     dt, dims = vdtype(b, x), vshape(b, x)
     dim = norm_dim(arg(node, 1, "dim"), rank(node.args[0]))
@@ -133,7 +124,7 @@ def _log_softmax(node: Node, b) -> None:
     b.emit("MPSSub", input1_id=x, input2_id=lse, output_id=b.out(node), alpha=1.0)
 
 
-def _hard_sigmoid_value(b, x: int, out: int | None = None) -> int:
+def _hard_sigmoid_value(b: GraphBuilder, x: int, out: int | None = None) -> int:
     """``hardtanh(0.5 + x / 6, 0, 1)``: MPSAdd computes ``a + alpha * b``."""
     dt = vdtype(b, x)
     shifted = b.emit_value("MPSAdd", dt, vshape(b, x), input1_id=const(b, 0.5, dt), input2_id=x, alpha=1 / 6)
@@ -143,12 +134,12 @@ def _hard_sigmoid_value(b, x: int, out: int | None = None) -> int:
     return out
 
 
-def _hardswish(node: Node, b) -> None:
+def _hardswish(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     b.emit("MPSMul", input1_id=x, input2_id=_hard_sigmoid_value(b, x), output_id=b.out(node))
 
 
-def _hardsigmoid(node: Node, b) -> None:
+def _hardsigmoid(node: Node, b: GraphBuilder) -> None:
     if b.remembers(folded_into(node)):  # the convolution computing x computed x / 6 + 0.5
         b.emit("MPSHardTanh", input1_id=b.memo(folded_into(node), None), output_id=b.out(node),
                min_value=0.0, max_value=1.0)
@@ -156,7 +147,7 @@ def _hardsigmoid(node: Node, b) -> None:
     _hard_sigmoid_value(b, b.id(node.args[0]), out=b.out(node))
 
 
-def _elu(node: Node, b) -> None:
+def _elu(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     dt = vdtype(b, x)
     alpha, scale = float(arg(node, 1, "alpha", 1.0)), float(arg(node, 2, "scale", 1.0))
@@ -172,7 +163,7 @@ def _elu(node: Node, b) -> None:
     finish(b, node, where(b, compare(b, "MPSGt", x, const(b, 0, dt)), positive, negative))
 
 
-def _softplus(node: Node, b) -> None:
+def _softplus(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     dt = vdtype(b, x)
     beta, threshold = float(arg(node, 1, "beta", 1.0)), float(arg(node, 2, "threshold", 20.0))

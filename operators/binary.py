@@ -40,11 +40,13 @@ import torch
 from executorch.exir.passes import dim_order_ops_registry  # noqa: F401  (defines torch.ops.dim_order_ops)
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import FLOAT_DTYPES
 
 from ._util import arg, is_float, scalar_dtype, val
+from .emit import binary, compare, const, convert, finish, full_like, unary, vdtype, where
 from .registry import Lowering, op_key
-from .unary import binary, compare, const, convert, finish, full_like, maximum, minimum, trunc, unary, vdtype, where
+from .unary import maximum, minimum, trunc
 
 aten = torch.ops.aten
 dim_order_ops = torch.ops.dim_order_ops
@@ -63,14 +65,14 @@ def _common_dtype(node: Node) -> torch.dtype:
     return torch.result_type(va, vo)
 
 
-def _operand(b, x, dtype: torch.dtype) -> int:
+def _operand(b: GraphBuilder, x, dtype: torch.dtype) -> int:
     """A tensor argument as device dtype ``dtype`` (cast if needed), or a scalar constant."""
     if isinstance(x, Node):
         return convert(b, b.id(x), dtype)
     return const(b, x, dtype)
 
 
-def _operands(node: Node, b, dtype: torch.dtype | None = None) -> tuple[int, int]:
+def _operands(node: Node, b: GraphBuilder, dtype: torch.dtype | None = None) -> tuple[int, int]:
     dt = b.compute_dtype(dtype or _common_dtype(node))
     return _operand(b, node.args[0], dt), _operand(b, node.args[1], dt)
 
@@ -79,7 +81,7 @@ def _operands(node: Node, b, dtype: torch.dtype | None = None) -> tuple[int, int
 # add / sub / mul / rsub
 
 def _arith(op: str, with_alpha: bool = False, swap: bool = False):
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         x, y = _operands(node, b, val(node).dtype)
         if swap:  # rsub: other - alpha * self
             x, y = y, x
@@ -120,7 +122,7 @@ def _power_of_two(c) -> bool:
 _CASTS = (dim_order_ops._to_dim_order_copy.default, aten._to_copy.default)
 
 
-def _scalar(b, a) -> int | float | None:
+def _scalar(b: GraphBuilder, a) -> int | float | None:
     """The number a scalar operand holds: a Python number, or a one-element constant of this graph
     read through dtype casts (edge graphs lift ``x * 1024``'s scalar into a 0-dim int64 constant cast
     to x's dtype); None otherwise. (Lowerings may read constant data; support checks may not.)"""
@@ -139,7 +141,7 @@ def _scalar(b, a) -> int | float | None:
     return v.item()
 
 
-def _rescaling(node: Node, b) -> tuple[Node, float] | None:
+def _rescaling(node: Node, b: GraphBuilder) -> tuple[Node, float] | None:
     """(x, a / d) when ``node`` is ``(x * a) / d`` of a float ``x`` with scalars ``a``, ``d`` powers of
     two whose ratio is a normal number of the compute dtype (see ``_div``)."""
     m, d = node.args[0], _scalar(b, node.args[1])
@@ -160,7 +162,7 @@ def _rescaling(node: Node, b) -> tuple[Node, float] | None:
     return (x, ratio) if info.tiny <= abs(ratio) <= info.max else None
 
 
-def _div(node: Node, b) -> None:
+def _div(node: Node, b: GraphBuilder) -> None:
     """True division. Integer operands are cast to the result dtype first: the device would
     otherwise divide integers (semantics §6 #12).
 
@@ -189,7 +191,7 @@ def _int_or_float(node: Node, what: str):
     return None
 
 
-def _rounded_div(b, x: int, y: int, mode: str) -> int:
+def _rounded_div(b: GraphBuilder, x: int, y: int, mode: str) -> int:
     """``div(x, y, rounding_mode=mode)`` of two float values of one dtype."""
     if mode == "floor":
         return binary(b, "MPSDiv", x, y, rounding_mode="floor")
@@ -198,18 +200,18 @@ def _rounded_div(b, x: int, y: int, mode: str) -> int:
     return trunc(b, binary(b, "MPSDiv", x, y))  # 'trunc' aborts on f16 (§6 #14)
 
 
-def _fmod(b, x: int, y: int) -> int:
+def _fmod(b: GraphBuilder, x: int, y: int) -> int:
     if vdtype(b, x) == torch.float32:
         return binary(b, "MPSFmod", x, y)  # null mode = 'trunc': x - trunc(x / y) * y
     q = trunc(b, binary(b, "MPSDiv", x, y))
     return binary(b, "MPSSub", x, binary(b, "MPSMul", q, y))
 
 
-def _remainder(b, x: int, y: int) -> int:
+def _remainder(b: GraphBuilder, x: int, y: int) -> int:
     return binary(b, "MPSRemainder", x, y)  # null mode = 'floor': x - floor(x / y) * y
 
 
-def _int_divmod(b, x: int, y: int) -> tuple[int, int]:
+def _int_divmod(b: GraphBuilder, x: int, y: int) -> tuple[int, int]:
     """(floor quotient, floor remainder) of two integer values of one dtype, exactly, with integer
     members only (module docstring): ``q0`` the device's integer division, ``r0 = x - q0 * y``; q0 is
     one above the floor exactly when ``r0 != 0`` and ``r0 < 0 != y < 0``."""
@@ -225,7 +227,7 @@ def _int_divmod(b, x: int, y: int) -> tuple[int, int]:
     return q, r
 
 
-def _int_truncated(b, x: int, y: int, q: int, r: int) -> int:
+def _int_truncated(b: GraphBuilder, x: int, y: int, q: int, r: int) -> int:
     """Where the truncated quotient/remainder differ from the floored ones: a non-zero remainder
     of a negative quotient (operand signs differ)."""
     zero = const(b, 0, vdtype(b, x))
@@ -233,27 +235,27 @@ def _int_truncated(b, x: int, y: int, q: int, r: int) -> int:
     return binary(b, "MPSBitwiseAnd", compare(b, "MPSNe", r, zero), signs_differ)
 
 
-def _int_floor_divide(b, x: int, y: int) -> int:
+def _int_floor_divide(b: GraphBuilder, x: int, y: int) -> int:
     return _int_divmod(b, x, y)[0]
 
 
-def _int_trunc_divide(b, x: int, y: int) -> int:
+def _int_trunc_divide(b: GraphBuilder, x: int, y: int) -> int:
     q, r = _int_divmod(b, x, y)
     return binary(b, "MPSAdd", q, b.cast(_int_truncated(b, x, y, q, r), vdtype(b, x)))
 
 
-def _int_remainder(b, x: int, y: int) -> int:
+def _int_remainder(b: GraphBuilder, x: int, y: int) -> int:
     return _int_divmod(b, x, y)[1]
 
 
-def _int_fmod(b, x: int, y: int) -> int:
+def _int_fmod(b: GraphBuilder, x: int, y: int) -> int:
     q, r = _int_divmod(b, x, y)
     return where(b, _int_truncated(b, x, y, q, r), binary(b, "MPSSub", r, y), r)
 
 
 def _division(float_fn, int_fn):
     """Lower ``float_fn(b, x, y)`` on float operands (the result dtype), ``int_fn`` on integer ones."""
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         dt = b.compute_dtype(val(node).dtype)
         x, y = _operands(node, b, dt)
         finish(b, node, (float_fn if dt in FLOAT_DTYPES else int_fn)(b, x, y))
@@ -269,7 +271,7 @@ def _div_mode_check(node: Node):
     return _int_or_float(node, f"division with rounding_mode={mode!r}")
 
 
-def _div_mode(node: Node, b) -> None:
+def _div_mode(node: Node, b: GraphBuilder) -> None:
     mode = node.kwargs.get("rounding_mode", arg(node, 2, "rounding_mode", None))
     if mode is None:
         _div(node, b)
@@ -305,7 +307,7 @@ def _pow_check(node: Node):
             "0..16 are lowered, as exact multiplications)")
 
 
-def _power(b, x: int, k: int) -> int:
+def _power(b: GraphBuilder, x: int, k: int) -> int:
     """x ** k for an integer k >= 0 by square-and-multiply (exact for integers)."""
     if k == 0:
         return full_like(b, x, 1.0, vdtype(b, x))
@@ -319,7 +321,7 @@ def _power(b, x: int, k: int) -> int:
     return result
 
 
-def _pow_scalar_exponent(b, x: int, e) -> int:
+def _pow_scalar_exponent(b: GraphBuilder, x: int, e) -> int:
     dt = vdtype(b, x)
     k = _int_exponent(e)
     if dt not in FLOAT_DTYPES:
@@ -337,7 +339,7 @@ def _pow_scalar_exponent(b, x: int, e) -> int:
     return binary(b, "MPSPow", x, const(b, e, dt))
 
 
-def _pow(node: Node, b) -> None:
+def _pow(node: Node, b: GraphBuilder) -> None:
     dt = b.compute_dtype(val(node).dtype)
     base, exponent = node.args[0], node.args[1]
     if isinstance(base, Node) and not isinstance(exponent, Node):
@@ -351,13 +353,13 @@ def _pow(node: Node, b) -> None:
 # minimum / maximum / atan2
 
 def _minmax(fn):
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         x, y = _operands(node, b, val(node).dtype)
         finish(b, node, fn(b, x, y))
     return lower
 
 
-def _atan2(b, y: int, x: int) -> int:
+def _atan2(b: GraphBuilder, y: int, x: int) -> int:
     """atan2(y, x) without MPSAtan2 (not dispatched). ``t = atan(y / x)`` is right for x > 0; for x
     negative (or -0) the result is ``t ± pi`` with the sign of y (y's sign bit: y < 0 or 1/y < 0,
     which also catches -0). Cases where y / x is NaN are fixed up: both zero -> ``±0`` or ``±pi``
@@ -385,7 +387,7 @@ def _atan2(b, y: int, x: int) -> int:
     return where(b, x_neg, binary(b, "MPSAdd", t, pi), t)
 
 
-def _atan2_lower(node: Node, b) -> None:
+def _atan2_lower(node: Node, b: GraphBuilder) -> None:
     y, x = _operands(node, b, val(node).dtype)
     finish(b, node, _atan2(b, y, x))
 
@@ -405,7 +407,7 @@ def _bitwise_check(node: Node):
 
 
 def _bitwise(op: str):
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         x, y = _operands(node, b, val(node).dtype)
         b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node))
     return lower
@@ -413,13 +415,13 @@ def _bitwise(op: str):
 
 def _logical(op: str):
     """logical_and/or/xor: operands as Bool (``x != 0``), then the bitwise member (logical on Bool)."""
-    def as_bool(b, x) -> int:
+    def as_bool(b: GraphBuilder, x) -> int:
         vid = b.id(x)
         if vdtype(b, vid) == torch.bool:
             return vid
         return compare(b, "MPSNe", vid, const(b, 0, vdtype(b, vid)))
 
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         b.emit(op, input1_id=as_bool(b, node.args[0]), input2_id=as_bool(b, node.args[1]),
                output_id=b.out(node))
     return lower
@@ -431,7 +433,7 @@ def _logical(op: str):
 COMPARISONS = {"eq": "MPSEq", "ne": "MPSNe", "ge": "MPSGe", "gt": "MPSGt", "le": "MPSLe", "lt": "MPSLt"}
 
 
-def _int_vs_float(b, op: str, x: int, c: float):
+def _int_vs_float(b: GraphBuilder, op: str, x: int, c: float):
     """``x op c`` for an integer x and a float scalar c, as (op, integer bound) or a constant bool."""
     info = torch.iinfo(vdtype(b, x))
     lo, hi = info.min, info.max
@@ -456,7 +458,7 @@ def _int_vs_float(b, op: str, x: int, c: float):
 
 
 def _compare(op: str):
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         a, other = node.args[0], node.args[1]
         if isinstance(other, float) and not val(a).dtype.is_floating_point and val(a).dtype != torch.bool:
             x = b.id(a)

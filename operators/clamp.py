@@ -23,11 +23,13 @@ import numpy as np
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import FLOAT_DTYPES
 
 from ._util import arg, val
+from .emit import convert, finish, vdtype, vshape, where
 from .registry import Lowering, op_key
-from .unary import convert, finish, isnan, maximum, minimum, vdtype, vshape, where
+from .unary import isnan, maximum, minimum
 
 aten = torch.ops.aten
 
@@ -67,11 +69,11 @@ def _clamp_check(node: Node):
     return None
 
 
-def _emit_clamp(b, x: int, lo: float, hi: float) -> int:
+def _emit_clamp(b: GraphBuilder, x: int, lo: float, hi: float) -> int:
     return b.emit_value("MPSClamp", vdtype(b, x), vshape(b, x), min_max=(lo, hi), input1_id=x)
 
 
-def _clamp(node: Node, b) -> None:
+def _clamp(node: Node, b: GraphBuilder) -> None:
     lo, hi = _scalar_bounds(node)
     x = convert(b, b.id(node.args[0]), b.dtype(node))  # int tensor with float bounds: float result
     # the fields are float32: a bound that rounds to ∓inf there is no bound on the device (and none
@@ -102,7 +104,7 @@ def _clamp_tensor_check(node: Node):
     return None
 
 
-def _clamp_tensor(node: Node, b) -> None:
+def _clamp_tensor(node: Node, b: GraphBuilder) -> None:
     dt = b.dtype(node)
     r = convert(b, b.id(node.args[0]), dt)
     lo, hi = arg(node, 1, "min"), arg(node, 2, "max")
@@ -113,7 +115,7 @@ def _clamp_tensor(node: Node, b) -> None:
     finish(b, node, r)
 
 
-def _where(node: Node, b) -> None:
+def _where(node: Node, b: GraphBuilder) -> None:
     cond, x, y = node.args[:3]
     dt = b.dtype(node)
     b.emit("MPSWhere", input1_id=b.id(cond), input2_id=convert(b, b.id(x), dt), input3_id=convert(b, b.id(y), dt),

@@ -15,11 +15,12 @@ import torch
 from executorch.exir.passes import dim_order_ops_registry  # noqa: F401  (defines torch.ops.dim_order_ops)
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import mps_dtype
 
 from ._util import arg, rank, val
+from .emit import scalar_value
 from .registry import Lowering, op_key
-from .unary import scalar_value
 
 aten = torch.ops.aten
 dim_order_ops = torch.ops.dim_order_ops
@@ -65,7 +66,7 @@ def _full_check(node: Node):
     return None
 
 
-def _full(node: Node, b) -> None:
+def _full(node: Node, b: GraphBuilder) -> None:
     dt = b.dtype(node)
     value = float(scalar_value(_fill(node), dt))
     shape = [int(d) for d in val(node).shape] or [1]  # rank 0 is [1] on the device

@@ -67,9 +67,11 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
+
 from ._util import arg, is_float, per_dim, rank, shape, val
+from .emit import expand, index_select, permute, slice_value, vdtype, view, vshape
 from .registry import Lowering, op_key
-from .shape import expand, index_select, permute, slice_value, vdtype, view, vshape
 
 aten = torch.ops.aten
 
@@ -159,13 +161,13 @@ class _Weight:
             s = list(a) if op == "view" else [s[i] for i in a] if op == "permute" else s
         return s
 
-    def value(self, b) -> int:
+    def value(self, b: GraphBuilder) -> int:
         """The re-laid-out weight's value id, made once per graph (weights shared by several nodes)."""
         if not self.steps:
             return self.vid
         return b.memo(("re-laid weight", self.vid, self.steps), functools.partial(self._make, b))
 
-    def _make(self, b) -> int:
+    def _make(self, b: GraphBuilder) -> int:
         vid = b.relaid_constant(self.vid, functools.partial(_relay, steps=self.steps), self.out_shape)
         if vid is not None:  # a constant: re-laid out while written into the blob
             return vid
@@ -189,7 +191,7 @@ def _kind(c_in: int, wshape: list[int], groups: int) -> str:
     return "MPSDepthwiseConv2D" if depthwise else "MPSConv2D"
 
 
-def _emit(b, op: str, x: int, w: int, bias: int, out: int, stride, lo, hi, dilation, groups: int) -> None:
+def _emit(b: GraphBuilder, op: str, x: int, w: int, bias: int, out: int, stride, lo, hi, dilation, groups: int) -> None:
     """One MPSConv node; ``lo``/``hi``: non-negative padding before/after each spatial dim."""
     if len(stride) == 1:  # conv1d: H = 1, everything acts on W (the device unsqueezes rank-3 operands)
         stride, lo, hi, dilation = [1, *stride], [0, *lo], [0, *hi], [1, *dilation]
@@ -200,7 +202,7 @@ def _emit(b, op: str, x: int, w: int, bias: int, out: int, stride, lo, hi, dilat
            padding_top=int(lo[0]), padding_bottom=int(hi[0]))
 
 
-def _pad(b, vid: int, pad: list[int]) -> int:
+def _pad(b: GraphBuilder, vid: int, pad: list[int]) -> int:
     """MPSConstantPadND with zeros (``pad``: 2, 4 or 6 non-negative entries, last axis first)."""
     s = vshape(b, vid)
     for k in range(len(pad) // 2):
@@ -214,13 +216,13 @@ def _out_size(size: int, k: int, stride: int, lo: int, hi: int, dilation: int) -
     return (size + lo + hi - dilation * (k - 1) - 1) // stride + 1
 
 
-def _bias_id(b, bias) -> int:
+def _bias_id(b: GraphBuilder, bias) -> int:
     return b.id(bias) if isinstance(bias, Node) else -1
 
 
 # ---- forward convolution -------------------------------------------------------------------------
 
-def _conv(b, x: int, xs: list[int], w: _Weight, bias: int, stride, lo, hi, dilation, groups: int,
+def _conv(b: GraphBuilder, x: int, xs: list[int], w: _Weight, bias: int, stride, lo, hi, dilation, groups: int,
           out: int | None = None) -> int:
     """Forward convolution of value ``x`` (shape ``xs``, ``[N, C, *S]``) with weight ``w`` (torch layout
     ``[O, C/groups, *k]`` after its steps) and bias id ``bias`` (-1: none), padded by ``lo``/``hi``
@@ -242,7 +244,7 @@ def _conv(b, x: int, xs: list[int], w: _Weight, bias: int, stride, lo, hi, dilat
     return out
 
 
-def _conv3d(b, x: int, xs: list[int], w: _Weight, bias: int, stride, lo, hi, dilation, groups: int,
+def _conv3d(b: GraphBuilder, x: int, xs: list[int], w: _Weight, bias: int, stride, lo, hi, dilation, groups: int,
             out: int | None) -> int:
     """3-d convolution as one 2-d convolution over the stacked depth taps (module doc); pads >= 0."""
     n, c, d, h, wd = xs
@@ -270,7 +272,7 @@ def _conv3d(b, x: int, xs: list[int], w: _Weight, bias: int, stride, lo, hi, dil
 
 # ---- transposed convolution ----------------------------------------------------------------------
 
-def _zero_insert(b, x: int, xs: list[int], stride) -> tuple[int, list[int]]:
+def _zero_insert(b: GraphBuilder, x: int, xs: list[int], stride) -> tuple[int, list[int]]:
     """``x`` ``[N, C, *S]`` with ``s - 1`` zeros after every element along each spatial axis (``s`` its
     stride): ``[N, C, *(S * s)]`` (module doc)."""
     xs = list(xs)
@@ -298,7 +300,7 @@ def _is_upsampling(node: Node, p: _Params) -> bool:
             and not any(p.output_padding) and p.dilation == (1, 1) and p.groups == 1)
 
 
-def _upsampling(node: Node, b) -> None:
+def _upsampling(node: Node, b: GraphBuilder) -> None:
     """1x1 convolution + pixel shuffle (module doc)."""
     x, w, bias = node.args[:3]
     c_in, c_out, r, _ = shape(w)
@@ -319,7 +321,7 @@ def _upsampling(node: Node, b) -> None:
     b.emit("MPSPixelShuffle", input1_id=y, output_id=b.out(node), upscale_factor=r)
 
 
-def _transposed(node: Node, b, p: _Params) -> None:
+def _transposed(node: Node, b: GraphBuilder, p: _Params) -> None:
     """Zero insertion + forward convolution with the flipped, channel-swapped kernel (module doc)."""
     x, w, bias = node.args[:3]
     c_in, c_out_g, *k = shape(w)
@@ -344,14 +346,14 @@ def folded_into(reader: Node) -> tuple[str, Node]:
     return ("folded into convolution", reader)
 
 
-def _per_channel(b, a, c: int, fill: float) -> torch.Tensor:
+def _per_channel(b: GraphBuilder, a, c: int, fill: float) -> torch.Tensor:
     """Float64 data of constant ``a`` (a ``[C]`` parameter), or ``fill`` for an absent one."""
     if isinstance(a, Node):
         return b.constants.original(b.id(a)).double()
     return torch.full((c,), fill, dtype=torch.float64)
 
 
-def _epilogue(node: Node, b) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
+def _epilogue(node: Node, b: GraphBuilder) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
     """(reader, scale, shift): the per-output-channel map ``y * scale + shift`` (float64) that the
     only reader of convolution ``node``'s result applies first, when the weights, bias and the
     reader's parameters are constants of this graph; None otherwise (see the module doc)."""
@@ -376,7 +378,7 @@ def _epilogue(node: Node, b) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
     return reader, scale, beta - mean * scale
 
 
-def _folded(node: Node, b) -> tuple[Node, int, int] | None:
+def _folded(node: Node, b: GraphBuilder) -> tuple[Node, int, int] | None:
     """(reader, weight id, bias id) of the convolution with its reader's epilogue folded in."""
     epilogue = _epilogue(node, b)
     if epilogue is None:
@@ -392,7 +394,7 @@ def _folded(node: Node, b) -> tuple[Node, int, int] | None:
 
 # ---- lowering ------------------------------------------------------------------------------------
 
-def _lower(node: Node, b) -> None:
+def _lower(node: Node, b: GraphBuilder) -> None:
     p = _params(node)
     x, w, bias = node.args[:3]
     if p.transposed:

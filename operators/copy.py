@@ -16,10 +16,12 @@ import torch
 from executorch.exir.passes import dim_order_ops_registry  # noqa: F401  (defines torch.ops.dim_order_ops)
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
+
 from ._util import rank, shape
+from .emit import binary, compare, const, expand, where
 from .registry import Lowering, op_key
-from .shape import expand
-from .unary import binary, compare, const, trunc, where
+from .unary import trunc
 
 aten = torch.ops.aten
 dim_order_ops = torch.ops.dim_order_ops
@@ -43,7 +45,7 @@ def _copy_check(node: Node):
 INTEGRAL = frozenset({aten.floor.default, aten.ceil.default, aten.round.default, aten.trunc.default})
 
 
-def _exact_cast(b, vid: int, src: torch.dtype, dst: torch.dtype, integral: bool = False) -> int:
+def _exact_cast(b: GraphBuilder, vid: int, src: torch.dtype, dst: torch.dtype, integral: bool = False) -> int:
     """MPSCast of a value made exact in ``dst`` first (torch's truncation / wrap-around);
     ``integral``: the float value is known to be a whole number."""
     if src.is_floating_point and dst != torch.bool and not dst.is_floating_point and not integral:
@@ -57,14 +59,14 @@ def _exact_cast(b, vid: int, src: torch.dtype, dst: torch.dtype, integral: bool 
     return b.cast(vid, dst)
 
 
-def _copy(node: Node, b) -> None:
+def _copy(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     src, dst = b.dtype(x), b.dtype(node)
     integral = isinstance(x, Node) and x.op == "call_function" and op_key(x.target) in INTEGRAL
     b.alias(node, b.id(x) if src == dst else _exact_cast(b, b.id(x), src, dst, integral))
 
 
-def _copy_into(node: Node, b) -> None:
+def _copy_into(node: Node, b: GraphBuilder) -> None:
     src = node.args[1]
     vid, sdt, ddt = b.id(src), b.dtype(src), b.dtype(node)
     if sdt != ddt:

@@ -48,11 +48,12 @@ from dataclasses import dataclass
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
+
 from ._util import arg, clamp_index, norm_dim, rank, shape, val
+from .emit import binary, cat_values, expand, permute, scalar_value, slice_value, vdtype, view, vshape, where
 from .reduce import pool_reduce
 from .registry import Lowering, op_key
-from .shape import binary, cat_values, expand, permute, slice_value, vdtype, view, vshape
-from .unary import scalar_value, where
 
 aten = torch.ops.aten
 
@@ -102,7 +103,7 @@ def _clamped_nonneg(idx: Node) -> bool:
     return isinstance(lo, (int, float)) and lo >= 0
 
 
-def _nonneg_index(b, idx: Node, size: int) -> int:
+def _nonneg_index(b: GraphBuilder, idx: Node, size: int) -> int:
     """``idx + (idx < 0) * size``: torch's negative indices made explicit. Skipped for constant
     indices that are already non-negative (lowerings may read constant data) and for clamp
     results with a lower bound >= 0."""
@@ -126,7 +127,7 @@ def _index_select_check(node: Node):
     return _index_reason(node.args[2])
 
 
-def _index_select(node: Node, b) -> None:
+def _index_select(node: Node, b: GraphBuilder) -> None:
     x, dim, idx = node.args[:3]
     b.emit("MPSIndexSelect", input1_id=b.id(x), output_id=b.out(node), dim=norm_dim(dim, rank(x)),
            index_id=b.id(idx))
@@ -141,7 +142,7 @@ def _embedding_check(node: Node):
     return _index_reason(idx, "embedding indices")
 
 
-def _embedding(node: Node, b) -> None:
+def _embedding(node: Node, b: GraphBuilder) -> None:
     w, idx = node.args[:2]
     out_shape = shape(node)
     device = _device_shape(shape(idx)) + [shape(w)[1]]  # a 0-d index is [1] on the device
@@ -186,7 +187,7 @@ def _embedding_bag_check(node: Node):
     return _index_reason(idx, "embedding_bag indices") or _index_reason(offsets, "embedding_bag offsets")
 
 
-def _embedding_bag(node: Node, b) -> None:
+def _embedding_bag(node: Node, b: GraphBuilder) -> None:
     w, idx, offsets = node.args[:3]
     a = _embedding_bag_args(node)
     n, n_off, dim = shape(idx)[0], shape(offsets)[0], shape(w)[1]
@@ -342,7 +343,7 @@ def _linear_plan(node: Node):
     return _Linear(perm, k, data_shape, present, index_shape)
 
 
-def _linear_index(b, plan: _Linear) -> int:
+def _linear_index(b: GraphBuilder, plan: _Linear) -> int:
     """``sum_j idx_j * stride_j`` (non-negative indices, broadcast), flattened to ``[count]``."""
     sizes = plan.sizes
     lin = None
@@ -357,7 +358,7 @@ def _linear_index(b, plan: _Linear) -> int:
     return lin
 
 
-def _flat_data(b, x: Node, plan: _Linear) -> int:
+def _flat_data(b: GraphBuilder, x: Node, plan: _Linear) -> int:
     vid = b.id(x)
     if plan.perm is not None:
         vid = permute(b, vid, plan.perm)
@@ -377,7 +378,7 @@ def _index_check(node: Node):
     return found if isinstance(found, str) else None
 
 
-def _index_linear(node: Node, b) -> None:
+def _index_linear(node: Node, b: GraphBuilder) -> None:
     """Several index tensors as one linearized index: one MPSIndexSelect."""
     x = node.args[0]
     plan = _linear_plan(node)
@@ -386,7 +387,7 @@ def _index_linear(node: Node, b) -> None:
     view(b, picked, shape(node), out=b.out(node))
 
 
-def _index_outer(node: Node, b) -> None:
+def _index_outer(node: Node, b: GraphBuilder) -> None:
     """One MPSIndexSelect per indexed axis with the flattened index; a gather shared by several
     nodes (the same rows of the same tensor) is emitted once."""
     x = node.args[0]
@@ -410,7 +411,7 @@ def _indexed_shape(x: Node, k: int, idx: Node) -> list[int]:
     return s[:k] + _device_shape(shape(idx)) + s[k + 1:]
 
 
-def _index_tensor(node: Node, b) -> None:
+def _index_tensor(node: Node, b: GraphBuilder) -> None:
     if sum(i is not None for i in node.args[1]) > 1:
         if isinstance(_outer_indices(node), str):
             _index_linear(node, b)
@@ -451,7 +452,7 @@ def _index_put_check(node: Node):
     return None
 
 
-def _index_put(node: Node, b) -> None:
+def _index_put(node: Node, b: GraphBuilder) -> None:
     x, _, values = node.args[:3]
     accumulate = bool(arg(node, 3, "accumulate", False))
     if sum(i is not None for i in node.args[1]) == 1 and not accumulate:
@@ -505,7 +506,7 @@ def _is_slice_scatter(node: Node) -> bool:
     return op_key(node.target) is aten.slice_scatter.default
 
 
-def _scatter_range(b, node: Node, x: Node, src_vid: int, dim: int, start: int, end: int, step: int) -> None:
+def _scatter_range(b: GraphBuilder, node: Node, x: Node, src_vid: int, dim: int, start: int, end: int, step: int) -> None:
     """``x`` with ``x[dim][start:end:step]`` replaced by value ``src_vid`` (shape of that slice)."""
     size = shape(x)[dim]
     count = len(range(start, end, step))
@@ -529,7 +530,7 @@ def _scatter_range(b, node: Node, x: Node, src_vid: int, dim: int, start: int, e
            idx_id=b.constant(idx, dtype=torch.int64), src_id=src_vid)
 
 
-def _slice_scatter(node: Node, b) -> None:
+def _slice_scatter(node: Node, b: GraphBuilder) -> None:
     x, src = node.args[:2]
     dim = norm_dim(arg(node, 2, "dim", 0), rank(x))
     size = shape(x)[dim]
@@ -538,7 +539,7 @@ def _slice_scatter(node: Node, b) -> None:
     _scatter_range(b, node, x, b.id(src), dim, start, end, int(arg(node, 5, "step", 1)))
 
 
-def _select_scatter(node: Node, b) -> None:
+def _select_scatter(node: Node, b: GraphBuilder) -> None:
     x, src = node.args[:2]
     dim = norm_dim(node.args[2], rank(x))
     size = shape(x)[dim]
@@ -575,7 +576,7 @@ def _scatter_src_check(node: Node):
     return None
 
 
-def _scatter(node: Node, b) -> None:
+def _scatter(node: Node, b: GraphBuilder) -> None:
     x, dim, idx = node.args[:3]
     src = node.args[3] if len(node.args) > 3 else node.kwargs.get("src", node.kwargs.get("value"))
     dt = b.dtype(x)
@@ -623,7 +624,7 @@ def _gather_check(node: Node):
     return None
 
 
-def _gather(node: Node, b) -> None:
+def _gather(node: Node, b: GraphBuilder) -> None:
     """out[p] = x.flat[idx[p] * stride[dim] + sum_{d != dim} p_d * stride[d]]."""
     x, dim, idx = node.args[:3]
     xs, ishape = shape(x), shape(idx)

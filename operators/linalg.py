@@ -14,9 +14,11 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
+
 from ._util import is_float, rank, shape, val
+from .emit import binary, permute, vdtype, view
 from .registry import Lowering, op_key
-from .shape import binary, permute, vdtype, view
 
 aten = torch.ops.aten
 
@@ -30,7 +32,7 @@ def _float_same(node: Node):
     return None
 
 
-def _matmul(node: Node, b) -> None:
+def _matmul(node: Node, b: GraphBuilder) -> None:
     b.emit("MPSMatMul", input1_id=b.id(node.args[0]), input2_id=b.id(node.args[1]), output_id=b.out(node))
 
 
@@ -43,7 +45,7 @@ def _addmm_check(node: Node):
     return None if is_float(node) else "integer addmm"
 
 
-def _addmm(node: Node, b) -> None:
+def _addmm(node: Node, b: GraphBuilder) -> None:
     bias, m1, m2 = (b.id(a) for a in node.args[:3])
     beta, alpha = float(node.kwargs.get("beta", 1)), float(node.kwargs.get("alpha", 1))
     if beta == 0:  # torch ignores the bias entirely (no 0 * inf = nan)
@@ -76,7 +78,7 @@ def _only_linear_weight(w: Node) -> bool:
                for u in w.users)
 
 
-def _weight_t(b, w: Node) -> int:
+def _weight_t(b: GraphBuilder, w: Node) -> int:
     """Value id of ``w.T``: a transposed copy of a constant weight read only by linear nodes
     (replacing the original in the blob), else an MPSPermute."""
     wid = b.id(w)
@@ -92,7 +94,7 @@ def _weight_t(b, w: Node) -> int:
     return permute(b, wid, [1, 0])
 
 
-def _linear(node: Node, b) -> None:
+def _linear(node: Node, b: GraphBuilder) -> None:
     x, w = node.args[:2]
     bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
     wt = _weight_t(b, w)

@@ -30,10 +30,12 @@ import operator
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
+
 from ._util import is_float, shape, val
 from .convolution import folded_into
+from .emit import binary, permute, view
 from .registry import Lowering
-from .shape import binary, permute, view
 
 aten = torch.ops.aten
 
@@ -63,13 +65,13 @@ def _check(bad_outputs: dict[int, str]):
     return check
 
 
-def _param(b, node: Node | None, size: list[int], fill: float, dtype: torch.dtype) -> int:
+def _param(b: GraphBuilder, node: Node | None, size: list[int], fill: float, dtype: torch.dtype) -> int:
     if isinstance(node, Node):
         return b.id(node)
     return b.constant(torch.full(size, fill, dtype=torch.float32), dtype=dtype)
 
 
-def _batch_norm(node: Node, b) -> None:
+def _batch_norm(node: Node, b: GraphBuilder) -> None:
     x, weight, bias, mean, var, momentum, eps = node.args[:7]
     c = shape(x)[1]
     dt = b.dtype(x)
@@ -86,7 +88,7 @@ def _batch_norm(node: Node, b) -> None:
            output1_id=out, output2_id=stat2, output3_id=stat3)
 
 
-def _layer_norm(node: Node, b) -> None:
+def _layer_norm(node: Node, b: GraphBuilder) -> None:
     x, normalized_shape, weight, bias, eps = node.args[:5]
     dt = b.dtype(x)
     ns = [int(d) for d in normalized_shape]
@@ -96,7 +98,7 @@ def _layer_norm(node: Node, b) -> None:
            eps=float(eps), output1_id=out, output2_id=mean, output3_id=third)
 
 
-def _group_norm(node: Node, b) -> None:
+def _group_norm(node: Node, b: GraphBuilder) -> None:
     x, weight, bias, n, c, hxw, groups, eps = node.args[:8]
     n, c, hxw, groups = int(n), int(c), int(hxw), int(groups)
     dt = b.dtype(x)
@@ -115,7 +117,7 @@ def _group_norm(node: Node, b) -> None:
     b.ids[node] = (out, mean, var)
 
 
-def _batch_stats_norm(node: Node, b) -> None:
+def _batch_stats_norm(node: Node, b: GraphBuilder) -> None:
     x, weight, bias = node.args[:3]
     eps = float(node.args[5])
     s = shape(x)

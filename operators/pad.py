@@ -14,9 +14,11 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
+
 from ._util import arg, rank, shape, val
+from .emit import index_select, slice_value
 from .registry import Lowering, op_key
-from .shape import index_select, slice_value
 
 aten = torch.ops.aten
 
@@ -45,7 +47,7 @@ def _constant_pad_check(node: Node):
     return None
 
 
-def _constant_pad(node: Node, b) -> None:
+def _constant_pad(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     pairs = _pairs(node.args[1])
     s, r = shape(x), rank(x)
@@ -92,7 +94,7 @@ def _index_pad_check(node: Node):
     return None
 
 
-def _index_pad(node: Node, b) -> None:
+def _index_pad(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     reflect = op_key(node.target) in _REFLECT
     s, r = shape(x), rank(x)

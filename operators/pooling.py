@@ -67,9 +67,11 @@ from dataclasses import dataclass, replace
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
+
 from ._util import arg, is_float, rank, shape, val
+from .emit import binary, cat_values, index_select, vdtype, view, vshape
 from .registry import Lowering, op_key
-from .shape import binary, cat_values, index_select, vdtype, view, vshape
 
 aten = torch.ops.aten
 
@@ -106,7 +108,7 @@ class _Axis:
 _ONE = _Axis()  # an axis a stage leaves alone
 
 
-def _pool(b, kind: str, vid: int, h: _Axis, w: _Axis, include_pad: bool = False) -> tuple[int, int | None]:
+def _pool(b: GraphBuilder, kind: str, vid: int, h: _Axis, w: _Axis, include_pad: bool = False) -> tuple[int, int | None]:
     """One pooling node over the last two axes of the 4-D value ``vid`` (``kind`` "max" or "avg"),
     floor mode with explicit padding: (values, int32 indices or None)."""
     n, c, hh, ww = vshape(b, vid)
@@ -124,7 +126,7 @@ def _pool(b, kind: str, vid: int, h: _Axis, w: _Axis, include_pad: bool = False)
     return out, None
 
 
-def _avg(b, vid: int, h: _Axis, w: _Axis, count: str) -> int:
+def _avg(b: GraphBuilder, vid: int, h: _Axis, w: _Axis, count: str) -> int:
     """Window means over the last two axes of ``vid``, divided by the count of ``count``: "input"
     (count_include_pad=False: the device counts input elements only), "padding" (torch's
     count_include_pad=True: the padding counted, the ceil-mode tail not) or "window" (every
@@ -141,7 +143,7 @@ def _avg(b, vid: int, h: _Axis, w: _Axis, count: str) -> int:
     return _pool(b, "avg", vid, h, w, include_pad=False)[0]
 
 
-def _offset(b, idx: int, step: int) -> int:
+def _offset(b: GraphBuilder, idx: int, step: int) -> int:
     """``idx + i * step`` along axis 2 of the int32 value ``idx`` (``[1, M, D, P]``): plane positions
     of depth slice i made positions in the whole ``D x P`` volume."""
     depth = vshape(b, idx)[2]
@@ -149,7 +151,7 @@ def _offset(b, idx: int, step: int) -> int:
                                                  dtype=torch.int32))
 
 
-def _compose(b, outer: int, inner: int) -> int:
+def _compose(b: GraphBuilder, outer: int, inner: int) -> int:
     """Indices through two stages: ``outer [A, B, P, Q]`` holds final indices; ``inner`` (4-D, same
     A, B) holds positions in outer's ``P x Q`` plane. Returns ``outer[a, b].flatten()[inner[a, b]]``
     (one gather on the flattened ``outer``)."""
@@ -171,11 +173,11 @@ def _indices_read(node: Node) -> bool:
     return any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in node.users)
 
 
-def _reshaped(b, vid: int, target: list[int]) -> int:
+def _reshaped(b: GraphBuilder, vid: int, target: list[int]) -> int:
     return vid if vshape(b, vid) == target else view(b, vid, target)
 
 
-def _bind(b, node: Node, values: int, idx: int | None = None) -> None:
+def _bind(b: GraphBuilder, node: Node, values: int, idx: int | None = None) -> None:
     """Bind the node to its results: ``values`` (and for (values, indices) nodes the int32 ``idx``,
     cast to int64 when read) in the node's shape."""
     if idx is None:
@@ -237,7 +239,7 @@ def _check(n: int, max_pool: bool):
     return check
 
 
-def _source(b, node: Node) -> int:
+def _source(b: GraphBuilder, node: Node) -> int:
     """The value a pooling node reads. In fp16 mode a max pool whose indices are read pools a float32
     user input in float32: rounded to float16 first, nearby values tie and the index of the first one
     would come out instead of the largest's."""
@@ -246,7 +248,7 @@ def _source(b, node: Node) -> int:
     return exact if exact is not None else b.id(x)
 
 
-def _planes(b, x: Node, n: int, vid: int) -> tuple[int, list[int], int]:
+def _planes(b: GraphBuilder, x: Node, n: int, vid: int) -> tuple[int, list[int], int]:
     """(number M of pooled planes / volumes, their n spatial sizes, the input ``vid`` as a 4-D value:
     ``[N, C, H, W]`` itself, or viewed as ``[1, M, H, W]`` / ``[1, M*D, H, W]``)."""
     s = shape(x)
@@ -256,13 +258,13 @@ def _planes(b, x: Node, n: int, vid: int) -> tuple[int, list[int], int]:
     return m, sizes, view(b, vid, [1, m * math.prod(sizes[:-2])] + sizes[-2:])
 
 
-def _volume(b, vid: int, m: int, depth: int) -> int:
+def _volume(b: GraphBuilder, vid: int, m: int, depth: int) -> int:
     """A 4-D value of M*D planes viewed as ``[1, M, D, plane]`` (depth pooled as height)."""
     s = vshape(b, vid)
     return view(b, vid, [1, m, depth, s[2] * s[3]])
 
 
-def _max_pool(node: Node, b) -> None:
+def _max_pool(node: Node, b: GraphBuilder) -> None:
     """max_pool2d/3d_with_indices: values, and indices over the input plane / volume."""
     x, n = node.args[0], 3 if op_key(node.target) is aten.max_pool3d_with_indices.default else 2
     axes = _axes(node, n, True)
@@ -283,7 +285,7 @@ def _max_pool(node: Node, b) -> None:
     _bind(b, node, values, idx)
 
 
-def _avg_pool(node: Node, b) -> None:
+def _avg_pool(node: Node, b: GraphBuilder) -> None:
     """avg_pool2d/3d: window means (one stage per pooled plane), divisor_override as a multiply."""
     x, n = node.args[0], 3 if op_key(node.target) is aten.avg_pool3d.default else 2
     divisor = arg(node, 6, "divisor_override", None)
@@ -326,14 +328,14 @@ def _groups(n: int, o: int) -> list[tuple[_Axis, list[tuple[int, int]]]]:
     return groups
 
 
-def _take(b, out: tuple[int, int | None], axis: int, index: list[int]) -> tuple[int, int | None]:
+def _take(b: GraphBuilder, out: tuple[int, int | None], axis: int, index: list[int]) -> tuple[int, int | None]:
     """Values and indices gathered along ``axis`` (nothing when ``index`` selects every position)."""
     if index == list(range(vshape(b, out[0])[axis])):
         return out
     return tuple(v if v is None else index_select(b, v, axis, index) for v in out)
 
 
-def _adaptive_axis(b, kind: str, vid: int, axis: int, o: int) -> tuple[int, int | None]:
+def _adaptive_axis(b: GraphBuilder, kind: str, vid: int, axis: int, o: int) -> tuple[int, int | None]:
     """Adaptive pooling of axis 2 or 3 of a 4-D value to ``o`` bins: one pooling per bin length,
     concatenated, then the bins picked in order."""
     groups = _groups(vshape(b, vid)[axis], o)
@@ -350,7 +352,7 @@ def _adaptive_axis(b, kind: str, vid: int, axis: int, o: int) -> tuple[int, int 
     return _take(b, out, axis, index)
 
 
-def _adaptive_plane(b, kind: str, vid: int, oh: int, ow: int) -> tuple[int, int | None]:
+def _adaptive_plane(b: GraphBuilder, kind: str, vid: int, oh: int, ow: int) -> tuple[int, int | None]:
     """Adaptive pooling of the last two axes of a 4-D value: (values, indices in that plane)."""
     h, w = vshape(b, vid)[2:]
     if kind == "avg" and (oh, ow) == (h, w):
@@ -370,7 +372,7 @@ def _adaptive_plane(b, kind: str, vid: int, oh: int, ow: int) -> tuple[int, int 
     return values, idx
 
 
-def _adaptive(node: Node, b) -> None:
+def _adaptive(node: Node, b: GraphBuilder) -> None:
     """_adaptive_avg_pool2d/3d, adaptive_max_pool2d/3d (values and indices)."""
     key = op_key(node.target)
     kind = "max" if key in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default) else "avg"
@@ -417,7 +419,7 @@ def _nearest_sources(node: Node) -> tuple[list[int], list[int]]:
     return rows.tolist(), cols.tolist()
 
 
-def _upsample_nearest(node: Node, b) -> None:
+def _upsample_nearest(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     n, c, h, w = shape(x)
     rows, cols = _nearest_sources(node)
@@ -473,7 +475,7 @@ def _resized(node: Node, axis: int) -> bool:
     return size != shape(node)[axis] or not torch.equal(_bilinear_matrix(node, axis), torch.eye(size))
 
 
-def _upsample_bilinear(node: Node, b) -> None:
+def _upsample_bilinear(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     vid, cur = b.id(x), shape(x)
     steps = [axis for axis in (3, 2) if _resized(node, axis)]

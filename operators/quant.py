@@ -52,9 +52,11 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines torch.ops.qu
 from mps_backend.serialization.model import DataType
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
+
 from ._util import arg, shape, val
+from .emit import binary, vdtype, view, vshape
 from .registry import Lowering, op_key
-from .shape import binary, vdtype, view, vshape
 
 try:  # torchao registers torch.ops.torchao (executorch depends on it; tolerate its absence)
     import torchao.quantization.quant_primitives as _tao_primitives
@@ -212,7 +214,7 @@ def _rescale_exponent(s: torch.Tensor) -> int:
     return _F16_MAX_EXP - math.ceil(math.log2(top))
 
 
-def _const(b, node: Optional[Node]) -> Optional[torch.Tensor]:
+def _const(b: GraphBuilder, node: Optional[Node]) -> Optional[torch.Tensor]:
     """The blob data bound to an fx argument, or None when it is not a constant."""
     if node is None:
         return None
@@ -220,7 +222,7 @@ def _const(b, node: Optional[Node]) -> Optional[torch.Tensor]:
     return b.constants.get(vid) if isinstance(vid, int) else None
 
 
-def _release(b, fx_arg: Optional[Node], user: Node) -> None:
+def _release(b: GraphBuilder, fx_arg: Optional[Node], user: Node) -> None:
     """``user`` does not read ``fx_arg``'s blob constant on the device: once no user does, drop it."""
     if fx_arg is None or fx_arg.op != "placeholder" or _const(b, fx_arg) is None:
         return
@@ -232,7 +234,7 @@ def _release(b, fx_arg: Optional[Node], user: Node) -> None:
 
 # ---- lowerings --------------------------------------------------------------------------------
 
-def _int4_plan(spec: DequantSpec, b):
+def _int4_plan(spec: DequantSpec, b: GraphBuilder):
     """(q', zp', scale f32 [N, G]) shifted into [-8, 7], or None when the data is not constant or
     not in the declared range (then the generic path computes it)."""
     q, s = _const(b, spec.q), _const(b, spec.scale)
@@ -250,7 +252,7 @@ def _int4_plan(spec: DequantSpec, b):
     return q, zp, s.reshape(n, g).float()
 
 
-def _lower_int4(node: Node, spec: DequantSpec, b, plan) -> None:
+def _lower_int4(node: Node, spec: DequantSpec, b: GraphBuilder, plan) -> None:
     q, zp, s = plan
     n, k = spec.shape
     g = s.shape[1]
@@ -281,7 +283,7 @@ def _lower_int4(node: Node, spec: DequantSpec, b, plan) -> None:
             _release(b, a, node)
 
 
-def _lower_generic(node: Node, spec: DequantSpec, b) -> None:
+def _lower_generic(node: Node, spec: DequantSpec, b: GraphBuilder) -> None:
     dt = b.compute_dtype(spec.out_dtype)
     split, after = spec.reduction_shapes()
     x = b.id(spec.q)
@@ -303,7 +305,7 @@ def _lower_generic(node: Node, spec: DequantSpec, b) -> None:
     b.alias(node, x if split == spec.shape else view(b, x, spec.shape))
 
 
-def _lower_dequant(node: Node, b) -> None:
+def _lower_dequant(node: Node, b: GraphBuilder) -> None:
     spec = spec_of(node)
     plan = _int4_plan(spec, b) if spec.is_4bit else None
     if plan is not None:
@@ -320,7 +322,7 @@ def _activation_check(node: Node):
     return _ACTIVATION_REASON
 
 
-def _never(node: Node, b) -> None:
+def _never(node: Node, b: GraphBuilder) -> None:
     raise RuntimeError(_ACTIVATION_REASON)
 
 

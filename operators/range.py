@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import mps_dtype
 
 from ._util import arg, val
@@ -72,7 +73,7 @@ def _arange_check(node: Node):
     return None
 
 
-def _arange(node: Node, b) -> None:
+def _arange(node: Node, b: GraphBuilder) -> None:
     start, end, step = _range_args(node)
     b.emit("MPSArange", output_id=b.out(node), start=float(start), end=float(end), step=float(step),
            dtype=int(mps_dtype(b.dtype(node))))

@@ -64,10 +64,11 @@ import operator
 import torch
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
+
 from ._util import arg, is_float, norm_dim, rank, shape, val
+from .emit import binary, cat_values, convert, permute, slice_value, unary, vdtype, view, vshape
 from .registry import Lowering, op_key
-from .shape import binary, cat_values, permute, slice_value, vdtype, view, vshape
-from .unary import convert, unary
 
 aten = torch.ops.aten
 
@@ -120,14 +121,14 @@ def _accumulate_check(what: str):
     return check
 
 
-def _reduce_input(b, node: Node) -> int:
+def _reduce_input(b: GraphBuilder, node: Node) -> int:
     """The value mean / sum reduce: the input, cast to the ``dtype=`` argument when given."""
     vid = b.id(node.args[0])
     dtype = node.kwargs.get("dtype")
     return vid if dtype is None else convert(b, vid, b.compute_dtype(dtype))
 
 
-def _mean_value(b, x: Node, dims: list[int], keep: bool, out: int | None = None, vid: int | None = None) -> int:
+def _mean_value(b: GraphBuilder, x: Node, dims: list[int], keep: bool, out: int | None = None, vid: int | None = None) -> int:
     """MPSMean of ``x`` (or of ``vid``, a value of x's shape) over ``dims``."""
     vid = b.id(x) if vid is None else vid
     if out is None:
@@ -139,7 +140,7 @@ def _mean_value(b, x: Node, dims: list[int], keep: bool, out: int | None = None,
     return out
 
 
-def _mean(node: Node, b) -> None:
+def _mean(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     dims = _reduce_dims(arg(node, 1, "dim", None), rank(x))
     _mean_value(b, x, dims, bool(arg(node, 2, "keepdim", False)), out=b.out(node), vid=_reduce_input(b, node))
@@ -172,7 +173,7 @@ def _exact_factors(n: int, dtype: torch.dtype) -> list[int]:
     return merged
 
 
-def _sum(node: Node, b) -> None:
+def _sum(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     s = _device_shape(x)
     is_default = op_key(node.target) is aten.sum.default
@@ -192,7 +193,7 @@ def _sum(node: Node, b) -> None:
 
 # ---- max / min / argmax / argmin / any / all (max pooling over a [1, M, 1, R] view) ---------------
 
-def _reduced_axes_last(b, vid: int, in_shape: list[int], dims: list[int]) -> tuple[int, list[int], list[int]]:
+def _reduced_axes_last(b: GraphBuilder, vid: int, in_shape: list[int], dims: list[int]) -> tuple[int, list[int], list[int]]:
     """``vid`` permuted so the reduced ``dims`` come last: (value, its original shape, the kept axes)."""
     in_shape = list(in_shape) or [1]
     keep = [d for d in range(len(in_shape)) if d not in dims]
@@ -202,7 +203,7 @@ def _reduced_axes_last(b, vid: int, in_shape: list[int], dims: list[int]) -> tup
     return vid, in_shape, keep
 
 
-def pool_reduce(b, vid: int, in_shape: list[int], dims: list[int], negate: bool = False) -> tuple[int, int]:
+def pool_reduce(b: GraphBuilder, vid: int, in_shape: list[int], dims: list[int], negate: bool = False) -> tuple[int, int]:
     """Max (of ``-x`` if ``negate``) over ``dims`` of float value ``vid``: returns (values, int32
     indices), both of shape ``[1, M, 1, 1]`` with M = product of the kept axes in order."""
     vid, in_shape, keep = _reduced_axes_last(b, vid, in_shape, dims)
@@ -219,19 +220,19 @@ def pool_reduce(b, vid: int, in_shape: list[int], dims: list[int], negate: bool 
     return values, indices
 
 
-def _finish_values(b, values: int, negate: bool, out: int) -> None:
+def _finish_values(b: GraphBuilder, values: int, negate: bool, out: int) -> None:
     if negate:
         values = unary(b, "MPSNeg", values)
     view(b, values, vshape(b, out), out=out)
 
 
-def _finish_indices(b, indices: int, out: int) -> None:
+def _finish_indices(b: GraphBuilder, indices: int, out: int) -> None:
     view(b, convert(b, indices, torch.int64), vshape(b, out), out=out)
 
 
 # ---- topk, integer max / min: ranks from pairwise comparisons -----------------------------------
 
-def rank_select(b, vid: int, in_shape: list[int], dims: list[int], ranks: int | list[int],
+def rank_select(b: GraphBuilder, vid: int, in_shape: list[int], dims: list[int], ranks: int | list[int],
                 largest: bool) -> tuple[int, int]:
     """The elements of rank ``ranks`` (a count k: ranks ``0..k-1``, the k largest / smallest) over ``dims``
     of value ``vid`` and their int64 indices (flattened over ``dims`` in row-major order), both
@@ -286,7 +287,7 @@ def _topk_check(node: Node):
     return _rank_reason("topk", x, [dim], k)
 
 
-def _topk(node: Node, b) -> None:
+def _topk(node: Node, b: GraphBuilder) -> None:
     x, k, dim, largest, _ = _topk_args(node)
     values, indices = rank_select(b, b.id(x), shape(x), [dim], k, largest)
     out_values, out_indices = b.outs(node)
@@ -307,7 +308,7 @@ def _median_check(node: Node):
     return _rank_reason("median", x, _reduce_dims(None, rank(x)))
 
 
-def _median(node: Node, b) -> None:
+def _median(node: Node, b: GraphBuilder) -> None:
     """torch's lower median of all elements: rank ``(n - 1) // 2`` in ascending order. With NaN the
     median is NaN (torch): NaN ranks last, so the rank ``n - 1`` element is NaN exactly when there is
     one."""
@@ -369,7 +370,7 @@ def _minmax_check(node: Node):
     return None
 
 
-def _minmax(node: Node, b) -> None:
+def _minmax(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     kind, negate = _MINMAX[op_key(node.target)]
     dims = _reduce_dims(None if kind == "all" else arg(node, 1, "dim", None), rank(x))
@@ -389,7 +390,7 @@ def _minmax(node: Node, b) -> None:
             _finish_indices(b, indices, outs[1])
 
 
-def _any(node: Node, b) -> None:
+def _any(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     target = op_key(node.target)
     dim = None if target is aten.any.default else arg(node, 1, "dim", None)
@@ -420,7 +421,7 @@ def _any(node: Node, b) -> None:
 
 # ---- prod ------------------------------------------------------------------------------------------
 
-def _prod(node: Node, b) -> None:
+def _prod(node: Node, b: GraphBuilder) -> None:
     """Pairwise products: the reduced axes (permuted last) viewed as ``[M, N]``, the two halves
     multiplied until one column is left (an odd column count is padded with a column of ones)."""
     x = node.args[0]
@@ -460,7 +461,7 @@ def _cumsum_check(node: Node):
     return None
 
 
-def _cumsum(node: Node, b) -> None:
+def _cumsum(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     if rank(x) == 0:
         b.alias(node, b.id(x))
@@ -494,7 +495,7 @@ def _var_check(node: Node):
     return None
 
 
-def _var(node: Node, b) -> None:
+def _var(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     dims = _var_dims(node)
     keep = bool(node.kwargs.get("keepdim", False))

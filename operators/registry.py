@@ -22,11 +22,12 @@ import torch
 from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch.fx import Node
 
+from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import dtype_reason
 
 Reason = Optional[str]
 CheckFn = Callable[[Node], Reason]
-LowerFn = Callable[[Node, Any], None]
+LowerFn = Callable[[Node, GraphBuilder], None]
 
 #: the op families, one module each (order only matters for readability of reports)
 FAMILIES = ("activation", "binary", "clamp", "constant", "convolution", "copy", "indexing", "linalg",
@@ -148,6 +149,6 @@ def default_registry() -> Registry:
     return Registry(lowerings, not_lowered)
 
 
-def _lower_getitem(node: Node, b) -> None:
+def _lower_getitem(node: Node, b: GraphBuilder) -> None:
     source, index = node.args
     b.alias(node, b.ids[source][index])

@@ -34,119 +34,31 @@ import math
 import torch
 from torch.fx import Node
 
-from mps_backend.dtypes import TORCH_TO_MPS
+from mps_backend.builder import GraphBuilder
 
 from ._util import arg, clamp_index, norm_dim, rank, shape, val
+from .emit import cat_values, expand, index_select, permute, slice_value, view
 from .registry import Lowering
 
 aten = torch.ops.aten
 
-_FROM_MPS = {v: k for k, v in TORCH_TO_MPS.items()}
 
 
 # ---- emit helpers (value-level: they work on value ids, not fx nodes) ---------------------------
 
-def vdtype(b, vid: int) -> torch.dtype:
-    """Device dtype of value ``vid``."""
-    return _FROM_MPS[b.graph.values[vid].datatype]
-
-
-def vshape(b, vid: int) -> list[int]:
-    """Shape of value ``vid`` as declared (rank 0 is ``[]``)."""
-    return list(b.graph.values[vid].dims)
-
-
-def view(b, vid: int, new_shape, out: int | None = None) -> int:
-    """MPSView of ``vid`` to ``new_shape`` (a new value unless ``out`` is given)."""
-    new_shape = [int(d) for d in new_shape]
-    if out is None:
-        out = b.new_value(vdtype(b, vid), new_shape)
-    b.emit("MPSView", input1_id=vid, output_id=out, num_dims=len(new_shape), shape=new_shape)
-    return out
-
-
-def permute(b, vid: int, perm, out: int | None = None) -> int:
-    perm = [int(p) for p in perm]
-    if out is None:
-        s = vshape(b, vid)
-        out = b.new_value(vdtype(b, vid), [s[p] for p in perm])
-    b.emit("MPSPermute", input1_id=vid, output_id=out, num_dims=len(perm), perm=perm)
-    return out
-
-
-def binary(b, op: str, x: int, y: int, out: int | None = None) -> int:
-    """A binary-family node (MPSAdd/MPSSub get alpha=1); result dtype = torch promotion, shape =
-    broadcast (what the device computes, semantics §5.2)."""
-    if out is None:
-        if op in ("MPSEq", "MPSNe", "MPSGe", "MPSGt", "MPSLe", "MPSLt"):
-            dt = torch.bool
-        else:
-            dt = torch.promote_types(vdtype(b, x), vdtype(b, y))
-        out = b.new_value(dt, torch.broadcast_shapes(tuple(vshape(b, x)), tuple(vshape(b, y))))
-    fields = {"alpha": 1.0} if op in ("MPSAdd", "MPSSub") else {}
-    b.emit(op, input1_id=x, input2_id=y, output_id=out, **fields)
-    return out
-
-
-def unary(b, op: str, x: int, out: int | None = None) -> int:
-    if out is None:
-        out = b.new_value(vdtype(b, x), vshape(b, x))
-    b.emit(op, input1_id=x, output_id=out)
-    return out
-
-
-def slice_value(b, vid: int, dim: int, start: int, end: int, step: int = 1) -> int:
-    s = vshape(b, vid)
-    s[dim] = len(range(start, end, step))
-    out = b.new_value(vdtype(b, vid), s)
-    b.emit("MPSSlice", input1_id=vid, output_id=out, dim=dim, start=start, end=end, step=step)
-    return out
-
-
-def index_select(b, vid: int, dim: int, index: list[int] | torch.Tensor, out: int | None = None) -> int:
-    """MPSIndexSelect of ``vid`` along ``dim`` with a constant int32 index (the device casts its
-    index to int32 anyway, semantics §5.9)."""
-    idx = torch.as_tensor(index, dtype=torch.int32).reshape(-1)
-    if out is None:
-        s = vshape(b, vid)
-        s[dim] = idx.numel()
-        out = b.new_value(vdtype(b, vid), s)
-    b.emit("MPSIndexSelect", input1_id=vid, output_id=out, dim=dim, index_id=b.constant(idx, dtype=torch.int32))
-    return out
-
-
-def cat_values(b, vids: list[int], dim: int, out: int | None = None) -> int:
-    if out is None:
-        s = vshape(b, vids[0])
-        s[dim] = sum(vshape(b, v)[dim] for v in vids)
-        out = b.new_value(vdtype(b, vids[0]), s)
-    b.emit("MPSCat", input_ids=list(vids), output_id=out, dim=dim)
-    return out
-
-
-def _view(node: Node, b) -> None:
+def _view(node: Node, b: GraphBuilder) -> None:
     out_shape = shape(node)
     b.emit("MPSView", input1_id=b.id(node.args[0]), output_id=b.out(node), num_dims=len(out_shape),
            shape=out_shape)
 
 
-def _permute(node: Node, b) -> None:
+def _permute(node: Node, b: GraphBuilder) -> None:
     r = rank(node.args[0])
     perm = [norm_dim(d, r) for d in node.args[1]]
     b.emit("MPSPermute", input1_id=b.id(node.args[0]), output_id=b.out(node), num_dims=len(perm), perm=perm)
 
 
-def expand(b, vid: int, in_shape: list[int], out_shape: list[int], out: int | None = None) -> int:
-    """``vid`` (of shape ``in_shape``) broadcast to ``out_shape``."""
-    if len(out_shape) > len(in_shape):  # the device only reads rank(x) entries: view up first (§6 #18)
-        vid = view(b, vid, [1] * (len(out_shape) - len(in_shape)) + list(in_shape))
-    if out is None:
-        out = b.new_value(vdtype(b, vid), out_shape)
-    b.emit("MPSExpand", input1_id=vid, output_id=out, num_dims=len(out_shape), shape=list(out_shape))
-    return out
-
-
-def _expand(node: Node, b) -> None:
+def _expand(node: Node, b: GraphBuilder) -> None:
     expand(b, b.id(node.args[0]), shape(node.args[0]), shape(node), out=b.out(node))
 
 
@@ -157,12 +69,12 @@ def _cat_check(node: Node):
     return None
 
 
-def _cat(node: Node, b) -> None:
+def _cat(node: Node, b: GraphBuilder) -> None:
     dim = norm_dim(arg(node, 1, "dim", 0), rank(node))
     b.emit("MPSCat", input_ids=[b.id(t) for t in node.args[0]], output_id=b.out(node), dim=dim)
 
 
-def _split(node: Node, b) -> None:
+def _split(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     dim = norm_dim(arg(node, 2, "dim", 0), rank(x))
     outs = b.outs(node)
@@ -170,7 +82,7 @@ def _split(node: Node, b) -> None:
            split_sizes=[int(s) for s in node.args[1]], dim=dim)
 
 
-def _squeeze(node: Node, b) -> None:
+def _squeeze(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     in_shape, r = shape(x), rank(x)
     dims = arg(node, 1, "dim", None)
@@ -185,12 +97,12 @@ def _squeeze(node: Node, b) -> None:
     b.emit("MPSSqueeze", input1_id=b.id(x), output_id=b.out(node), dims=axes)
 
 
-def _unsqueeze(node: Node, b) -> None:
+def _unsqueeze(node: Node, b: GraphBuilder) -> None:
     dim = norm_dim(node.args[1], rank(node.args[0]) + 1)
     b.emit("MPSUnsqueeze", input1_id=b.id(node.args[0]), output_id=b.out(node), dim=dim)
 
 
-def _select(node: Node, b) -> None:
+def _select(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     dim = norm_dim(node.args[1], rank(x))
     index = int(node.args[2])
@@ -206,7 +118,7 @@ def _slice_check(node: Node):
     return None if int(step) >= 1 else f"slice step {step} (the device needs step >= 1)"
 
 
-def _slice(node: Node, b) -> None:
+def _slice(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     dim = norm_dim(arg(node, 1, "dim", 0), rank(x))
     size = shape(x)[dim]
@@ -226,12 +138,12 @@ def _pixel_shuffle_check(node: Node):
     return None
 
 
-def _pixel_shuffle(node: Node, b) -> None:
+def _pixel_shuffle(node: Node, b: GraphBuilder) -> None:
     b.emit("MPSPixelShuffle", input1_id=b.id(node.args[0]), output_id=b.out(node),
            upscale_factor=int(arg(node, 1, "upscale_factor")))
 
 
-def _repeat(node: Node, b) -> None:
+def _repeat(node: Node, b: GraphBuilder) -> None:
     """x.repeat(R): view x to [1, s_i] pairs for repeated axes, expand the 1s to R_i (same rank,
     so the device's expand reads every entry), view to the result shape."""
     x, reps = node.args[0], [int(r) for r in node.args[1]]
@@ -254,7 +166,7 @@ def _repeat(node: Node, b) -> None:
     view(b, vid, shape(node), out=b.out(node))
 
 
-def _flip(node: Node, b) -> None:
+def _flip(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     s, r = shape(x), rank(x)
     dims = sorted({norm_dim(d, r) for d in node.args[1]})
@@ -268,11 +180,11 @@ def _flip(node: Node, b) -> None:
         vid = index_select(b, vid, d, list(range(s[d] - 1, -1, -1)), out=out)
 
 
-def _alias(node: Node, b) -> None:
+def _alias(node: Node, b: GraphBuilder) -> None:
     b.alias(node, b.id(node.args[0]))
 
 
-def _roll(node: Node, b) -> None:
+def _roll(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     shifts = arg(node, 1, "shifts")
     shifts = [int(shifts)] if isinstance(shifts, int) else [int(v) for v in shifts]
@@ -293,7 +205,7 @@ def _roll(node: Node, b) -> None:
     b.alias(node, vid)
 
 
-def _roll_axis(b, vid: int, dim: int, shift: int, size: int) -> int:
+def _roll_axis(b: GraphBuilder, vid: int, dim: int, shift: int, size: int) -> int:
     """``vid`` rolled by ``shift`` along ``dim`` (size ``size``): ``cat(x[size - s:], x[:size - s])``."""
     s = shift % size
     if s == 0:
@@ -324,7 +236,7 @@ def _unfold_check(node: Node):
     return None
 
 
-def _unfold(node: Node, b) -> None:
+def _unfold(node: Node, b: GraphBuilder) -> None:
     x, dim, size, step = _unfold_args(node)
     s = shape(x)
     windows = (s[dim] - size) // step + 1
@@ -392,7 +304,7 @@ def _as_strided_form(x: Node, size: list[int], stride: list[int], offset: int):
     return "gather", None
 
 
-def _as_strided(node: Node, b) -> None:
+def _as_strided(node: Node, b: GraphBuilder) -> None:
     x, size, stride, offset = _as_strided_args(node)
     n = val(x).numel()
     form, perm = _as_strided_form(x, size, stride, offset)

@@ -36,106 +36,37 @@ Rules applied here:
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch.fx import Node
 
-from mps_backend.dtypes import FLOAT_DTYPES, TORCH_TO_MPS, mps_dtype
+from mps_backend.builder import GraphBuilder
+from mps_backend.dtypes import FLOAT_DTYPES
 
 from ._util import val
+from .emit import binary, compare, const, convert, finish, full_like, unary, vdtype, where
 from .registry import Lowering
 
 aten = torch.ops.aten
 
-_TORCH_OF = {v: k for k, v in TORCH_TO_MPS.items()}
-ALPHA_OPS = ("MPSAdd", "MPSSub")
-DIV_OPS = ("MPSDiv", "MPSFmod", "MPSRemainder")
 
 
 # ---------------------------------------------------------------------------------------------
 # emission helpers (value ids in, value ids out; every intermediate is a fresh value)
 
-def vdtype(b, vid: int) -> torch.dtype:
-    """Declared (= device) dtype of value ``vid``."""
-    return _TORCH_OF[b.graph.values[vid].datatype]
-
-
-def vshape(b, vid: int) -> list[int]:
-    return list(b.graph.values[vid].dims)
-
-
-def bshape(b, *vids: int) -> list[int]:
-    """Broadcast shape of some values (the shape a binary/ternary device op produces)."""
-    return list(torch.broadcast_shapes(*(tuple(vshape(b, v)) for v in vids)))
-
-
-def convert(b, vid: int, dtype: torch.dtype) -> int:
-    """``vid`` as ``dtype`` (an MPSCast only when the dtype differs)."""
-    return vid if vdtype(b, vid) == dtype else b.cast(vid, dtype)
-
-
-def scalar_value(value: Any, dtype: torch.dtype) -> Any:
-    """A Python scalar converted the way torch converts a scalar operand to ``dtype``
-    (integers wrap: ``int8_tensor + 300`` adds 44)."""
-    if dtype == torch.bool:
-        return bool(value)
-    if dtype.is_floating_point:
-        return float(value)
-    return int(torch.tensor([value]).to(dtype)[0])
-
-
-def const(b, value: Any, dtype: torch.dtype) -> int:
-    """A one-element constant of ``dtype`` holding ``value`` (bytes and declared dtype agree)."""
-    return b.scalar(scalar_value(value, dtype), dtype)
-
-
-def unary(b, op: str, x: int, dtype: torch.dtype | None = None) -> int:
-    return b.emit_value(op, dtype or vdtype(b, x), vshape(b, x), input1_id=x)
-
-
-def binary(b, op: str, x: int, y: int, dtype: torch.dtype | None = None, **extra: Any) -> int:
-    """A two-input member; the result dtype defaults to the device's promotion of the operands."""
-    if op in ALPHA_OPS:
-        extra.setdefault("alpha", 1.0)
-    if op in DIV_OPS:
-        extra.setdefault("rounding_mode", None)
-    dtype = dtype or torch.promote_types(vdtype(b, x), vdtype(b, y))
-    return b.emit_value(op, dtype, bshape(b, x, y), input1_id=x, input2_id=y, **extra)
-
-
-def compare(b, op: str, x: int, y: int) -> int:
-    return binary(b, op, x, y, dtype=torch.bool)
-
-
-def where(b, cond: int, x: int, y: int) -> int:
-    """MPSWhere; ``x`` and ``y`` must already share a dtype (the device does not promote)."""
-    if vdtype(b, x) != vdtype(b, y):
-        raise ValueError(f"where branches of dtypes {vdtype(b, x)} and {vdtype(b, y)}")
-    return b.emit_value("MPSWhere", vdtype(b, x), bshape(b, cond, x, y), input1_id=cond, input2_id=x,
-                        input3_id=y)
-
-
-def full_like(b, x: int, value: float, dtype: torch.dtype) -> int:
-    """A tensor of x's shape filled with ``value`` (MPSFullLike; ``dtype`` is a device dtype)."""
-    return b.emit_value("MPSFullLike", dtype, vshape(b, x), input1_id=x, shape=vshape(b, x),
-                        fill_value=float(value), dtype=int(mps_dtype(dtype)))
-
-
-def isnan(b, x: int) -> int:
+def isnan(b: GraphBuilder, x: int) -> int:
     if vdtype(b, x) in FLOAT_DTYPES:
         return unary(b, "MPSIsnan", x, torch.bool)
     return full_like(b, x, 0.0, torch.bool)
 
 
-def trunc(b, x: int) -> int:
+def trunc(b: GraphBuilder, x: int) -> int:
     """Round toward zero (float x): ``where(x < 0, ceil(x), floor(x))`` — no MPSDiv 'trunc', which
     aborts on f16 (§6 #14)."""
     neg = compare(b, "MPSLt", x, const(b, 0, vdtype(b, x)))
     return where(b, neg, unary(b, "MPSCeil", x), unary(b, "MPSFloor", x))
 
 
-def round_half_even(b, x: int) -> int:
+def round_half_even(b: GraphBuilder, x: int) -> int:
     """torch.round of a float tensor (see the module docstring)."""
     dt = vdtype(b, x)
     nearest = unary(b, "MPSRound", x)
@@ -149,7 +80,7 @@ def round_half_even(b, x: int) -> int:
     return where(b, tie, even, nearest)
 
 
-def log1p(b, x: int) -> int:
+def log1p(b: GraphBuilder, x: int) -> int:
     """``log(1 + x)`` of a float value, accurate near 0 (module docstring)."""
     dt = vdtype(b, x)
     s = binary(b, "MPSDiv", x, binary(b, "MPSAdd", const(b, 2.0, dt), x))
@@ -160,7 +91,7 @@ def log1p(b, x: int) -> int:
     return where(b, small, near0, far)
 
 
-def expm1(b, x: int) -> int:
+def expm1(b: GraphBuilder, x: int) -> int:
     """``exp(x) - 1`` of a float value, accurate near 0 (module docstring)."""
     dt = vdtype(b, x)
     near0 = expm1_nonpositive(b, x)
@@ -168,14 +99,14 @@ def expm1(b, x: int) -> int:
     return where(b, compare(b, "MPSGt", x, const(b, 0.5, dt)), far, near0)
 
 
-def expm1_nonpositive(b, x: int) -> int:
+def expm1_nonpositive(b: GraphBuilder, x: int) -> int:
     """``2 t / (1 - t)``, ``t = tanh(x / 2)``: expm1 for ``x <= 0.5`` (inaccurate far above)."""
     dt = vdtype(b, x)
     t = unary(b, "MPSTanh", binary(b, "MPSMul", x, const(b, 0.5, dt)))
     return binary(b, "MPSDiv", binary(b, "MPSAdd", t, t), binary(b, "MPSSub", const(b, 1.0, dt), t))
 
 
-def minimum(b, x: int, y: int) -> int:
+def minimum(b: GraphBuilder, x: int, y: int) -> int:
     """torch.minimum of two values of one dtype: MPSMinimum does not propagate NaN (§5.2)."""
     dt = vdtype(b, x)
     if dt == torch.bool:
@@ -186,7 +117,7 @@ def minimum(b, x: int, y: int) -> int:
     return where(b, isnan(b, y), y, where(b, isnan(b, x), x, m))
 
 
-def maximum(b, x: int, y: int) -> int:
+def maximum(b: GraphBuilder, x: int, y: int) -> int:
     """torch.maximum of two values of one dtype. There is no MPSMax: ``where(x < y, y, x)`` (which
     keeps a NaN x), then a NaN y is propagated. Exact, also for integers (no negation overflow)."""
     dt = vdtype(b, x)
@@ -196,11 +127,6 @@ def maximum(b, x: int, y: int) -> int:
     if dt not in FLOAT_DTYPES:
         return m
     return where(b, isnan(b, y), y, m)
-
-
-def finish(b, node: Node, vid: int) -> None:
-    """Bind ``node`` to ``vid``, cast to the node's device dtype when needed."""
-    b.alias(node, convert(b, vid, b.dtype(node)))
 
 
 def out_shape(node: Node) -> list[int]:
@@ -230,7 +156,7 @@ def _float_result(node: Node):
 
 
 def _float_math(op: str):
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         x = convert(b, b.id(node.args[0]), b.dtype(node))  # integer inputs: cast to float first
         b.emit(op, input1_id=x, output_id=b.out(node))
     return lower
@@ -238,7 +164,7 @@ def _float_math(op: str):
 
 def _float_formula(fn):
     """A float-valued function written with several members (integer inputs cast first)."""
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         finish(b, node, fn(b, convert(b, b.id(node.args[0]), b.dtype(node))))
     return lower
 
@@ -250,13 +176,13 @@ def _not_bool(node: Node):
 
 
 def _same_dtype(op: str):
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         b.emit(op, input1_id=b.id(node.args[0]), output_id=b.out(node))
     return lower
 
 
 def _rounding(kind: str):
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         x = b.id(node.args[0])
         if vdtype(b, x) not in FLOAT_DTYPES:  # integers are already integral
             b.alias(node, x)
@@ -275,7 +201,7 @@ def _rounding(kind: str):
     return lower
 
 
-def _round_decimals(node: Node, b) -> None:
+def _round_decimals(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     d = int(node.kwargs.get("decimals", node.args[1] if len(node.args) > 1 else 0))
     dt = vdtype(b, x)
@@ -296,7 +222,7 @@ def _round_decimals_check(node: Node):
 
 
 def _predicate(op: str):
-    def lower(node: Node, b) -> None:
+    def lower(node: Node, b: GraphBuilder) -> None:
         x = b.id(node.args[0])
         if vdtype(b, x) in FLOAT_DTYPES:
             b.emit(op, input1_id=x, output_id=b.out(node))
@@ -312,11 +238,11 @@ def _int_or_bool(node: Node):
     return None
 
 
-def _bitwise_not(node: Node, b) -> None:
+def _bitwise_not(node: Node, b: GraphBuilder) -> None:
     b.emit("MPSBitwiseNot", input1_id=b.id(node.args[0]), output_id=b.out(node))
 
 
-def _logical_not(node: Node, b) -> None:
+def _logical_not(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     if vdtype(b, x) == torch.bool:
         b.emit("MPSLogicalNot", input1_id=x, output_id=b.out(node))
@@ -343,6 +269,4 @@ LOWERINGS = [
     Lowering((aten.logical_not.default,), _logical_not),
 ]
 
-__all__ = ["LOWERINGS", "bshape", "binary", "compare", "const", "convert", "expm1", "expm1_nonpositive",
-           "finish", "full_like", "isnan", "log1p", "maximum", "minimum", "round_half_even", "scalar_value", "trunc",
-           "unary", "vdtype", "vshape", "where"]
+__all__ = ["LOWERINGS", "expm1", "expm1_nonpositive", "isnan", "log1p", "maximum", "minimum", "round_half_even", "trunc"]

@@ -13,6 +13,15 @@ DEVICE_DTYPES = frozenset({DataType.float16, DataType.float32, DataType.float64,
                            DataType.int8, DataType.int16, DataType.int32, DataType.int64, DataType.bool})
 #: union members the runtime has no dispatch case for (§2.7): a graph with one fails to build
 NOT_DISPATCHED = frozenset({"MPSMin", "MPSMax", "MPSAtan2"})
+#: members whose result is bool whatever their operands' dtype (§5.2)
+BOOL_RESULT = frozenset({"MPSEq", "MPSNe", "MPSGe", "MPSGt", "MPSLe", "MPSLt"})
+#: fields with a neutral value the node-emission API writes when a lowering leaves them out (every
+#: other field must be given): alpha scales the second operand of MPSAdd/MPSSub (1.0 = plain
+#: add/sub); an absent rounding_mode is true division / the plain remainder (§5.2)
+NEUTRAL_FIELDS: dict[tuple[str, str], object] = {
+    ("MPSAdd", "alpha"): 1.0, ("MPSSub", "alpha"): 1.0,
+    ("MPSDiv", "rounding_mode"): None, ("MPSFmod", "rounding_mode"): None, ("MPSRemainder", "rounding_mode"): None,
+}
 #: fields of a node that define values (everything else ending in _id/_ids reads one)
 OUTPUT_FIELDS = frozenset({"output_id", "output_ids", "output1_id", "output2_id", "output3_id"})
 #: (member, field): -1 means "absent" (conv bias, §5.12)

@@ -78,7 +78,7 @@ def test_expand_and_squeeze_consumers_are_not_rewired():
     b.graph.input_ids = [x]
     b.current = None
     v = b.emit_value("MPSView", torch.float32, [1, 3], input1_id=x, num_dims=2, shape=[1, 3])
-    s = b.emit_value("MPSSqueeze", torch.float32, [3], input1_id=v, num_dims=1, dims=[0])
+    s = b.emit_value("MPSSqueeze", torch.float32, [3], input1_id=v, dims=[0])
     e = b.emit_value("MPSExpand", torch.float32, [2, 3], input1_id=v, num_dims=2, shape=[2, 3])
     b.graph.output_ids = [s, e]
     assert simplify(b) == {"reshapes rewired": 0, "negations folded": 0, "duplicates merged": 0, "nodes removed": 0}
