@@ -153,8 +153,7 @@ def cmd_export(args) -> int:
         print(str(result.report).split("\n", 1)[1])
     print(f"wrote {out}" + (" (bundled program: the program, its inputs and eager outputs)" if args.bundled else ""))
     if args.etrecord:
-        etrecord = pathlib.Path(args.output_dir or ".") / f"{out.stem}_etrecord.bin" if args.etrecord is True \
-            else pathlib.Path(args.etrecord)
+        etrecord = out.with_name(f"{out.stem}_etrecord.bin") if args.etrecord is True else pathlib.Path(args.etrecord)
         result.etrecord.save(str(etrecord))
         print(f"wrote {etrecord} (ETRecord for executorch's Inspector)")
     if args.verify:
@@ -241,7 +240,10 @@ def cmd_run(args) -> int:
     from mps_backend.runtime import run_pte  # noqa: PLC0415
 
     path = pathlib.Path(args.file)
-    if path.is_file() and is_bundled(path.read_bytes()[:8]) and not args.inputs:
+    if path.is_file() and is_bundled(path.read_bytes()[:8]) and not (args.inputs or args.random):
+        if args.etdump or args.etrecord or args.out:
+            raise UserError(f"{path} is a bundled program: run checks it against its own expected outputs; "
+                            "--etdump, --etrecord and --out need --inputs FILE.npz (or --random) to run it")
         from mps_backend.runtime import verify_bundled  # noqa: PLC0415
 
         results = verify_bundled(path)
@@ -404,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="write a bundled program (.bpte): the program with its example inputs and eager "
                    "outputs, for executorch's bundled-program check on the device")
     p.add_argument("--etrecord", "--generate_etrecord", dest="etrecord", nargs="?", const=True, default=None,
-                   metavar="FILE", help="also write executorch's ETRecord (default file: <output>_etrecord.bin)")
+                   metavar="FILE", help="also write executorch's ETRecord (default: <output stem>_etrecord.bin beside it)")
     p.add_argument("--quantize", choices=("int4", "int8"),
                    help="weight-only quantization of the linear layers (torchao); int4 needs macOS 15 / iOS 18")
     p.add_argument("--group-size", type=int, default=None,

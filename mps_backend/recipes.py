@@ -19,11 +19,16 @@ XNNPACK's, CoreML's and QNN's).
 
 The quantization recipes quantize the linear layers the device can take (``mps_backend.quantize``):
 int4 layers whose shape the device's packed layout cannot hold stay float.
-``session.run_method`` runs the program through executorch's runtime: on Linux, call
-``mps_backend.runtime.load_emulator()`` first so the MPS delegates run on the emulated device.
+``session.run_method`` runs the program through executorch's runtime in this process, whose
+pybindings have no MPS backend (executorch removed it in 1.5): creating an MPS recipe therefore
+registers the emulated MPS delegate (``mps_backend.runtime.load_emulator()``, built once per machine
+and cached) unless an ``MPSBackend`` is registered already, so ``run_method`` runs the delegates on
+the device model. Where the emulator cannot be built (no C++ compiler) the recipe warns
+(:class:`EmulatorUnavailableWarning`) and exporting works as before.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional, Sequence
 
 from executorch.export import (
@@ -69,6 +74,24 @@ _RECIPES: dict[MPSRecipeType, tuple[bool, Optional[str], bool]] = {
 }
 
 
+class EmulatorUnavailableWarning(UserWarning):
+    """The emulated MPS delegate could not be registered: ``session.run_method`` cannot run MPS delegates."""
+
+
+def _ensure_mps_backend() -> None:
+    """Register the emulated MPS delegate with this process's executorch runtime unless an
+    ``MPSBackend`` is registered already (``load_emulator`` does the work once per process)."""
+    from mps_backend.runtime.emulator import EmulatorError, load_emulator, pybindings  # noqa: PLC0415
+
+    try:
+        if "MPSBackend" not in pybindings()._get_registered_backend_names():
+            load_emulator()
+    except (EmulatorError, OSError) as e:
+        warnings.warn(EmulatorUnavailableWarning(
+            f"the emulated MPS delegate is unavailable ({e}); the recipe exports, but session.run_method "
+            "cannot run its MPS delegates in this process"), stacklevel=3)
+
+
 class MPSRecipeProvider(BackendRecipeProvider):
     """Builds the :class:`MPSRecipeType` recipes. The only keyword is ``group_size`` (weight-only
     recipes: columns sharing one scale; 0 = per output channel)."""
@@ -105,6 +128,7 @@ class MPSRecipeProvider(BackendRecipeProvider):
             group = resolve_group_size(scheme, group)
             quantization = QuantizationRecipe(quantizers=None, ao_quantization_configs=[
                 AOQuantizationConfig(weight_only_config(scheme, group), filter_fn=quantizable(scheme, group))])
+        _ensure_mps_backend()
         return ExportRecipe(name=recipe_type.value, quantization_recipe=quantization,
                             lowering_recipe=LoweringRecipe(partitioners=partitioners,
                                                            edge_compile_config=edge_compile_config()))
@@ -113,4 +137,4 @@ class MPSRecipeProvider(BackendRecipeProvider):
 if BACKEND_NAME not in recipe_registry.list_backends():  # an ecosystem registration, once per process
     recipe_registry.register_backend_recipe_provider(MPSRecipeProvider())
 
-__all__ = ["MPSRecipeProvider", "MPSRecipeType"]
+__all__ = ["EmulatorUnavailableWarning", "MPSRecipeProvider", "MPSRecipeType"]

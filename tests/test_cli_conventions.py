@@ -33,6 +33,45 @@ def test_generate_etrecord_writes_one_the_inspector_parses(tmp_path):
     assert parsed._delegate_map or parsed.edge_dialect_program is not None
 
 
+def test_etrecord_goes_beside_the_output_or_where_named(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the default ETRecord follows -o, not the current folder
+    out = tmp_path / "out" / "m.pte"
+    out.parent.mkdir()
+    assert main(["export", "-o", str(out), "--etrecord"]) == 0
+    assert (out.parent / "m_etrecord.bin").is_file()
+    assert not list(elsewhere.iterdir())
+    named = tmp_path / "named.bin"
+    assert main(["export", "-o", str(out), "--etrecord", str(named)]) == 0
+    assert named.is_file()
+
+
+@pytest.mark.parametrize("spec, stem", [
+    ("demo", "demo"), ("torchvision:resnet18", "resnet18"), ("executorch:llama-kv", "llama-kv"),
+    ("models/my net.py:make", "my_net"), ("hf:./ckpt/SmolLM2-135M", "SmolLM2-135M"),
+    ("llama:weights/consolidated.00.pth", "consolidated.00"), ("old/model.ff", "model"),
+])
+def test_default_output_name_of_every_model_spec(spec, stem):
+    import argparse
+
+    from mps_backend.cli import _output_path
+
+    args = argparse.Namespace(output=None, output_dir="outdir", model=spec, bundled=False)
+    assert str(_output_path(args, True)) == f"outdir/{stem}_mps_fp16.pte"
+    args.bundled = True
+    assert str(_output_path(args, False)) == f"outdir/{stem}_mps_fp32.bpte"
+
+
+def test_model_help_lists_every_spec_form(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for form in ("demo", "torchvision:NAME", "executorch:NAME", "torch:transformer_encoder", "path/file.py:factory",
+                 ".ff/.ptl", "hf:FOLDER", "llama:CHECKPOINT.pth", "-m MODEL, --model MODEL, --model_name MODEL"):
+        assert form in help_text, form
+
+
 def test_bundled_program_runs_and_checks(tmp_path, capsys):
     assert main(["export", "-b", "--output_dir", str(tmp_path)]) == 0
     bpte = tmp_path / "demo_mps_fp16.bpte"
@@ -42,6 +81,11 @@ def test_bundled_program_runs_and_checks(tmp_path, capsys):
     assert "1/1 test cases pass" in capsys.readouterr().out
     assert main(["inspect", str(bpte)]) == 0
     assert "1 delegate(s), 1 MPS" in capsys.readouterr().out
+    etdump = tmp_path / "run.etdump"
+    assert main(["run", str(bpte), "--etdump", str(etdump)]) == 2  # refused, not silently ignored
+    assert "bundled program" in capsys.readouterr().err and not etdump.exists()
+    assert main(["run", str(bpte), "--random", "--etdump", str(etdump)]) == 0  # the program inside runs
+    assert etdump.is_file()
 
 
 def test_bundled_program_with_wrong_expectations_fails(tmp_path, capsys):

@@ -25,6 +25,21 @@ def test_import_mps_backend_registers_the_provider():
     assert all(r.value in recipes for r in MPSRecipeType)
 
 
+def test_session_runs_mps_delegates_without_loading_the_emulator_by_hand():
+    """A fresh process, the README's recipe lines only: run_method runs the MPS delegate (emulated)."""
+    code = ("import torch, mps_backend\n"
+            "from executorch.export import ExportRecipe, export\n"
+            "from mps_backend.recipes import MPSRecipeType\n"
+            "torch.manual_seed(0)\n"
+            "model, x = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval(), torch.randn(2, 8)\n"
+            "session = export(model, [(x,)], ExportRecipe.get_recipe(MPSRecipeType.FP32))\n"
+            "got = session.run_method('forward', (x,))[0]\n"
+            "print('max error', float((got - model(x)).abs().max()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert float(out.stdout.split("max error")[-1]) <= 1e-6
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).eval()
