@@ -11,9 +11,9 @@ import time
 import torch
 from mps_backend.serialization.pte import delegate_blobs
 
-from mps_backend.demo import demo_model
 from mps_backend.export import export_model
 from mps_backend.runtime.interpreter import Interpreter
+from mps_backend.tools.demo import demo_model
 
 TARGET = 3.0
 

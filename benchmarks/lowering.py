@@ -1,7 +1,7 @@
 """Lowering cost on executorch's example llama in fp16, as ratios to yardsticks measured in the same run.
 
 Model: ``construct_transformer(ModelArgs(dim=768, n_layers=12, n_heads=12, vocab_size=32000,
-max_seq_len=128))`` with random weights (``mps_backend.models.llama``: 16-token prompt; ``llama-kv``:
+max_seq_len=128))`` with random weights (``mps_backend.tools.models.llama``: 16-token prompt; ``llama-kv``:
 ``use_kv_cache=True``, one token plus ``input_pos``), and ``torch.nn.TransformerEncoder`` (d_model 512,
 8 heads, 6 layers, batch_first, [1, 64, 512]). Each model runs in a fresh subprocess (``--child NAME``):
 a tiny warm-up lowering (imports and one-time set-up), ``torch.export``, then ``to_edge(ep)`` and
@@ -66,7 +66,7 @@ def _reset_peak() -> bool:
 
 
 def _build(name: str):
-    from mps_backend import models  # noqa: PLC0415
+    from mps_backend.tools import models  # noqa: PLC0415
 
     if name == "llama":
         return models.llama(kv_cache=False)

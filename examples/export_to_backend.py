@@ -18,7 +18,7 @@ from executorch.exir import to_edge
 
 from mps_backend import MPSPartitioner
 from mps_backend.export import drop_unused_constants, verify
-from mps_backend.models import load
+from mps_backend.tools.models import load
 
 
 def main(argv: list[str] | None = None) -> int:

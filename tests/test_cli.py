@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from mps_backend.cli import main
+from mps_backend.tools.cli import main
 
 
 @pytest.fixture(scope="module")

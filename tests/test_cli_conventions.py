@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from mps_backend.cli import main
+from mps_backend.tools.cli import main
 
 
 def test_old_flags_and_default_output_name(tmp_path, capsys):
@@ -55,7 +55,7 @@ def test_etrecord_goes_beside_the_output_or_where_named(tmp_path, monkeypatch):
 def test_default_output_name_of_every_model_spec(spec, stem):
     import argparse
 
-    from mps_backend.cli import _output_path
+    from mps_backend.tools.cli import _output_path
 
     args = argparse.Namespace(output=None, output_dir="outdir", model=spec, bundled=False)
     assert str(_output_path(args, True)) == f"outdir/{stem}_mps_fp16.pte"

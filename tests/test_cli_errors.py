@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from mps_backend.cli import main
+from mps_backend.tools.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_export_output_checks(demo, tmp_path, capsys):
     assert main(["export", "-o", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
     script = tmp_path / "model.py"
-    shutil.copy(__import__("mps_backend.demo", fromlist=["x"]).__file__, script)
+    shutil.copy(__import__("mps_backend.tools.demo", fromlist=["x"]).__file__, script)
     before = script.read_bytes()
     assert main(["export", "-m", f"{script}:demo_model", "-o", str(script)]) == 2
     assert "is the input model" in capsys.readouterr().err and script.read_bytes() == before

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from mps_backend.cli import main
-from mps_backend.debug import fp16_gap_table
+from mps_backend.tools.cli import main
+from mps_backend.tools.debug import fp16_gap_table
 
 
 class _Cancels(torch.nn.Module):

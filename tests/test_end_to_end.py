@@ -7,10 +7,10 @@ from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.lowered_backend_module import get_lowered_submodules
 
 from mps_backend import MPSPartitioner
-from mps_backend.demo import demo_model
 from mps_backend.export import TOLERANCE, export_model, verify
 from mps_backend.runtime import InputMismatchError, run_pte
 from mps_backend.runtime.interpreter import execute
+from mps_backend.tools.demo import demo_model
 
 
 @pytest.fixture(scope="module")

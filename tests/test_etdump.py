@@ -9,10 +9,10 @@ from executorch.devtools import Inspector
 from mps_backend.serialization.pte import delegate_blobs
 from torch import nn
 
-from mps_backend.cli import main
 from mps_backend.export import export_model
 from mps_backend.runtime.emulator import EMULATED_EVENT_METADATA, run_with_etdump
 from mps_backend.runtime.interpreter import Interpreter
+from mps_backend.tools.cli import main
 
 
 class _Cancels(nn.Module):

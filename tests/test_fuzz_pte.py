@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mps_backend.testing.fuzz_pte import _Worker, campaign
+from mps_backend.tools.fuzz_pte import _Worker, campaign
 
 REGRESSIONS = Path(__file__).parent / "fixtures" / "fuzz-regressions"
 

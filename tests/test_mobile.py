@@ -20,7 +20,7 @@ from mps_backend.serialization.generated import schema_info
 from mps_backend.serialization.mobile import MobileFormatError, read_mobile_module
 from torch import nn
 
-from mps_backend import cli, legacy
+from mps_backend.tools import cli, legacy
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "serialization" / "generated" / "mobile"

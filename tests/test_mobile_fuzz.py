@@ -27,7 +27,7 @@ from mps_backend.serialization.mobile import (
 )
 from torch import nn
 
-from mps_backend import legacy
+from mps_backend.tools import legacy
 from tests.work_count import CallCount
 
 MUTANTS = 10_000

@@ -9,7 +9,7 @@ from executorch.exir.lowered_backend_module import get_lowered_submodules
 from mps_backend.serialization import DataType, read_blob
 
 from mps_backend import MPSBackend, MPSPartitioner
-from mps_backend.demo import demo_model
+from mps_backend.tools.demo import demo_model
 
 
 def lower(model, inputs, partitioner=None, via="transform_and_lower"):

@@ -500,7 +500,7 @@ def make():
                                                      ("int8", [], "per channel"),
                                                      ("int8", ["--group-size", "32"], "group size 32")])
 def test_cli_export_quantize(tmp_path, capsys, scheme, extra, group_text):
-    from mps_backend.cli import main
+    from mps_backend.tools.cli import main
 
     src = tmp_path / "factory.py"
     src.write_text(FACTORY)

@@ -5,7 +5,6 @@ import pytest
 import torch
 from torch import nn
 
-from mps_backend.cli import main
 from mps_backend.export import export_model
 from mps_backend.runtime_compat import (
     RUNTIME_VERSIONS,
@@ -16,6 +15,7 @@ from mps_backend.runtime_compat import (
     missing_kernels,
     program_operators,
 )
+from mps_backend.tools.cli import main
 
 
 class GridSample(nn.Module):

@@ -67,8 +67,8 @@ class _ConvNet(nn.Module):  # saved as a PyTorch Mobile flatbuffer (.ff), then m
 def _cases(folder: Path) -> list[str]:
     """Write the cases (``NAME.pte``, ``NAME.inputs.pt``: a list of steps, each a list of inputs, and
     ``NAME.operators.json``); returns their names."""
-    from mps_backend import legacy  # noqa: PLC0415
-    from mps_backend.models import load  # noqa: PLC0415
+    from mps_backend.tools import legacy  # noqa: PLC0415
+    from mps_backend.tools.models import load  # noqa: PLC0415
 
     g = torch.Generator().manual_seed(0)
     x, grid = torch.randn(1, 2, 8, 8, generator=g), torch.rand(1, 4, 4, 2, generator=g) * 2 - 1

@@ -10,9 +10,9 @@ import textwrap
 import pytest
 import torch
 
-from mps_backend.cli import main
 from mps_backend.export import export_model
 from mps_backend.runtime.program_check import ProgramFormatError, check_program
+from mps_backend.tools.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_run_gives_one_line_not_an_abort(pte, tmp_path):
     bad.write_bytes(_replace(pte, b"MPSBackend", b"MPSBack\xffnd"))
     code = textwrap.dedent(f"""
         import sys
-        from mps_backend.cli import main
+        from mps_backend.tools.cli import main
         sys.exit(main(["run", {str(bad)!r}]))
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """Model specs for ``mps-backend export --model``: 'demo', 'torchvision:NAME', 'executorch:NAME' (llama,
 llama-kv and the executorch example models of EXECUTORCH_EXAMPLES), 'torch:transformer_encoder',
-'path/file.py:factory'. The model zoo (mps_backend/zoo.py) lists the ones that are checked.
+'path/file.py:factory'. The model zoo (mps_backend/tools/zoo.py) lists the ones that are checked.
 
 A factory returns ``(model, example_inputs)``. Weights are random (nothing is downloaded).
 """
@@ -76,7 +76,7 @@ def _from_file(path: str, factory: str):
     return model.eval(), tuple(inputs)
 
 
-# ---- executorch example models, llama, TransformerEncoder (the model zoo: mps_backend/zoo.py) ----------
+# ---- executorch example models, llama, TransformerEncoder (the model zoo: mps_backend/tools/zoo.py) ----------
 
 #: the issue's llama: ``construct_transformer(ModelArgs(dim=768, n_layers=12, n_heads=12, vocab_size=32000,
 #: max_seq_len=128))``; the prompt without KV cache is LLAMA_PROMPT tokens long
@@ -168,15 +168,15 @@ def _executorch_example(name: str):
 
 def load(spec: str, input_shapes=None):
     """(model, example_inputs) for a --model spec; ``input_shapes`` (--input-shape) only for the
-    PyTorch Mobile flatbuffer files of mps_backend/legacy.py."""
-    from mps_backend import legacy  # noqa: PLC0415
+    PyTorch Mobile flatbuffer files of mps_backend/tools/legacy.py."""
+    from mps_backend.tools import legacy  # noqa: PLC0415
 
     if legacy.handles(spec):  # path.ff / path.ptl carrying PTMF: TorchScript -> ExportedProgram
         return legacy.load_legacy(spec, input_shapes)
     if input_shapes:
         raise SystemExit("--input-shape applies to PyTorch Mobile flatbuffer models (.ff/.ptl) only")
     if spec == "demo":
-        from mps_backend.demo import demo_model  # noqa: PLC0415
+        from mps_backend.tools.demo import demo_model  # noqa: PLC0415
 
         return demo_model()
     kind, _, name = spec.partition(":")

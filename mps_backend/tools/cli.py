@@ -107,8 +107,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from mps_backend import models  # noqa: PLC0415
     from mps_backend.export import export_model, verify  # noqa: PLC0415
+    from mps_backend.tools import models  # noqa: PLC0415
 
     if args.model.split(":", 1)[0] in ("hf", "llama"):
         return cmd_export_llm(args)
@@ -190,9 +190,9 @@ def _read_pte(path: str, mapped: bool = False) -> bytes | memoryview:
 
 
 def cmd_inspect(args) -> int:
-    from mps_backend import legacy  # noqa: PLC0415
     from mps_backend.serialization import MPSFormatError, read_blob  # noqa: PLC0415
     from mps_backend.serialization.pte import delegate_blobs  # noqa: PLC0415
+    from mps_backend.tools import legacy  # noqa: PLC0415
 
     if legacy.is_mobile_file(args.file):  # PTMF at bytes 4-7: a PyTorch Mobile flatbuffer, not a .pte
         return legacy.inspect_mobile(args.file)
@@ -321,8 +321,8 @@ def _numeric_gap_table(etdump, etrecord: str, debug_buffer) -> str:
 
 
 def cmd_debug(args) -> int:
-    from mps_backend import models  # noqa: PLC0415
-    from mps_backend.debug import format_table, fp16_gap_table  # noqa: PLC0415
+    from mps_backend.tools import models  # noqa: PLC0415
+    from mps_backend.tools.debug import format_table, fp16_gap_table  # noqa: PLC0415
 
     model, inputs = models.load(args.model)
     try:
@@ -344,7 +344,7 @@ def cmd_ops(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    from mps_backend import zoo  # noqa: PLC0415
+    from mps_backend.tools import zoo  # noqa: PLC0415
 
     return zoo.main(args.zoo_args)
 
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("ops", help="list the aten targets with an MPS lowering")
     p.set_defaults(fn=cmd_ops)
     p = sub.add_parser("zoo", add_help=False,
-                       help="export, verify and measure the model zoo (mps_backend/zoo.py; --help for options)")
+                       help="export, verify and measure the model zoo (mps_backend/tools/zoo.py; --help for options)")
     p.add_argument("zoo_args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_zoo)
     args = parser.parse_args(argv)
