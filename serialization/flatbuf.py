@@ -54,7 +54,7 @@ def _default(base: str, text: str | None, enum: Mapping[str, int] | None) -> Any
     if base == "bool":
         return text == "true"
     if enum is not None:
-        return enum[text] if text in enum else int(text or 0)
+        return enum[text] if text is not None and text in enum else int(text or 0)
     if base in FLOAT_TYPES:
         return float(text or 0.0)
     return int(text or 0)

@@ -46,8 +46,8 @@ MODULE_EXTENSIONS = (
 )
 
 
-def _schema() -> dict:
-    schema = copy.deepcopy(MOBILE)
+def _schema() -> dict[str, Any]:
+    schema: dict[str, Any] = copy.deepcopy(MOBILE)
     schema["tables"]["Module"] = schema["tables"]["Module"] + [dict(f) for f in MODULE_EXTENSIONS]
     return schema
 
@@ -305,6 +305,7 @@ class MobileModule:
                 obj: Object = iv.value
                 otype = self.object_types[obj.type_index]
                 if otype.type == "CLASS_WITH_FIELD":
+                    assert obj.attrs is not None  # the reader refuses a CLASS_WITH_FIELD object without attrs
                     children = list(zip(obj.attrs, otype.attr_names))
                 else:
                     children = [(obj.state, "__state__")]

@@ -11,19 +11,54 @@ from typing import Any
 
 from .generated.schema_info import MPSGRAPH
 
-SCHEMA = MPSGRAPH
+#: the MP00 schema as a literal (``generated/schema_info.py``): nested dicts/lists of str, int, bool, None
+SCHEMA: dict[str, Any] = MPSGRAPH
 MAGIC = SCHEMA["file_identifier"].encode()  # b"MP00"
 HEADER_SIZE = 24
 SEGMENT_ALIGN = 16
 CONSTANT_ALIGN = 16
 
-DataType = enum.IntEnum(
-    "DataType",
-    {k.removeprefix("mps_data_type_"): v for k, v in SCHEMA["enums"]["MPSDataType"]["values"].items()},
-)
-DataType.__doc__ = "MPSDataType of schema.fbs (names without the mps_data_type_ prefix)."
 
-OpType = enum.IntEnum("OpType", dict(SCHEMA["enums"]["OpType"]["values"]))
+class DataType(enum.IntEnum):
+    """MPSDataType of schema.fbs (names without the mps_data_type_ prefix)."""
+
+    invalid = 0
+    float16 = 1
+    float32 = 2
+    float64 = 3
+    bfloat16 = 4
+    int4 = 5
+    int8 = 6
+    int16 = 7
+    int32 = 8
+    int64 = 9
+    uint4 = 10
+    uint8 = 11
+    uint16 = 12
+    uint32 = 13
+    uint64 = 14
+    bool = 15
+    complex_float16 = 16
+    complex_float32 = 17
+
+
+class OpType(enum.IntEnum):
+    """OpType of schema.fbs (the graph_type of an MPSGraph)."""
+
+    mps_graph = 0
+    metal_kernel = 1
+
+
+def _check_against_schema(cls: type[enum.IntEnum], schema_enum: str, prefix: str = "") -> None:
+    """The enums are spelled out for the type checker; the schema stays the authority."""
+    expected = {k.removeprefix(prefix): v for k, v in SCHEMA["enums"][schema_enum]["values"].items()}
+    if {m.name: m.value for m in cls} != expected:
+        raise RuntimeError(f"serialization/model.py: {cls.__name__} differs from enum {schema_enum} of schema.fbs "
+                           f"{expected}; update it with the schema")
+
+
+_check_against_schema(DataType, "MPSDataType", "mps_data_type_")
+_check_against_schema(OpType, "OpType")
 
 #: union member name -> table name, in union order (type tag = index + 1)
 UNION_MEMBERS: dict[str, str] = dict(SCHEMA["unions"]["MPSNodeUnion"])
@@ -120,7 +155,7 @@ class Header:
                 + self.segment_size.to_bytes(8, "little"))
 
     @classmethod
-    def from_bytes(cls, data: bytes | memoryview) -> "Header":
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> "Header":
         from .errors import MPSFormatError  # noqa: PLC0415
 
         if len(data) < HEADER_SIZE:

@@ -50,7 +50,7 @@ def _bytes_of(buf: Any) -> memoryview:
 
         return memoryview(t.view(torch.uint8).numpy()).cast("B")
     if isinstance(buf, np.ndarray):
-        return memoryview(np.ascontiguousarray(buf)).cast("B")
+        return np.ascontiguousarray(buf).data.cast("B")  # .data: the array's buffer, as memoryview(array)
     return memoryview(buf).cast("B")
 
 
