@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench zoo compat fuzz lint clean
+.PHONY: demo test bench zoo compat fuzz lint status clean
 
 # executorch runtimes that ship the MPS delegate and run on this torch (1.3 and 1.4 need torch>=2.12; 2.14.1
 # satisfies it) for the runtime compatibility matrix: only their packages (about 110 MB each, --no-deps), one
@@ -51,6 +51,9 @@ lint: $(STAMP)  ## ruff check + ruff format --check + mypy (scripts/typecheck.py
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python scripts/typecheck.py
+
+status: $(STAMP)  ## docs/status.md from docs/measurements.toml and facts computed from the code (scripts/status.py; --check: exit 1 when stale)
+	$(BIN)/python scripts/status.py
 
 clean:
 	rm -rf out build *.egg-info .pytest_cache

@@ -9,21 +9,13 @@ import torch
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.utils import DelegateMappingBuilder
-from torch._export.utils import (
-    get_buffer,
-    get_lifted_tensor_constant,
-    get_param,
-    is_buffer,
-    is_lifted_tensor_constant,
-    is_param,
-)
 from torch.export import ExportedProgram
-from torch.fx import Node
 
 from mps_backend import compile_specs as specs
 from mps_backend.builder import GraphBuilder
 from mps_backend.operators.registry import default_registry
-from mps_backend.passes import Float16RangeWarning, fp16_overflow
+from mps_backend.passes import Float16RangeWarning, fp16_overflow, run_lowering_passes
+from mps_backend.passes._graph import constant_tensor
 from mps_backend.serialization.device_facts import node_value_ids
 from mps_backend.serialization.writer import write_blob
 from mps_backend.simplify import simplify
@@ -44,14 +36,6 @@ def _unsupported(ep: ExportedProgram, registry) -> list[str]:
             if n.op == "call_function" and (reason := registry.check(n)) is not None]
 
 
-def _constant_tensor(ep: ExportedProgram, node: Node) -> torch.Tensor | None:
-    for is_kind, get in ((is_param, get_param), (is_buffer, get_buffer),
-                         (is_lifted_tensor_constant, get_lifted_tensor_constant)):
-        if is_kind(ep, node):
-            return get(ep, node)
-    return None
-
-
 def _flat_outputs(args) -> Iterable:
     for a in args:
         if isinstance(a, (list, tuple)):
@@ -60,9 +44,19 @@ def _flat_outputs(args) -> Iterable:
             yield a
 
 
-def build_graph(ep: ExportedProgram, use_fp16: bool) -> GraphBuilder:
-    """Lower ``ep`` into a GraphBuilder: user inputs first (ids 0..n-1), then constants, nodes,
-    outputs, in one pass over the graph; then ``simplify`` (reshape chains, dead nodes)."""
+def shared_weight_copy(ep: ExportedProgram) -> ExportedProgram:
+    """A deep copy of ``ep``'s graph and signature that shares its weight tensors (the lowering passes
+    rewrite the copy's graph and constant table, never a tensor's data)."""
+    shared = [t for t in (*ep.state_dict.values(), *ep.constants.values()) if isinstance(t, torch.Tensor)]
+    return copy.deepcopy(ep, {id(t): t for t in shared})
+
+
+def build_graph(ep: ExportedProgram, use_fp16: bool, *, copy_program: bool = True) -> GraphBuilder:
+    """Lower ``ep`` into a GraphBuilder: the support checks, the lowering passes
+    (``mps_backend.passes.run_lowering_passes``), then user inputs first (ids 0..n-1), constants, nodes,
+    outputs, in one pass over the graph; then ``simplify``. The passes rewrite a copy of ``ep`` unless
+    ``copy_program`` is False (``preprocess``: executorch hands it a copy already); ``b.ids`` is keyed
+    by the nodes of the graph that was lowered."""
     b = GraphBuilder(use_fp16)
     registry = default_registry()
     unsupported = _unsupported(ep, registry)
@@ -74,8 +68,11 @@ def build_graph(ep: ExportedProgram, use_fp16: bool) -> GraphBuilder:
             "to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner()]) to keep these on CPU"
             + (", or export with static shapes (mps_backend.export.make_static)"
                if any("dynamic" in u or "symbolic" in u for u in unsupported) else ""))
+    if copy_program:
+        ep = shared_weight_copy(ep)
+    run_lowering_passes(ep, use_fp16)
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
-    constants = {n: _constant_tensor(ep, n) for n in placeholders}
+    constants = {n: constant_tensor(ep, n) for n in placeholders}
     user_inputs = [n for n in placeholders if constants[n] is None]
     for n in user_inputs:  # value ids 0..n-1 in forward-argument order (format contract 3)
         val = n.meta["val"]
@@ -155,10 +152,16 @@ def debug_handle_map(b: GraphBuilder) -> dict:
     """Delegate debug identifier (an MPS node's index; the emulated runtime logs its ETDump events under
     it) -> the debug handles of the source nodes whose result that MPS node computes."""
     mapping = DelegateMappingBuilder(generated_identifiers=False)
+    last: dict[tuple, tuple[int, list]] = {}
     for index in _result_nodes(b):
         nodes = [n for n in _origin_nodes(b.node_origin[index]) if n.meta.get("debug_handle") is not None]
         if nodes:
-            mapping.insert_delegate_mapping_entry(nodes=nodes, identifier=index)
+            # several fx nodes may share a debug handle (one source op decomposed: matmul -> expand, view,
+            # bmm, view); the Inspector compares the handle's first event with the source op's result,
+            # the last of those nodes: only the MPS node computing that one carries the handle
+            last[tuple(sorted({n.meta["debug_handle"] for n in nodes}))] = (index, nodes)
+    for index, nodes in sorted(last.values(), key=lambda entry: entry[0]):
+        mapping.insert_delegate_mapping_entry(nodes=nodes, identifier=index)
     return mapping.get_delegate_mapping()
 
 
@@ -171,14 +174,13 @@ class MPSBackend(BackendDetails):
         """The isolated program executorch hands to ``preprocess``: a deep copy of the graph and
         signature that shares the weight tensors instead of duplicating them (executorch's default
         deep-copies them too, ~2x the fp16 weight bytes of extra peak memory on a float32 model).
-        Sharing is safe because preprocess only reads tensor data: the builder and writer never
-        modify a parameter, buffer or constant in place (tests/test_backend_memory.py checks)."""
-        shared = [t for t in (*edge_program.state_dict.values(), *edge_program.constants.values())
-                  if isinstance(t, torch.Tensor)]
-        return copy.deepcopy(edge_program, {id(t): t for t in shared})
+        Sharing is safe because preprocess only reads tensor data: the lowering passes, the builder and
+        the writer never modify a parameter, buffer or constant in place (tests/test_backend_memory.py
+        checks); the passes rewrite the copy's graph and constant table."""
+        return shared_weight_copy(edge_program)
 
     @staticmethod
     def preprocess(edge_program: ExportedProgram, compile_specs: list[CompileSpec]) -> PreprocessResult:
-        b = build_graph(edge_program, specs.parse(compile_specs))
+        b = build_graph(edge_program, specs.parse(compile_specs), copy_program=False)
         blob = write_blob(b.graph, b.constants)
         return PreprocessResult(processed_bytes=blob, debug_handle_map=debug_handle_map(b))

@@ -42,7 +42,7 @@ class _Cast:
         return self.tensor.numel() * self.dtype.itemsize
 
     def materialize(self) -> torch.Tensor:
-        return self.tensor.to(self.dtype)
+        return self.tensor.to(self.dtype).contiguous()  # .to keeps a strided view's strides
 
     def write_into(self, out: memoryview) -> None:
         """Convert straight into the blob's bytes (the writer's deferred-source protocol)."""
@@ -68,22 +68,6 @@ class _Scaled(_Cast):
     def write_into(self, out: memoryview) -> None:
         dst = torch.frombuffer(out, dtype=self.dtype, count=self.tensor.numel())
         dst.view(self.tensor.shape).copy_(self.tensor * self.scale)  # one tensor's temporary at a time
-
-
-class _Transposed(_Cast):
-    """``tensor.T`` (2-d) in ``dtype``, computed when read or written: a linear's weight stored
-    transposed goes straight from the model's tensor into the blob, without a transposed copy of
-    every weight held next to the blob."""
-
-    __slots__ = ()
-
-    def materialize(self) -> torch.Tensor:
-        return self.tensor.t().to(self.dtype).contiguous()
-
-    def write_into(self, out: memoryview) -> None:
-        rows, cols = self.tensor.shape
-        dst = torch.frombuffer(out, dtype=self.dtype, count=self.tensor.numel())
-        dst.view(cols, rows).copy_(self.tensor.t())  # strided read, one pass
 
 
 class _Relaid(_Cast):
@@ -219,10 +203,12 @@ class GraphBuilder:
         vid = self.new_value(target, tensor.shape)
         self.graph.constant_ids.append(vid)
         tensor = tensor.detach()
-        if tensor.dtype == target:
+        if tensor.dtype == target and tensor.is_contiguous():
             self.constants[vid] = tensor
         elif tensor.is_floating_point() and target.is_floating_point:
-            self.constants[vid] = _Cast(tensor, target)  # converted when read or written, not held twice
+            # converted (or, for a strided view such as a weight stored transposed, re-laid out) when
+            # read or written: no second copy of the weight is held next to the blob
+            self.constants[vid] = _Cast(tensor, target)
         else:
             self.constants[vid] = tensor.to(target)
         return vid
@@ -247,20 +233,6 @@ class GraphBuilder:
         if vid is None:
             vid = self._scalars[key] = self.constant(torch.tensor([value], dtype=dtype), dtype=dtype)
         return vid
-
-    def transposed_constant(self, vid: int) -> int | None:
-        """A new constant holding constant ``vid``'s 2-d data transposed, in ``vid``'s device dtype,
-        written straight into the blob (no transposed copy is made). None when ``vid`` has no plain
-        source tensor (a computed entry)."""
-        data = self.constants.original(vid)
-        if data is None or data.dim() != 2:
-            return None
-        entry = self.constants.source(vid)
-        dtype = entry.dtype if isinstance(entry, _Cast) else data.dtype
-        out = self.new_value(dtype, [data.shape[1], data.shape[0]])
-        self.graph.constant_ids.append(out)
-        self.constants[out] = _Transposed(data.detach(), dtype)
-        return out
 
     def relaid_constant(self, vid: int, fn: Any, shape: Iterable[int]) -> int | None:
         """A new constant holding ``fn(data)`` of constant ``vid``, where ``fn`` only re-lays the data
@@ -314,10 +286,6 @@ class GraphBuilder:
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
-
-    def remembers(self, key: Any) -> bool:
-        """Whether ``memo`` already made ``key`` in this graph."""
-        return key in self._memo
 
     # ---- nodes --------------------------------------------------------------------------
     def emit(self, op: str, min_max: tuple[float, float] | None = None, **fields: Any) -> None:

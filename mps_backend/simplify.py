@@ -80,6 +80,32 @@ def _collapse_reshapes(nodes: list[Node]) -> int:
     return rewired
 
 
+def _cancel_permutes(graph) -> int:
+    """An MPSPermute of an MPSPermute reads the inner one's input with the composed order; when that
+    order is the identity (``permute(permute(Wt, [1, 0]), [1, 0])``: a linear reading a weight stored
+    transposed, ``mps_backend.passes.linear_weights``), its readers read the inner input itself.
+    Exact: a permutation only moves elements. The permutes left unread go in dead-node removal."""
+    producer: dict[int, Node] = {}
+    replace: dict[int, int] = {}
+    outputs = set(graph.output_ids)
+    cancelled = 0
+    for node in graph.nodes:
+        if replace:
+            _rename(node, replace)
+        src = producer.get(node.fields.get("input1_id", -1)) if node.op == "MPSPermute" else None
+        if src is not None and src.op == "MPSPermute":
+            inner, outer = src.fields["perm"], node.fields["perm"]
+            order = [inner[i] for i in outer]
+            if order == list(range(len(order))) and node.fields["output_id"] not in outputs:
+                replace[node.fields["output_id"]] = src.fields["input1_id"]
+            else:
+                node.fields["input1_id"], node.fields["perm"] = src.fields["input1_id"], order
+            cancelled += 1
+        for v in writes(node):
+            producer[v] = node
+    return cancelled
+
+
 #: comparison -> the comparison that is its exact negation
 NEGATED = {"MPSEq": "MPSNe", "MPSNe": "MPSEq"}
 
@@ -227,8 +253,9 @@ def _remove_dead(b) -> int:
 def simplify(b) -> dict[str, int]:
     """Apply the rewrites to builder ``b`` in place; returns how many of each were made."""
     rewired = _collapse_reshapes(b.graph.nodes)
+    permutes = _cancel_permutes(b.graph)
     folded = _fold_negations(b.graph)
     merged = _dedupe(b)
     removed = _remove_dead(b)
-    return {"reshapes rewired": rewired, "negations folded": folded, "duplicates merged": merged,
+    return {"reshapes rewired": rewired, "permutes composed": permutes, "negations folded": folded, "duplicates merged": merged,
             "nodes removed": removed}

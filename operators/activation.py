@@ -44,7 +44,6 @@ from torch.fx import Node
 from mps_backend.builder import GraphBuilder
 
 from ._util import arg, is_float, norm_dim, rank
-from .convolution import folded_into
 from .emit import binary, compare, const, finish, unary, vdtype, vshape, where
 from .registry import Lowering
 from .unary import expm1, expm1_nonpositive, log1p
@@ -140,10 +139,6 @@ def _hardswish(node: Node, b: GraphBuilder) -> None:
 
 
 def _hardsigmoid(node: Node, b: GraphBuilder) -> None:
-    if b.remembers(folded_into(node)):  # the convolution computing x computed x / 6 + 0.5
-        b.emit("MPSHardTanh", input1_id=b.memo(folded_into(node), None), output_id=b.out(node),
-               min_value=0.0, max_value=1.0)
-        return
     _hard_sigmoid_value(b, b.id(node.args[0]), out=b.out(node))
 
 

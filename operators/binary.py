@@ -35,6 +35,7 @@ Device limits handled here (semantics §5.2, §6):
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from executorch.exir.passes import dim_order_ops_registry  # noqa: F401  (defines torch.ops.dim_order_ops)
@@ -45,7 +46,7 @@ from mps_backend.dtypes import FLOAT_DTYPES
 
 from ._util import arg, is_float, scalar_dtype, val
 from .emit import binary, compare, const, convert, finish, full_like, unary, vdtype, where
-from .registry import Lowering, op_key
+from .registry import Lowering
 from .unary import maximum, minimum, trunc
 
 aten = torch.ops.aten
@@ -85,7 +86,7 @@ def _arith(op: str, with_alpha: bool = False, swap: bool = False):
         x, y = _operands(node, b, val(node).dtype)
         if swap:  # rsub: other - alpha * self
             x, y = y, x
-        fields = {"alpha": float(arg(node, 2, "alpha", 1))} if with_alpha else {}
+        fields: dict[str, Any] = {"alpha": float(arg(node, 2, "alpha", 1))} if with_alpha else {}
         b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node), **fields)
     return lower
 
@@ -114,72 +115,10 @@ def _div_check(node: Node):
     return None
 
 
-def _power_of_two(c) -> bool:
-    return (isinstance(c, (int, float)) and not isinstance(c, bool) and c != 0 and math.isfinite(c)
-            and math.frexp(abs(c))[0] == 0.5)
-
-
-_CASTS = (dim_order_ops._to_dim_order_copy.default, aten._to_copy.default)
-
-
-def _scalar(b: GraphBuilder, a) -> int | float | None:
-    """The number a scalar operand holds: a Python number, or a one-element constant of this graph
-    read through dtype casts (edge graphs lift ``x * 1024``'s scalar into a 0-dim int64 constant cast
-    to x's dtype); None otherwise. (Lowerings may read constant data; support checks may not.)"""
-    if isinstance(a, (int, float)) and not isinstance(a, bool):
-        return a
-    casts = []
-    while isinstance(a, Node) and a.op == "call_function" and op_key(a.target) in _CASTS:
-        casts.append(val(a).dtype)
-        a = a.args[0]
-    data = b.constants.original(b.ids.get(a, -1)) if isinstance(a, Node) else None
-    if data is None or data.numel() != 1 or data.dtype == torch.bool:
-        return None
-    v = data.reshape(())
-    for dtype in reversed(casts):
-        v = v.to(dtype)
-    return v.item()
-
-
-def _rescaling(node: Node, b: GraphBuilder) -> tuple[Node, float] | None:
-    """(x, a / d) when ``node`` is ``(x * a) / d`` of a float ``x`` with scalars ``a``, ``d`` powers of
-    two whose ratio is a normal number of the compute dtype (see ``_div``)."""
-    m, d = node.args[0], _scalar(b, node.args[1])
-    if not (isinstance(m, Node) and m.op == "call_function"
-            and op_key(m.target) in (aten.mul.Tensor, aten.mul.Scalar) and _power_of_two(d)):
-        return None
-    for x, a in (m.args[:2], m.args[1::-1]):
-        if (isinstance(x, Node) and is_float(x) and val(x).dtype == val(node).dtype
-                and list(val(x).shape) == list(val(node).shape)):
-            a = _scalar(b, a)
-            break
-    else:
-        return None
-    if not _power_of_two(a):
-        return None
-    ratio = a / d  # exact: a quotient of powers of two
-    info = torch.finfo(b.dtype(node))
-    return (x, ratio) if info.tiny <= abs(ratio) <= info.max else None
-
-
 def _div(node: Node, b: GraphBuilder) -> None:
     """True division. Integer operands are cast to the result dtype first: the device would
-    otherwise divide integers (semantics §6 #12).
-
-    ``(x * a) / d`` with scalars ``a``, ``d`` powers of two (SAM's prompt rescaling ``points * 1024 / 1024``)
-    is ``x * (a / d)``, one MPSMul, or ``x`` itself when ``a == d``: scaling by powers of two is exact, so
-    the result is torch's bit for bit except where ``x * a`` leaves the normal range of the compute dtype
-    -- there torch's result is inf or loses bits and this one is the exact value. It matters in fp16
-    graphs: ``points * 1024`` overflows float16 (65504) where the float32 model is finite. The multiply
-    is left to dead-node removal when nothing else reads it."""
-    rescaling = _rescaling(node, b)
-    if rescaling is not None:
-        x, ratio = rescaling
-        if ratio == 1:
-            b.alias(node, b.id(x))
-        else:
-            b.emit("MPSMul", input1_id=b.id(x), input2_id=const(b, ratio, b.dtype(node)), output_id=b.out(node))
-        return
+    otherwise divide integers (semantics §6 #12). ``(x * a) / d`` with powers of two was rewritten
+    before lowering (``mps_backend.passes.rescale``)."""
     x, y = _operands(node, b, val(node).dtype)
     b.emit("MPSDiv", input1_id=x, input2_id=y, output_id=b.out(node), rounding_mode=None)
     # rounding_mode absent (null) = plain division; any other string is a device assert
@@ -311,13 +250,15 @@ def _power(b: GraphBuilder, x: int, k: int) -> int:
     """x ** k for an integer k >= 0 by square-and-multiply (exact for integers)."""
     if k == 0:
         return full_like(b, x, 1.0, vdtype(b, x))
-    result, base = None, x
+    result: int | None = None
+    base = x
     while k:
         if k & 1:
             result = base if result is None else binary(b, "MPSMul", result, base)
         k >>= 1
         if k:
             base = binary(b, "MPSMul", base, base)
+    assert result is not None
     return result
 
 
@@ -325,6 +266,7 @@ def _pow_scalar_exponent(b: GraphBuilder, x: int, e) -> int:
     dt = vdtype(b, x)
     k = _int_exponent(e)
     if dt not in FLOAT_DTYPES:
+        assert k is not None  # the check takes small integer exponents only
         return _power(b, x, k)
     if e in _FLOAT_POW:
         if e == 0.5:
@@ -335,6 +277,7 @@ def _pow_scalar_exponent(b: GraphBuilder, x: int, e) -> int:
             return binary(b, "MPSMul", binary(b, "MPSMul", x, x), x)
         if k is not None and k < 0:
             return unary(b, "MPSReciprocal", x if k == -1 else _power(b, x, -k))
+        assert k is not None  # the exponents of _FLOAT_POW other than ±0.5 are integers
         return _power(b, x, k)
     return binary(b, "MPSPow", x, const(b, e, dt))
 

@@ -42,36 +42,27 @@ That is a 1x1 MPSConv2D to ``C_out * r * r`` channels (weight ``W.permute(1, 2, 
 ``[C_out*r*r, C_in, 1, 1]``, bias repeated ``r*r`` times) followed by MPSPixelShuffle(r), whose channel
 order ``o*r*r + i*r + j`` is exactly that layout: no zero insertion, ``r*r`` times less work.
 
-Epilogue folding: when the only reader of a forward 1-d / 2-d convolution with constant weights (and
-bias) first maps each output channel affinely, ``y * s + t``, the map goes into the weights and bias:
-``W' = W * s``, ``b' = b * s + t`` (computed in float64 and rounded once to the graph's dtype; ``W'``
-is computed straight into the blob), and the convolution writes the mapped value. Readers folded:
-
-* an inference batch norm with constant statistics and affine parameters:
-  ``s = gamma / sqrt(var + eps)``, ``t = beta - mean * s``; it then emits nothing
-  (``normalization._batch_norm``);
-* hardsigmoid: ``s = 1/6``, ``t = 0.5``; it then emits only its MPSHardTanh(0, 1)
-  (``activation._hardsigmoid``): one MPS node instead of two (mobilenet_v3's squeeze-excitation).
-
-The reader finds the value under ``folded_into(reader)``; the MPS node's debug handle names both fx
-nodes. The original weights leave the blob when nothing else reads them. Against eager PyTorch the
-folded result differs by rounding only (one rounding of ``W * s`` instead of one per output): on
-a deep random-weight network the device stays as close to a float64 reference as eager float32 is.
+A per-output-channel affine map folded in by ``mps_backend.passes.conv_epilogue`` (an inference batch
+norm or a hardsigmoid reading the convolution; ``node.meta[CHANNEL_AFFINE]``): the node's value is
+``y * scale + shift``, computed with ``W * scale`` and ``b * scale + shift`` (float64, rounded once, ``W *
+scale`` written straight into the blob); the MPS node's debug handle names the absorbed fx nodes too.
 """
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.passes.conv_epilogue import CHANNEL_AFFINE, ChannelAffine
 
 from ._util import arg, is_float, per_dim, rank, shape, val
 from .emit import expand, index_select, permute, slice_value, vdtype, view, vshape
-from .registry import Lowering, op_key
+from .registry import Lowering
 
 aten = torch.ops.aten
 
@@ -108,7 +99,9 @@ def _params(node: Node) -> _Params | str:
     groups = arg(node, 8, "groups", 1)
     if not isinstance(groups, int) or groups < 1:
         return f"convolution groups {groups!r}"
-    return _Params(*lists, groups=groups, transposed=bool(arg(node, 6, "transposed", False)))
+    stride, padding, dilation, output_padding = lists
+    return _Params(stride, padding, dilation, output_padding, groups=groups,
+                   transposed=bool(arg(node, 6, "transposed", False)))
 
 
 def _common_reason(node: Node):
@@ -327,7 +320,7 @@ def _transposed(node: Node, b: GraphBuilder, p: _Params) -> None:
     c_in, c_out_g, *k = shape(w)
     g, taps = p.groups, math.prod(k)
     # [C_in, C_out/g, *k] -> [g, C_in/g, C_out/g, K] -> [g, C_out/g, C_in/g, K], K reversed -> [C_out, C_in/g, *k]
-    steps = [("view", (g, c_in // g, c_out_g, taps)), ("permute", (0, 2, 1, 3))]
+    steps: list[tuple[str, Any]] = [("view", (g, c_in // g, c_out_g, taps)), ("permute", (0, 2, 1, 3))]
     if taps > 1:
         steps.append(("reverse", 3))
     steps.append(("view", (g * c_out_g, c_in // g, *k)))
@@ -338,64 +331,35 @@ def _transposed(node: Node, b: GraphBuilder, p: _Params) -> None:
     _conv(b, xv, xs, weight, _bias_id(b, bias), [1] * len(k), lo, hi, p.dilation, g, out=b.out(node))
 
 
-# ---- epilogue folding ----------------------------------------------------------------------------
-
-def folded_into(reader: Node) -> tuple[str, Node]:
-    """Builder memo key under which a convolution records the value id it computed for ``reader``
-    (a batch norm's output, or hardsigmoid's ``x / 6 + 0.5``) after folding it in."""
-    return ("folded into convolution", reader)
-
+# ---- channel affine map folded in (mps_backend.passes.conv_epilogue) ------------------------------
 
 def _per_channel(b: GraphBuilder, a, c: int, fill: float) -> torch.Tensor:
     """Float64 data of constant ``a`` (a ``[C]`` parameter), or ``fill`` for an absent one."""
     if isinstance(a, Node):
-        return b.constants.original(b.id(a)).double()
+        data = b.constants.original(b.id(a))
+        assert data is not None, "the pass folds only convolutions with constant weights and bias"
+        return data.double()
     return torch.full((c,), fill, dtype=torch.float64)
 
 
-def _epilogue(node: Node, b: GraphBuilder) -> tuple[Node, torch.Tensor, torch.Tensor] | None:
-    """(reader, scale, shift): the per-output-channel map ``y * scale + shift`` (float64) that the
-    only reader of convolution ``node``'s result applies first, when the weights, bias and the
-    reader's parameters are constants of this graph; None otherwise (see the module doc)."""
-    if len(node.users) != 1:
-        return None
-    (reader,) = node.users
-    target = op_key(reader.target)
-    c = shape(node.args[1])[0]
-    if target is aten.hardsigmoid.default:  # hardsigmoid(y) = hardtanh(y / 6 + 0.5, 0, 1)
-        params = []
-    elif target is aten._native_batch_norm_legit_no_training.default and reader.args[0] is node:
-        params = list(reader.args[1:5])
-    else:
-        return None
-    if not all(b.constants.original(b.ids.get(a, -1)) is not None
-               for a in (node.args[1], node.args[2], *params) if a is not None):
-        return None
-    if not params:
-        return reader, _per_channel(b, None, c, 1 / 6), _per_channel(b, None, c, 0.5)
-    gamma, beta, mean, var = (_per_channel(b, a, c, f) for a, f in zip(params, (1.0, 0.0, 0.0, 1.0)))
-    scale = gamma / torch.sqrt(var + float(reader.args[6]))
-    return reader, scale, beta - mean * scale
-
-
-def _folded(node: Node, b: GraphBuilder) -> tuple[Node, int, int] | None:
-    """(reader, weight id, bias id) of the convolution with its reader's epilogue folded in."""
-    epilogue = _epilogue(node, b)
-    if epilogue is None:
-        return None
-    reader, scale, shift = epilogue
-    w, bias = node.args[1:3]
-    wid = b.scaled_constant(b.id(w), scale)  # float64 product, rounded once, written into the blob
-    if wid is None:
-        return None
-    folded_bias = _per_channel(b, bias, shape(w)[0], 0.0) * scale + shift
-    return reader, wid, b.constant(folded_bias.to(val(w).dtype), dtype=vdtype(b, wid))
+def _lower_affine(node: Node, b: GraphBuilder, p: _Params, affine: ChannelAffine) -> None:
+    """The convolution with ``y * scale + shift`` folded into its weights and bias: ``W * scale``
+    (float64 product, rounded once, written straight into the blob) and ``b * scale + shift``."""
+    x, w, bias = node.args[:3]
+    wid = b.scaled_constant(b.id(w), affine.scale)
+    assert wid is not None, "the pass folds only convolutions with constant weights"
+    folded_bias = _per_channel(b, bias, shape(w)[0], 0.0) * affine.scale + affine.shift
+    bid = b.constant(folded_bias.to(val(w).dtype), dtype=vdtype(b, wid))
+    _emit(b, _kind(shape(x)[1], shape(w), p.groups), b.id(x), wid, bid, b.out(node), p.stride, p.padding, p.padding,
+          p.dilation, p.groups)
+    b.node_origin[-1] = (node, *affine.absorbed)
 
 
 # ---- lowering ------------------------------------------------------------------------------------
 
 def _lower(node: Node, b: GraphBuilder) -> None:
     p = _params(node)
+    assert isinstance(p, _Params), p  # the support check accepted the node
     x, w, bias = node.args[:3]
     if p.transposed:
         if _is_upsampling(node, p):
@@ -403,14 +367,9 @@ def _lower(node: Node, b: GraphBuilder) -> None:
         else:
             _transposed(node, b, p)
         return
-    folded = _folded(node, b) if len(p.stride) < 3 else None
-    if folded is not None:
-        reader, wid, bid = folded
-        out = b.out(node)  # holds the reader's pre-activation, not the convolution's result
-        _emit(b, _kind(shape(x)[1], shape(w), p.groups), b.id(x), wid, bid, out, p.stride, p.padding, p.padding,
-              p.dilation, p.groups)
-        b.node_origin[-1] = (node, reader)
-        b.memo(folded_into(reader), lambda: out)
+    affine = node.meta.get(CHANNEL_AFFINE)
+    if affine is not None:
+        _lower_affine(node, b, p, affine)
         return
     _conv(b, b.id(x), shape(x), _Weight(b.id(w), tuple(shape(w))), _bias_id(b, bias), p.stride, p.padding,
           p.padding, p.dilation, p.groups, out=b.out(node))

@@ -346,13 +346,14 @@ def _linear_plan(node: Node):
 def _linear_index(b: GraphBuilder, plan: _Linear) -> int:
     """``sum_j idx_j * stride_j`` (non-negative indices, broadcast), flattened to ``[count]``."""
     sizes = plan.sizes
-    lin = None
+    lin: int | None = None
     for j, (_, idx) in enumerate(plan.indices):
         term = _nonneg_index(b, idx, sizes[j])
         stride = math.prod(sizes[j + 1:])
         if stride != 1:
             term = binary(b, "MPSMul", term, b.scalar(int(stride), vdtype(b, term)))
         lin = term if lin is None else binary(b, "MPSAdd", lin, term)
+    assert lin is not None  # a plan has at least one index
     if vshape(b, lin) != [plan.count]:
         lin = view(b, lin, [plan.count])
     return lin

@@ -17,8 +17,8 @@ from torch.fx import Node
 from mps_backend.builder import GraphBuilder
 
 from ._util import is_float, rank, shape, val
-from .emit import binary, permute, vdtype, view
-from .registry import Lowering, op_key
+from .emit import binary, permute, view
+from .registry import Lowering
 
 aten = torch.ops.aten
 
@@ -73,25 +73,11 @@ def _linear_check(node: Node):
     return None
 
 
-def _only_linear_weight(w: Node) -> bool:
-    return all(op_key(u.target) is aten.linear.default and u.args[1] is w and w not in (u.args[0], *u.args[2:])
-               for u in w.users)
-
-
 def _weight_t(b: GraphBuilder, w: Node) -> int:
-    """Value id of ``w.T``: a transposed copy of a constant weight read only by linear nodes
-    (replacing the original in the blob), else an MPSPermute."""
-    wid = b.id(w)
-    key = ("linear weight transposed", wid)
-    if b.remembers(key) or (wid in b.constants and _only_linear_weight(w)):
-        def make() -> int:  # once: later linears share it (the original is dropped by then)
-            tid = b.transposed_constant(wid)  # written transposed straight into the blob
-            if tid is None:  # a computed entry: transpose its data now
-                tid = b.constant(b.constants[wid].t().contiguous(), dtype=vdtype(b, wid))
-            b.drop_constant(wid)
-            return tid
-        return b.memo(key, make)
-    return permute(b, wid, [1, 0])
+    """Value id of ``w.T`` (an MPSPermute; for a constant weight read only by linears the pass
+    ``mps_backend.passes.linear_weights`` made ``w`` a permute of the transposed constant, and
+    ``simplify`` cancels the two permutes)."""
+    return permute(b, b.id(w), [1, 0])
 
 
 def _linear(node: Node, b: GraphBuilder) -> None:

@@ -33,7 +33,6 @@ from torch.fx import Node
 from mps_backend.builder import GraphBuilder
 
 from ._util import is_float, shape, val
-from .convolution import folded_into
 from .emit import binary, permute, view
 from .registry import Lowering
 
@@ -75,10 +74,6 @@ def _batch_norm(node: Node, b: GraphBuilder) -> None:
     x, weight, bias, mean, var, momentum, eps = node.args[:7]
     c = shape(x)[1]
     dt = b.dtype(x)
-    if b.remembers(folded_into(node)):  # the convolution computing x computed this node's output
-        out = b.memo(folded_into(node), None)
-        b.ids[node] = (out, None, None)  # the statistics outputs are never read (the check)
-        return
     # outputs 1 and 2 are empty tensors in eval graphs; on the device they are [C] statistics
     out, stat2, stat3 = b.new_value(dt, shape(x)), b.new_value(dt, [c]), b.new_value(dt, [c])
     b.ids[node] = (out, stat2, stat3)

@@ -63,6 +63,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch.fx import Node
@@ -114,7 +115,7 @@ def _pool(b: GraphBuilder, kind: str, vid: int, h: _Axis, w: _Axis, include_pad:
     n, c, hh, ww = vshape(b, vid)
     out_shape = [n, c, h.size(hh), w.size(ww)]
     out = b.new_value(vdtype(b, vid), out_shape)
-    fields = {"input1_id": vid, "kernel_height": h.k, "kernel_width": w.k, "stride_height": h.s,
+    fields: dict[str, Any] = {"input1_id": vid, "kernel_height": h.k, "kernel_width": w.k, "stride_height": h.s,
               "stride_width": w.s, "padding_left": w.before, "padding_right": w.after, "padding_top": h.before,
               "padding_bottom": h.after, "dilation_height": h.d, "dilation_width": w.d, "ceil_mode": False,
               "divisor_override": 0, "output1_id": out}
@@ -270,17 +271,20 @@ def _max_pool(node: Node, b: GraphBuilder) -> None:
     axes = _axes(node, n, True)
     m, sizes, vid = _planes(b, x, n, _source(b, node))
     if n == 2:
-        _bind(b, node, *_pool(b, "max", vid, *axes))
+        _bind(b, node, *_pool(b, "max", vid, axes[0], axes[1]))
         return
     dk, hk, wk = axes
     if hk.identity and wk.identity:  # depth only: positions in [D, H*W] planes are volume positions
         _bind(b, node, *_pool(b, "max", _volume(b, vid, m, sizes[0]), dk, _ONE))
         return
     # H, W of every depth slice, then depth over the [D, OH*OW] planes
-    values, idx = (_volume(b, v, m, sizes[0]) for v in _pool(b, "max", vid, hk, wk))
+    plane_values, plane_idx = _pool(b, "max", vid, hk, wk)
+    assert plane_idx is not None  # a max pool has indices
+    values, idx = _volume(b, plane_values, m, sizes[0]), _volume(b, plane_idx, m, sizes[0])
     idx = _offset(b, idx, sizes[1] * sizes[2])  # positions in the D x H x W volume
     if not dk.identity:
         values, depth_idx = _pool(b, "max", values, dk, _ONE)
+        assert depth_idx is not None
         idx = _compose(b, idx, depth_idx)
     _bind(b, node, values, idx)
 
@@ -301,7 +305,7 @@ def _avg_pool(node: Node, b: GraphBuilder) -> None:
         if not dk.identity:
             out = _avg(b, out, dk, _ONE, count)
     else:
-        out = _avg(b, out, *axes, count)
+        out = _avg(b, out, axes[0], axes[1], count)
     if divisor is not None:
         k = math.prod(a.k for a in axes)
         out = binary(b, "MPSMul", out, b.scalar(k / int(divisor), vdtype(b, out)))
@@ -332,7 +336,8 @@ def _take(b: GraphBuilder, out: tuple[int, int | None], axis: int, index: list[i
     """Values and indices gathered along ``axis`` (nothing when ``index`` selects every position)."""
     if index == list(range(vshape(b, out[0])[axis])):
         return out
-    return tuple(v if v is None else index_select(b, v, axis, index) for v in out)
+    values, idx = out
+    return index_select(b, values, axis, index), None if idx is None else index_select(b, idx, axis, index)
 
 
 def _adaptive_axis(b: GraphBuilder, kind: str, vid: int, axis: int, o: int) -> tuple[int, int | None]:
@@ -348,7 +353,9 @@ def _adaptive_axis(b: GraphBuilder, kind: str, vid: int, axis: int, o: int) -> t
     if len(outs) == 1:
         out = outs[0]
     else:
-        out = tuple(None if parts[0] is None else cat_values(b, list(parts), axis) for parts in zip(*outs))
+        idxs = [i for _, i in outs]
+        out = (cat_values(b, [v for v, _ in outs], axis),
+               None if any(i is None for i in idxs) else cat_values(b, [i for i in idxs if i is not None], axis))
     return _take(b, out, axis, index)
 
 
@@ -367,7 +374,7 @@ def _adaptive_plane(b: GraphBuilder, kind: str, vid: int, oh: int, ow: int) -> t
     # W stage kept the first column, torch's first maximum in (h, w) order
     first = _adaptive_axis(b, kind, vid, 3, ow) if ow != w else (vid, None)
     values, idx = _adaptive_axis(b, kind, first[0], 2, oh) if oh != h else first
-    if kind == "max" and first[1] is not None and idx is not first[1]:
+    if kind == "max" and first[1] is not None and idx is not None and idx is not first[1]:
         idx = _compose(b, first[1], idx)  # H-stage positions in the W-stage output plane
     return values, idx
 
@@ -394,7 +401,7 @@ def _adaptive(node: Node, b: GraphBuilder) -> None:
         idx = _offset(b, _volume(b, idx, m, depth), h * w)  # positions in the D x H x W volume
     if od != depth:
         values, depth_idx = _adaptive_axis(b, kind, values, 2, od)
-        if idx is not None:
+        if idx is not None and depth_idx is not None:
             idx = _compose(b, idx, depth_idx)
     _bind(b, node, values, idx)
 

@@ -307,6 +307,7 @@ def _lower_generic(node: Node, spec: DequantSpec, b: GraphBuilder) -> None:
 
 def _lower_dequant(node: Node, b: GraphBuilder) -> None:
     spec = spec_of(node)
+    assert isinstance(spec, DequantSpec), spec  # the support check accepted the node
     plan = _int4_plan(spec, b) if spec.is_4bit else None
     if plan is not None:
         _lower_int4(node, spec, b, plan)

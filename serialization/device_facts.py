@@ -44,9 +44,11 @@ def is_value_field(name: str) -> bool:
 
 
 def node_value_ids(fields: dict, outputs: bool) -> list[int]:
-    """The value ids a node defines (``outputs``) or reads, in field order (vectors flattened)."""
+    """The value ids a node defines (``outputs``) or reads, in field order (vectors flattened); outputs
+    in the order of their names (``output1_id`` first: the schema puts ``output2_id`` before it in
+    MPSLayerNorm and MPSBatchNorm, whose main result is ``output1_id``)."""
     ids: list[int] = []
-    for name, value in fields.items():
+    for name, value in (sorted(fields.items()) if outputs else fields.items()):
         if not is_value_field(name) or (name in OUTPUT_FIELDS) != outputs:
             continue
         ids.extend(v for v in (value if isinstance(value, list) else (value,)) if isinstance(v, int))

@@ -3,6 +3,7 @@ a byte-level BPE tokenizer trained here on a few ASCII sentences, and one transf
 architecture family, saved with ``save_pretrained`` the way a hub checkpoint folder looks."""
 from __future__ import annotations
 
+import copy
 import json
 import pathlib
 
@@ -11,17 +12,30 @@ import torch
 CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, this is a small test of the tokenizer",
           "once upon a time there was a tiny language model"] * 20
 
-#: one small config per architecture: (transformers config class name, extra kwargs). sliding windows
-#: of 8 positions are shorter than the tests' generations, so the sliding masks matter.
+#: Llama 3.1/3.2's rope: theta 500000 and the "llama3" frequency scaling (with head_dim 16 its
+#: frequencies fall in all three bands: kept, smoothly interpolated, divided by the factor)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+#: one small config per architecture: (transformers config class name, extra kwargs overriding the
+#: common ones). Sliding windows of 8 positions are shorter than the tests' generations, so the
+#: sliding masks matter. Gemma 2 alternates sliding and full layers by default; Gemma 3's default
+#: pattern (5 sliding : 1 full) would make both test layers sliding, so layer 1 is set global, with
+#: Gemma 3's global rope (theta 1e6, linear scaling 8) beside the local one (theta 1e4).
 ARCHS = {
-    "llama": ("LlamaConfig", {}),
+    "llama": ("LlamaConfig", {"rope_parameters": LLAMA3_ROPE, "max_position_embeddings": 131072}),
     "smollm": ("LlamaConfig", {"tie_word_embeddings": True}),
     "qwen2": ("Qwen2Config", {}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
     "mistral": ("MistralConfig", {"sliding_window": 8}),
-    "phi3": ("Phi3Config", {}),
+    "phi3": ("Phi3Config", {"sliding_window": 8}),
     "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 8}),
-    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 8}),
+    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 8,
+                                    "layer_types": ["sliding_attention", "full_attention"],
+                                    "rope_parameters": {
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                        "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                           "rope_theta": 1000000.0}}}),
 }
 
 
@@ -39,20 +53,24 @@ def train_tokenizer():
 
 
 def save_checkpoint(folder: pathlib.Path, arch: str, *, dtype: torch.dtype = torch.float32, layers: int = 2,
-                    seed: int = 0, tokenizer=None, edit=None) -> pathlib.Path:
+                    seed: int = 0, tokenizer=None, edit=None, config: dict | None = None) -> pathlib.Path:
     """Write a random ``arch`` checkpoint (config.json, model.safetensors, generation_config.json,
-    tokenizer files) into ``folder``; ``edit(model)`` may change weights before saving."""
+    tokenizer files) into ``folder``; ``edit(model)`` may change weights before saving; ``config``
+    overrides config fields (e.g. a ``vocab_size`` padded beyond the tokenizer's, as hub models do)."""
     import transformers
     from transformers import PreTrainedTokenizerFast
 
     tok = tokenizer or train_tokenizer()
     cls, extra = ARCHS[arch]
-    config = getattr(transformers, cls)(
-        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        bos_token_id=0, eos_token_id=1, pad_token_id=1, **extra)
+    common = {"vocab_size": tok.get_vocab_size(), "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1}
+    extra = copy.deepcopy(extra)
+    if "layer_types" in extra:
+        extra["layer_types"] = (extra["layer_types"] * layers)[:layers]
+    cfg = getattr(transformers, cls)(**(common | extra | (config or {})))
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():  # trained-like norm weights and biases (initialised to ones / zeros)
         gen = torch.Generator().manual_seed(seed)
         for p in model.parameters():

@@ -129,3 +129,22 @@ def test_interpreter_observer_sees_each_node_and_its_output():
     assert y.tolist() == [1.0, 2.0]
     assert seen == [("begin", 0, "MPSNeg"), ("end", 0, [[-1.0, 2.0]]),
                     ("begin", 1, "MPSAbs"), ("end", 1, [[1.0, 2.0]])]
+
+
+def test_numeric_gap_pairs_multi_node_ops_and_multi_output_nodes(tmp_path, capsys):
+    """The demo model has a layer norm (an MPS node whose main result is its second output field) and
+    matmuls that edge decomposes into expand/view/bmm/view under one debug handle: each row compares the
+    source op's result (it used to compare the first of those nodes, or the layer norm's mean, and the
+    Inspector failed on the shape mismatch)."""
+    from mps_backend.tools.demo import demo_model
+
+    model, inputs = demo_model()
+    result = export_model(model, list(inputs), use_fp16=False, etrecord=True)
+    pte, record = tmp_path / "demo.pte", tmp_path / "demo_etrecord.bin"
+    pte.write_bytes(result.pte)
+    result.etrecord.save(str(record))
+    assert main(["run", str(pte), "--etrecord", str(record), "--etdump", str(tmp_path / "d.etdp")]) == 0
+    table = capsys.readouterr().out.split("\nops ", 1)[1].splitlines()[1:]
+    rows = {line.split()[0].rstrip(","): float(line.split()[-1]) for line in table if line.strip()}
+    assert {"layer_norm", "matmul", "matmul_1", "softmax", "linear_3"} <= set(rows), rows
+    assert max(rows.values()) < 1e-10, rows

@@ -1,4 +1,6 @@
-"""export_program drops constants no node reads (they would stay in the .pte as CPU constants)."""
+"""export_program and the partitioner drop constants no node reads (they would stay in the .pte as
+CPU constants), and constants with equal contents are stored once: through mps_backend's helpers and
+through executorch's own calls alike."""
 from __future__ import annotations
 
 import pytest
@@ -96,7 +98,7 @@ def _fresh(model):
     return copy
 
 
-def _plain_pte(model, inputs, entry):
+def _plain_pte(model, inputs, entry, fp16=False):
     """A .pte through the plain executorch calls (no mps_backend.export helper)."""
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
@@ -104,9 +106,9 @@ def _plain_pte(model, inputs, entry):
 
     ep = torch.export.export(model, tuple(inputs))
     if entry == "to_edge_transform_and_lower":
-        edge = to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner(use_fp16=False)])
+        edge = to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner(use_fp16=fp16)])
     else:
-        edge = to_edge(ep).to_backend(MPSPartitioner(use_fp16=False))
+        edge = to_edge(ep).to_backend(MPSPartitioner(use_fp16=fp16))
     return edge.to_executorch().buffer
 
 
@@ -150,6 +152,29 @@ def test_equal_constants_are_stored_once(fp16):
     from mps_backend.export import verify
 
     assert verify(res.pte, model, [x], use_fp16=fp16).ok
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.parametrize("entry", ["to_edge_transform_and_lower", "to_backend"])
+def test_plain_path_stores_equal_constants_once(entry, fp16):
+    """Content-identical buffers (four equal masks) through executorch's own calls, no mps_backend
+    helper: the delegate blob holds the mask once, and the .pte is weights + one mask."""
+    from mps_backend.serialization import read_blob
+    from mps_backend.serialization.pte import delegate_blobs
+
+    from mps_backend.export import verify
+
+    model, x = _SameMasks().eval(), torch.randn(64, 64)
+    pte = _plain_pte(model, [x], entry, fp16=fp16)
+    item = 2 if fp16 else 4
+    mask, linears = 64 * 64 * item, 4 * (64 * 64 + 64) * item
+    blobs = delegate_blobs(pte)
+    assert len(blobs) == 1
+    graph = read_blob(blobs[0].blob).graph
+    assert sum(graph.values[c].constant_buffer_size for c in graph.constant_ids) == linears + mask
+    # each further copy of the mask would add a whole mask (8 or 16 KiB); the rest is a few KiB of program
+    assert linears + mask <= len(pte) < linears + 2 * mask, len(pte)
+    assert verify(pte, model, [x], use_fp16=fp16).ok
 
 
 def test_dynamic_shapes_warn_and_make_static_gives_one_partition():

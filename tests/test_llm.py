@@ -2,9 +2,10 @@
 `mps-backend generate`): tiny random checkpoints written with ``save_pretrained`` into temporary
 folders, exported through the real loading code, run on the emulated runtime.
 
-What is checked, per architecture (Llama, SmolLM with tied embeddings, Qwen2 with qkv bias, Qwen3
-with q/k norm, Mistral and Gemma 2/3 with sliding windows shorter than the generation, Phi-3 with
-fused projections, Gemma 2's soft-capping and GELU tanh):
+What is checked, per architecture (Llama with Llama 3's rope scaling and theta, SmolLM with tied
+embeddings, Qwen2 with qkv bias, Qwen3 with q/k norm, Mistral and Phi-3 with sliding windows shorter
+than the generation, Gemma 2/3 alternating sliding and global layers (Gemma 3: local and global rope),
+Phi-3 with fused projections, Gemma 2's soft-capping and GELU tanh):
 - one MPS delegate, nothing on CPU;
 - the metadata methods executorch's LLM runner reads;
 - float32: 32 greedy tokens equal transformers' own ``generate`` (its dynamic cache and its masks,
@@ -15,6 +16,8 @@ fused projections, Gemma 2's soft-capping and GELU tanh):
 """
 from __future__ import annotations
 
+import collections
+import io
 import json
 import subprocess
 import sys
@@ -25,6 +28,8 @@ from mps_backend.serialization import read_blob
 from mps_backend.serialization.pte import delegate_blobs
 
 from mps_backend.llm import CheckpointError, GenerationStats, export_llm, generate_ids
+from mps_backend.llm.export import load_checkpoint
+from mps_backend.progress import Progress
 from mps_backend.runtime import constant_method_values
 from tests.llm_helpers import ARCHS, eager_greedy, eager_model, save_checkpoint, save_llama_checkpoint, train_tokenizer
 
@@ -41,6 +46,25 @@ FP16_LOGIT_TOL = 1e-2
 @pytest.fixture(scope="module")
 def tokenizer():
     return train_tokenizer()
+
+
+def test_configs_exercise_what_the_architectures_need(tmp_path, tokenizer):
+    """The saved configs, read back as the export reads them, hold what the per-architecture tests
+    are meant to exercise (a transformers release that dropped a field would make them vacuous)."""
+    import transformers
+
+    def saved(arch):
+        return transformers.AutoConfig.from_pretrained(save_checkpoint(tmp_path / arch, arch, tokenizer=tokenizer))
+
+    rope = saved("llama").rope_parameters
+    assert rope["rope_type"] == "llama3" and rope["rope_theta"] == 500000.0 and rope["factor"] == 8.0
+    gemma3 = saved("gemma3")
+    assert gemma3.layer_types == ["sliding_attention", "full_attention"] and gemma3.sliding_window < STEPS
+    assert gemma3.rope_parameters["full_attention"]["rope_theta"] != gemma3.rope_parameters["sliding_attention"]["rope_theta"]
+    assert gemma3.rope_parameters["full_attention"]["rope_type"] == "linear"
+    assert "full_attention" in saved("gemma2").layer_types
+    for arch in ("mistral", "phi3"):
+        assert saved(arch).sliding_window < STEPS, arch
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -134,8 +158,55 @@ def test_executorch_llama_checkpoint(tmp_path):
     assert got == out
 
 
+class _Bar:
+    def __init__(self, name, total):
+        self.name, self.total, self.updates, self.closed = name, total, [], False
+
+    def update(self, n=1):
+        self.updates.append(n)
+
+    def close(self):
+        self.closed = True
+
+
+class _RecordingProgress(Progress):
+    """Records the byte bars a loader opens (a terminal would draw them live)."""
+
+    def __init__(self):
+        super().__init__(enabled=False)
+        self.bars: list[_Bar] = []
+
+    def bytes_bar(self, name, total):
+        self.bars.append(_Bar(name, total))
+        return self.bars[-1]
+
+
+@pytest.mark.parametrize("kind", ["hf", "llama"])
+def test_checkpoint_loading_reports_bytes_live(tmp_path, tokenizer, kind):
+    """Both loaders move a byte bar tensor by tensor up to the checkpoint's size, then close it."""
+    if kind == "hf":
+        spec, params = f"hf:{save_checkpoint(tmp_path / 'ckpt', 'llama', tokenizer=tokenizer)}", None
+    else:
+        ckpt, params, _ = save_llama_checkpoint(tmp_path)
+        spec = f"llama:{ckpt}"
+    prog = _RecordingProgress()
+    lm = load_checkpoint(spec, "fp16", params=params, max_seq_len=MAX_SEQ_LEN, progress=prog)
+    (bar,) = prog.bars
+    assert bar.closed and bar.total == lm.weight_bytes > 0
+    assert sum(bar.updates) == bar.total and len(bar.updates) >= 2 * lm.n_layers
+    # on a terminal the bar is drawn (tqdm) under the stage's name
+    term = _Terminal()
+    load_checkpoint(spec, "fp16", params=params, max_seq_len=MAX_SEQ_LEN, progress=Progress(stream=term))
+    assert f"[{bar.name}]" in term.getvalue() and "B/" in term.getvalue()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "mps_backend.cli", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "mps_backend.tools.cli", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, timeout=600)
 
 
@@ -217,12 +288,71 @@ def test_metadata_json_roundtrip(tmp_path, tokenizer):
     assert len(ids) <= 16 - len(PROMPT) + 1
 
 
-def test_cli_quantized_export(tmp_path, tokenizer):
-    folder = save_checkpoint(tmp_path / "ckpt", "qwen2", tokenizer=tokenizer)
+def _stored_bytes(pte) -> collections.Counter:
+    """Constant bytes in the (one) delegate blob of ``pte``, by data type."""
+    graph = read_blob(delegate_blobs(pte.read_bytes())[0].blob).graph
+    stored: collections.Counter = collections.Counter()
+    for c in graph.constant_ids:
+        stored[graph.values[c].datatype.name] += graph.values[c].constant_buffer_size
+    return stored
+
+
+def _unique_params(folder) -> list[torch.nn.Parameter]:
+    """The checkpoint's parameters, a tied table once."""
+    return list({p.data_ptr(): p for p in eager_model(folder, torch.float32).parameters()}.values())
+
+
+def test_cli_tied_embeddings_stored_once_and_nothing_unread(tmp_path, tokenizer, capsys):
+    """`mps-backend export --model hf:...` of a SmolLM-like model (tied embedding / lm_head): the .pte is
+    the unique float16 weights plus the program, no second copy of the table, no unread parameter."""
+    from mps_backend.tools.cli import main
+
+    # a vocabulary padded to 1024 rows (as hub models pad theirs): the 128 KiB table dwarfs the program
+    folder = save_checkpoint(tmp_path / "smollm", "smollm", tokenizer=tokenizer, config={"vocab_size": 1024})
+    out = tmp_path / "smollm.pte"
+    assert main(["export", "--model", f"hf:{folder}", "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(out)]) == 0
+    assert "MPS delegates    1" in capsys.readouterr().out
+    model = eager_model(folder, torch.float32)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    table = 1024 * 64 * 2
+    unique = sum(p.numel() for p in _unique_params(folder)) * 2
+    stored = sum(_stored_bytes(out).values())
+    assert unique <= stored <= unique * 1.002 + 4096, (stored, unique)
+    # the rest of the .pte is the program (tens of KiB for two layers): less than a second copy of the table
+    program = 64 * 1024
+    assert program < table
+    assert unique <= out.stat().st_size <= unique * 1.002 + program, (out.stat().st_size, unique)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_cli_quantized_export(tmp_path, tokenizer, scheme, capsys):
+    """`--quantize int8|int4` from the CLI: every linear (lm_head too: a vocabulary padded to 128 rows,
+    like every linear here, fits the device's int4 layout N % 8 == 0, K % 32 == 0) is stored at its
+    width, 1 or 0.5 byte per weight, with one float16 scale per channel (int8) or per 32 columns (int4)."""
+    from mps_backend.operators.quant import int4_layout_fits
+
+    from mps_backend.tools.cli import main
+
+    folder = save_checkpoint(tmp_path / "ckpt", "qwen2", tokenizer=tokenizer, config={"vocab_size": 128})
     out = tmp_path / "q.pte"
-    r = _cli("export", "--model", f"hf:{folder}", "--quantize", "int8", "--max-seq-len", 16, "-o", out)
-    assert r.returncode == 0, r.stderr
-    assert "int8 weight-only" in r.stdout and "MPS delegates    1" in r.stdout
-    blob = read_blob(delegate_blobs(out.read_bytes())[0].blob)
-    assert any(blob.graph.values[c].datatype.name == "int8" for c in blob.graph.constant_ids)
+    assert main(["export", "--model", f"hf:{folder}", "--quantize", scheme, "--max-seq-len", "16", "-o", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert f"{scheme} weight-only" in stdout and "MPS delegates    1" in stdout
+    model = eager_model(folder, torch.float32)
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 15 and all(int4_layout_fits(*w.shape) for w in linears)
+    n_linear = sum(w.numel() for w in linears)
+    n_float = sum(p.numel() for p in _unique_params(folder)) - n_linear
+    stored = _stored_bytes(out)
+    ops = collections.Counter(n.op for n in read_blob(delegate_blobs(out.read_bytes())[0].blob).graph.nodes)
+    if scheme == "int4":
+        assert ops["MPSDequantizePerChannelGroup"] == len(linears)
+        assert stored["int4"] == n_linear // 2 and "int8" not in stored
+        scales = n_linear // 32
+    else:
+        assert stored["int8"] == n_linear and "int4" not in stored
+        scales = sum(w.shape[0] for w in linears)
+    # float16: the embedding, norms, biases and the scales; no linear weight left in float
+    assert n_float * 2 <= stored["float16"] <= (n_float + scales) * 2 + 64, (stored, n_float, scales)
+    assert sum(stored.values()) < (n_float + n_linear) * 2 * (0.5 if scheme == "int4" else 0.65)
     assert len(generate_ids(out, PROMPT[:3], 4)) == 4

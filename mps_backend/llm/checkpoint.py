@@ -152,8 +152,9 @@ def _read_tensor(f: Any, path: pathlib.Path, name: str, dtype: torch.dtype, shap
     if nbytes != end - start:
         raise CheckpointError(f"{path}: tensor {name} holds {end - start} bytes, its shape needs {nbytes}")
     if nbytes:
-        # read straight into the tensor's memory (through ctypes, not numpy: a numpy view would make
-        # the storage non-resizable, and the export frees each weight's storage once it is in the blob)
+        # read straight into the tensor's memory (no intermediate buffer). Nothing frees a weight early:
+        # its storage lives until the last reference goes, which export_llm drops stage by stage (the
+        # loaded model, the decoder, the exported program: `del` once the delegate blob holds the weights)
         f.seek(start)
         if f.readinto(memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")) != nbytes:
             raise CheckpointError(f"{path}: tensor {name} is truncated")
@@ -276,8 +277,10 @@ def load_hf(folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool 
 
 
 def load_llama(checkpoint: str | pathlib.Path, params: str | pathlib.Path | None, dtype: torch.dtype,
-               max_seq_len: int, *, clamp_fp16: bool = False) -> LoadedLM:
-    """executorch's example llama with its KV cache, weights from a Meta-format ``.pth``."""
+               max_seq_len: int, *, clamp_fp16: bool = False, bar: Callable[[int], Any] | None = None) -> LoadedLM:
+    """executorch's example llama with its KV cache, weights from a Meta-format ``.pth`` (memory
+    mapped). ``bar(total)`` makes a progress bar (``update(nbytes)``, ``close()``) for the checkpoint
+    bytes converted to ``dtype`` (a tensor already in ``dtype`` stays mapped and counts at once)."""
     checkpoint = pathlib.Path(checkpoint)
     params = pathlib.Path(params) if params else checkpoint.with_name("params.json")
     if not checkpoint.is_file():
@@ -300,7 +303,20 @@ def load_llama(checkpoint: str | pathlib.Path, params: str | pathlib.Path | None
     with torch.device("meta"):
         model = construct_transformer(args)
     sources = {t.dtype for t in state.values() if isinstance(t, torch.Tensor) and t.is_floating_point()}
-    state = {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in state.items()}
+    progress = bar(weight_bytes) if bar is not None else None
+    try:
+        converted = {}
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor):
+                if v.is_floating_point():
+                    v = v.to(dtype)  # reads the mapped pages when it converts
+                if progress is not None:
+                    progress.update(v.numel() * state[k].element_size())
+            converted[k] = v
+        state = converted
+    finally:
+        if progress is not None:
+            progress.close()
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     del state
     missing = [k for k in missing if not _derived_llama_buffer(k)]

@@ -84,7 +84,9 @@ def load_checkpoint(spec: str, dtype: str = "fp16", *, params: str | None = None
     if kind == "hf":
         bar = (lambda total: progress.bytes_bar("read weights", total)) if progress is not None else None
         return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar)
-    return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16)
+    bar = (lambda total: progress.bytes_bar("convert weights", total)) if progress is not None else None
+    return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16,
+                      bar=bar)
 
 
 def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str | None]:

@@ -64,7 +64,7 @@ def fp16_gap_table(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> li
     values, ids = {}, {}
     for fp16 in (False, True):
         b = build_graph(edge, fp16)
-        ids[fp16] = dict(b.ids)
+        ids[fp16] = {n.name: v for n, v in b.ids.items()}  # b lowered a copy of edge
         values[fp16] = Interpreter(write_blob(b.graph, b.constants)).run_values(list(inputs))
     rows: list[GapRow] = []
     gaps: dict[object, float] = {}
@@ -78,7 +78,7 @@ def fp16_gap_table(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> li
     for node in edge.graph.nodes:
         if node.op not in ("call_function", "placeholder"):
             continue
-        v32, v16 = ids[False].get(node), ids[True].get(node)
+        v32, v16 = ids[False].get(node.name), ids[True].get(node.name)
         a = values[True].get(v16) if isinstance(v16, int) else None
         b = values[False].get(v32) if isinstance(v32, int) else None
         if a is None or b is None:

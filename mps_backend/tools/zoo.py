@@ -159,18 +159,22 @@ def expansion(lowered_modules, use_fp16: bool) -> dict[str, tuple[int, int]]:
     with the GraphBuilder (``node_origin``); "boundary casts" are the fp16 input/output casts."""
     from mps_backend.backend import build_graph  # noqa: PLC0415
     from mps_backend.partitioner import _target_name  # noqa: PLC0415
+    from mps_backend.passes._graph import REPLACES  # noqa: PLC0415
 
     edge: collections.Counter = collections.Counter()
     mps: collections.Counter = collections.Counter()
     for lm in lowered_modules:
         b = build_graph(lm.original_module, use_fp16)
-        for n in lm.original_module.graph.nodes:
-            if n.op == "call_function":
-                edge[_target_name(n.target)] += 1
+        by_name = {n.name: n for n in lm.original_module.graph.nodes if n.op == "call_function"}
+        for n in by_name.values():
+            edge[_target_name(n.target)] += 1
         for origin in b.node_origin:  # a fused node (conv + batch norm) counts for its first fx node
             origin = origin[0] if isinstance(origin, tuple) else origin
-            key = "boundary casts" if origin is None or origin.op != "call_function" else _target_name(origin.target)
-            mps[key] += 1
+            if origin is None or origin.op != "call_function":
+                mps["boundary casts"] += 1
+                continue
+            # a node a lowering pass put in an fx node's place counts for that node
+            mps[_target_name(by_name.get(origin.meta.get(REPLACES, origin.name), origin).target)] += 1
     return {t: (edge[t], mps[t]) for t in sorted(set(edge) | set(mps), key=lambda t: edge[t] - mps[t])}
 
 

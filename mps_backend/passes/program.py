@@ -1,4 +1,4 @@
-"""Graph passes on exported programs, before partitioning and lowering."""
+"""Program-level passes before partitioning (whole exported programs): unread constants, the float16 range."""
 from __future__ import annotations
 
 import torch

@@ -1,0 +1,196 @@
+"""The lowering passes (mps_backend.passes), each on its own: what it rewrites, what it leaves, and that the
+rewritten graph still computes the model (run eagerly, a CHANNEL_AFFINE annotation applied as its map)."""
+from __future__ import annotations
+
+import torch
+from executorch.exir import to_edge_transform_and_lower
+from executorch.exir.lowered_backend_module import get_lowered_submodules
+from torch import nn
+
+from mps_backend import MPSPartitioner
+from mps_backend.backend import shared_weight_copy
+from mps_backend.passes import (
+    CHANNEL_AFFINE,
+    fold_conv_epilogues,
+    fold_power_of_two_rescales,
+    transpose_linear_weights,
+)
+from mps_backend.passes._graph import REPLACES, constant_tensor, target_of
+
+aten = torch.ops.aten
+
+
+def _delegated(model: nn.Module, *inputs: torch.Tensor):
+    """The program MPSBackend.preprocess would be handed (one delegate), as a private copy."""
+    edge = to_edge_transform_and_lower(torch.export.export(model.eval(), inputs), partitioner=[MPSPartitioner()])
+    (lowered,) = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)]
+    return shared_weight_copy(lowered.original_module)
+
+
+class _Eager(torch.fx.Interpreter):
+    def run_node(self, n):
+        out = super().run_node(n)
+        affine = n.meta.get(CHANNEL_AFFINE)
+        return affine.apply(out) if affine is not None else out
+
+
+def _run(ep, *inputs: torch.Tensor) -> torch.Tensor:
+    user = iter(inputs)
+    args = [t if (t := constant_tensor(ep, n)) is not None else next(user)
+            for n in ep.graph.nodes if n.op == "placeholder"]
+    out = _Eager(ep.graph_module).run(*args)
+    return out[0] if isinstance(out, (list, tuple)) else out
+
+
+def _targets(ep) -> list:
+    return [target_of(n) for n in ep.graph.nodes if n.op == "call_function"]
+
+
+def _conv_bn(also_conv: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(4)
+    bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.data.uniform_(0.5, 2)
+    bn.bias.data.uniform_(-1, 1)
+    conv = nn.Conv2d(3, 4, 3)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = conv, bn
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.bn(y) + y if also_conv else self.bn(y)
+    return M()
+
+
+def test_batch_norm_folds_into_the_convolution():
+    model, x = _conv_bn(), torch.randn(2, 3, 8, 8)
+    ep = _delegated(model, x)
+    assert aten._native_batch_norm_legit_no_training.default in _targets(ep)
+    assert fold_conv_epilogues(ep) == 1
+    assert aten._native_batch_norm_legit_no_training.default not in _targets(ep)
+    (conv,) = [n for n in ep.graph.nodes if target_of(n) is aten.convolution.default]
+    affine = conv.meta[CHANNEL_AFFINE]
+    bn = model.bn
+    torch.testing.assert_close(affine.scale, (bn.weight / torch.sqrt(bn.running_var + bn.eps)).double().detach())
+    assert [n.name for n in affine.absorbed] and affine.absorbed[0].meta.get("debug_handle") is not None
+    with torch.no_grad():
+        torch.testing.assert_close(_run(ep, x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_stays_when_the_convolution_is_read_elsewhere():
+    ep = _delegated(_conv_bn(also_conv=True), torch.randn(1, 3, 8, 8))
+    assert fold_conv_epilogues(ep) == 0
+    assert aten._native_batch_norm_legit_no_training.default in _targets(ep)
+    assert not any(CHANNEL_AFFINE in n.meta for n in ep.graph.nodes)
+
+
+def test_hardsigmoid_becomes_a_clamp_of_the_folded_convolution():
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Conv2d(6, 6, 1), nn.Hardsigmoid()), torch.randn(1, 6, 4, 4) * 4
+    ep = _delegated(model, x)
+    (hs,) = [n for n in ep.graph.nodes if target_of(n) is aten.hardsigmoid.default]
+    assert fold_conv_epilogues(ep) == 1
+    (clamp,) = [n for n in ep.graph.nodes if target_of(n) is aten.hardtanh.default]
+    assert clamp.args[1:] == (0.0, 1.0) and clamp.meta[REPLACES] == hs.name
+    assert aten.hardsigmoid.default not in _targets(ep)
+    with torch.no_grad():
+        want = model(x)
+    assert (want == 0).any() and (want == 1).any()  # inputs reach both ends of the clamp
+    torch.testing.assert_close(_run(ep, x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_transposed_convolution_is_not_folded():
+    model = nn.Sequential(nn.ConvTranspose2d(3, 4, 2, stride=2), nn.BatchNorm2d(4))
+    ep = _delegated(model, torch.randn(1, 3, 4, 4))
+    assert fold_conv_epilogues(ep) == 0
+
+
+class _Rescale(nn.Module):
+    def __init__(self, a, d):
+        super().__init__()
+        self.a, self.d = a, d
+
+    def forward(self, x):
+        return torch.relu(x * self.a / self.d)
+
+
+def test_power_of_two_rescale_is_one_multiply():
+    x = torch.randn(8) * 100
+    ep = _delegated(_Rescale(4096, 16), x)
+    assert fold_power_of_two_rescales(ep, use_fp16=True) == 1
+    assert aten.div.Tensor not in _targets(ep) and aten.mul.Tensor not in _targets(ep)
+    (mul,) = [n for n in ep.graph.nodes if target_of(n) is aten.mul.Scalar]
+    assert mul.args[1] == 256.0
+    torch.testing.assert_close(_run(ep, x), _Rescale(4096, 16)(x), rtol=0, atol=0)
+
+
+def test_equal_powers_of_two_leave_the_input():
+    x = torch.randn(8) * 100
+    ep = _delegated(_Rescale(1024, 1024), x)
+    assert fold_power_of_two_rescales(ep, use_fp16=False) == 1
+    assert aten.div.Tensor not in _targets(ep) and aten.alias_copy.default in _targets(ep)
+    torch.testing.assert_close(_run(ep, x), torch.relu(x), rtol=0, atol=0)
+
+
+def test_rescales_that_are_not_exact_stay():
+    x = torch.randn(8)
+    assert fold_power_of_two_rescales(_delegated(_Rescale(3, 2), x), use_fp16=False) == 0
+    # 2**-20 / 2**10 = 2**-30: a normal float32, below float16's normal range
+    assert fold_power_of_two_rescales(_delegated(_Rescale(2.0 ** -20, 1024), x), use_fp16=False) == 1
+    assert fold_power_of_two_rescales(_delegated(_Rescale(2.0 ** -20, 1024), x), use_fp16=True) == 0
+
+
+class _Linears(nn.Module):
+    """A weight shared by two linears (an LSTM's), one of its own, and an embedding tied to a head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.shared, self.own = nn.Linear(8, 8), nn.Linear(8, 4, bias=False)
+        self.emb = nn.Embedding(10, 8)
+        self.head = nn.Linear(8, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x, ids):
+        h = self.shared(self.shared(x) + self.emb(ids))
+        return torch.cat([self.own(h), self.head(h)], dim=-1)
+
+
+def test_linear_weights_are_stored_transposed_without_a_copy():
+    model, x, ids = _Linears().eval(), torch.randn(2, 3, 8), torch.tensor([[1, 2, 3], [4, 5, 6]])
+    ep = _delegated(model, x, ids)
+    before = {n.name: constant_tensor(ep, n) for n in ep.graph.nodes if n.op == "placeholder"}
+    assert transpose_linear_weights(ep) == 2  # shared and own; the tied table is read by the embedding too
+    permutes = [n for n in ep.graph.nodes if target_of(n) is aten.permute_copy.default]
+    assert len(permutes) == 2
+    for p in permutes:
+        (w,) = p.all_input_nodes
+        stored = constant_tensor(ep, w)
+        assert stored.shape == before[w.name].shape[::-1] and stored.data_ptr() == before[w.name].data_ptr()
+        assert all(target_of(u) is aten.linear.default and u.args[1] is p for u in p.users)
+    shared = next(p for p in permutes if len(p.users) == 2)  # both uses of the shared weight read one permute
+    assert shared is not None
+    (tied,) = [n for n in ep.graph.nodes if n.op == "placeholder" and before[n.name] is not None
+               and tuple(before[n.name].shape) == (10, 8)]
+    assert constant_tensor(ep, tied) is before[tied.name]  # untouched
+    with torch.no_grad():
+        torch.testing.assert_close(_run(ep, x, ids), model(x, ids), rtol=1e-6, atol=1e-6)
+
+
+def test_linear_weights_leave_no_permute_on_the_device():
+    from mps_backend.serialization import read_blob
+    from mps_backend.serialization.pte import delegate_blobs
+
+    from mps_backend.runtime import run_pte
+
+    model, x, ids = _Linears().eval(), torch.randn(2, 3, 8), torch.tensor([[1, 2, 3], [4, 5, 6]])
+    edge = to_edge_transform_and_lower(torch.export.export(model, (x, ids)),
+                                       partitioner=[MPSPartitioner(use_fp16=False)])
+    pte = edge.to_executorch().buffer
+    (blob,) = [d.blob for d in delegate_blobs(pte)]
+    ops = [n.op for n in read_blob(blob).graph.nodes]
+    assert ops.count("MPSPermute") == 1, ops  # the tied head's weight only; shared and own read W.T constants
+    with torch.no_grad():
+        torch.testing.assert_close(run_pte(pte, [x, ids])[0], model(x, ids), rtol=1e-5, atol=1e-5)
