@@ -2,6 +2,7 @@
 
 Target (issue: device model): interpreter within 3x of eager. Prints the ratio; exits 1 above it.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -9,10 +10,10 @@ import sys
 import time
 
 import torch
-from mps_backend.serialization.pte import delegate_blobs
 
 from mps_backend.export import export_model
 from mps_backend.runtime.interpreter import Interpreter
+from mps_backend.serialization.pte import delegate_blobs
 from mps_backend.tools.demo import demo_model
 
 TARGET = 3.0
@@ -39,8 +40,10 @@ def main() -> int:
         device = best_of(lambda interp=interp: interp.run(list(inputs)))
         ratio = device / eager
         worst = max(worst, ratio)
-        print(f"demo {'fp16' if use_fp16 else 'fp32'}: eager {eager * 1e3:.3f} ms, interpreter "
-              f"{device * 1e3:.3f} ms, ratio {ratio:.2f}x (target <= {TARGET}x)")
+        print(
+            f"demo {'fp16' if use_fp16 else 'fp32'}: eager {eager * 1e3:.3f} ms, interpreter "
+            f"{device * 1e3:.3f} ms, ratio {ratio:.2f}x (target <= {TARGET}x)"
+        )
     return 0 if worst <= TARGET else 1
 
 

@@ -28,6 +28,7 @@ Resources (last measured): peak RSS ~6.8 GiB for the 1B shape (the float32 check
 5.98 GiB); disk up to ~12 GB in the temporary folder (a checkpoint and its .pte; removed at the end;
 where the temporary folder is a tmpfs, that counts as memory too).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,12 +41,35 @@ import tempfile
 import time
 
 SHAPES = {
-    "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-               intermediate_size=8192, vocab_size=128256, tie_word_embeddings=False),
-    "3b": dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
-               intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=256, tie_word_embeddings=True, bos_token_id=0, eos_token_id=1),
+    "1b": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+    ),
+    "3b": dict(
+        hidden_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=256,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=1,
+    ),
 }
 #: the float16 checkpoints each shape is exported from (1b: a float32 one too)
 DTYPES = {"1b": ("float32", "float16"), "3b": ("float16",), "tiny": ("float32", "float16")}
@@ -61,8 +85,12 @@ def make_checkpoint(folder: pathlib.Path, shape: str, dtype: str) -> None:
     from safetensors.torch import save_file
     from transformers import LlamaConfig
 
-    config = LlamaConfig(**{"bos_token_id": 128000, "eos_token_id": 128001, **SHAPES[shape]},
-                         max_position_embeddings=131072, rope_theta=500000.0, dtype=dtype)
+    config = LlamaConfig(
+        **{"bos_token_id": 128000, "eos_token_id": 128001, **SHAPES[shape]},
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        dtype=dtype,
+    )
     from transformers import AutoModelForCausalLM
 
     from mps_backend.llm.checkpoint import _parameters_on_meta
@@ -130,10 +158,13 @@ def weight_bytes(folder: pathlib.Path) -> tuple[int, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Llama-3.2-shaped random checkpoints -> .pte: peak memory, "
-                                     ".pte size and lowering time as ratios (see the module docstring)")
-    parser.add_argument("--sizes", default="1b,3b",
-                        help=f"comma-separated shapes among {', '.join(SHAPES)} (default: %(default)s)")
+    parser = argparse.ArgumentParser(
+        description="Llama-3.2-shaped random checkpoints -> .pte: peak memory, "
+        ".pte size and lowering time as ratios (see the module docstring)"
+    )
+    parser.add_argument(
+        "--sizes", default="1b,3b", help=f"comma-separated shapes among {', '.join(SHAPES)} (default: %(default)s)"
+    )
     parser.add_argument("--child", nargs=3, metavar=("KIND", "FOLDER", "ARG"))
     args = parser.parse_args()
     if args.child:
@@ -159,7 +190,8 @@ def main() -> int:
                 total, fp16_bytes = weight_bytes(ckpt)
                 out = tmp / f"{size}-{dtype}.pte"
                 status, seconds, peak = run_measured(
-                    [*cli, "export", "--model", f"hf:{ckpt}", "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(out)])
+                    [*cli, "export", "--model", f"hf:{ckpt}", "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(out)]
+                )
                 if status:
                     print(f"{size} {dtype} checkpoint: export FAILED (exit {status})")
                     missed.append(f"{size}-{dtype} export")
@@ -167,14 +199,15 @@ def main() -> int:
                 ratio = peak / total
                 size_ratio = out.stat().st_size / fp16_bytes
                 target = TARGET_FP32 if dtype == "float32" else TARGET_FP16
-                print(f"{size} {dtype} checkpoint ({total / 2**30:.2f} GiB): export {seconds:.0f}s, peak RSS "
-                      f"{peak / 2**30:.2f} GiB = {ratio:.2f}x the checkpoint"
-                      + (f" (target <= {target})" if size == "1b" else "")
-                      + (f" = {peak / MEMORY_BUDGET:.2f}x {MEMORY_BUDGET / 2**30:.0f} GiB (target < 1)" if size == "3b"
-                         else "")
-                      + f"; .pte {out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights"
-                      + (f" (target <= {TARGET_SIZE})" if size != "tiny" else " (tiny: targets not applied)"),
-                      flush=True)
+                print(
+                    f"{size} {dtype} checkpoint ({total / 2**30:.2f} GiB): export {seconds:.0f}s, peak RSS "
+                    f"{peak / 2**30:.2f} GiB = {ratio:.2f}x the checkpoint"
+                    + (f" (target <= {target})" if size == "1b" else "")
+                    + (f" = {peak / MEMORY_BUDGET:.2f}x {MEMORY_BUDGET / 2**30:.0f} GiB (target < 1)" if size == "3b" else "")
+                    + f"; .pte {out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights"
+                    + (f" (target <= {TARGET_SIZE})" if size != "tiny" else " (tiny: targets not applied)"),
+                    flush=True,
+                )
                 if size == "1b" and ratio > target:
                     missed.append(f"{size}-{dtype} peak RSS {ratio:.2f}")
                 if size == "3b" and peak >= MEMORY_BUDGET:
@@ -183,16 +216,20 @@ def main() -> int:
                     missed.append(f"{size}-{dtype} .pte size {size_ratio:.4f}")
                 out.unlink()
                 if size in ("1b", "tiny") and dtype == "float16":
-                    r = subprocess.run([sys.executable, __file__, "--child", "time", str(ckpt), "-"],
-                                       capture_output=True, text=True)
+                    r = subprocess.run(
+                        [sys.executable, __file__, "--child", "time", str(ckpt), "-"], capture_output=True, text=True
+                    )
                     if r.returncode:
                         print(r.stderr[-3000:])
                         missed.append(f"{size} lowering time (failed)")
                     else:
                         secs = json.loads(r.stdout.strip().splitlines()[-1])
                         t = secs["mps"] / secs["xnnpack"]
-                        print(f"{size} lowering + to_executorch: MPS {secs['mps']:.0f}s, XNNPACK {secs['xnnpack']:.0f}s: "
-                              f"{t:.2f}x" + (f" (target <= {TARGET_TIME})" if size == "1b" else ""), flush=True)
+                        print(
+                            f"{size} lowering + to_executorch: MPS {secs['mps']:.0f}s, XNNPACK {secs['xnnpack']:.0f}s: "
+                            f"{t:.2f}x" + (f" (target <= {TARGET_TIME})" if size == "1b" else ""),
+                            flush=True,
+                        )
                         if size == "1b" and t > TARGET_TIME:
                             missed.append(f"lowering time {t:.2f}")
                 for f in ckpt.iterdir():

@@ -35,6 +35,7 @@ a tiny warm-up lowering (imports and one-time set-up), ``torch.export``, then ``
 
 Exit status 1 when a target is missed.
 """
+
 from __future__ import annotations
 
 import gc
@@ -89,11 +90,11 @@ def child(name: str, default_copy: bool = False) -> dict:
     import torch  # noqa: PLC0415
     from executorch.exir import to_edge  # noqa: PLC0415
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
-    from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph  # noqa: PLC0415
-    from mps_backend.serialization.model import Header  # noqa: PLC0415
 
     from mps_backend import MPSPartitioner  # noqa: PLC0415
     from mps_backend.backend import MPSBackend  # noqa: PLC0415
+    from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph  # noqa: PLC0415
+    from mps_backend.serialization.model import Header  # noqa: PLC0415
 
     timers = {"partition": 0.0, "preprocess": 0.0}
 
@@ -138,25 +139,34 @@ def child(name: str, default_copy: bool = False) -> dict:
     lowered = edge.to_backend(partitioner)
     t_backend = time.perf_counter() - t0
     peak = _status("VmHWM")
-    blobs = [m.processed_bytes for _, m, _ in get_lowered_submodules(lowered.exported_program().graph_module)
-             if m.backend_id == "MPSBackend"]
+    blobs = [
+        m.processed_bytes
+        for _, m, _ in get_lowered_submodules(lowered.exported_program().graph_module)
+        if m.backend_id == "MPSBackend"
+    ]
     report = partitioner.report()
     return {
-        "model": name, "delegates": len(blobs), "on_cpu": [f"{n.target}: {n.reason}" for n in report.on_cpu],
-        "delegated": len(report.delegated), "total": report.total,
+        "model": name,
+        "delegates": len(blobs),
+        "on_cpu": [f"{n.target}: {n.reason}" for n in report.on_cpu],
+        "delegated": len(report.delegated),
+        "total": report.total,
         "mps_nodes": sum(MPSGraph.GetRootAs(b, 24).MpsNodesLength() for b in blobs),
         "weight_bytes": sum(Header.from_bytes(b[:24]).segment_size for b in blobs),
-        "t_edge": t_edge, "t_backend": t_backend, **timers,
-        "rss_before_kib": rss_before, "peak_kib": peak if peak_ok else None,
+        "t_edge": t_edge,
+        "t_backend": t_backend,
+        **timers,
+        "rss_before_kib": rss_before,
+        "peak_kib": peak if peak_ok else None,
     }
 
 
 def bench_writer() -> tuple[float, float, float]:
     import numpy as np  # noqa: PLC0415
     import torch  # noqa: PLC0415
-    from mps_backend.serialization.writer import write_blob  # noqa: PLC0415
 
     from mps_backend.builder import GraphBuilder  # noqa: PLC0415
+    from mps_backend.serialization.writer import write_blob  # noqa: PLC0415
 
     n, shape = 48, (1024, 2048)  # 48 x 4 MiB float16
     gen = torch.Generator().manual_seed(0)
@@ -202,47 +212,56 @@ def main() -> int:
         r = results[name] = json.loads(line.split(" ", 1)[1])
         ok = r["delegates"] == 1 and not r["on_cpu"]
         missed += [] if ok else [f"(a) {name}"]
-        print(f"(a) {name} fp16: {r['delegates']} MPS delegate(s), {len(r['on_cpu'])} nodes on CPU, "
-              f"{r['delegated']}/{r['total']} delegated, {r['mps_nodes']} MPS nodes (target 1 delegate, 0 on CPU; "
-              f"old backend on llama: 37 delegates, 72 CPU nodes) {'OK' if ok else 'MISSED'}")
+        print(
+            f"(a) {name} fp16: {r['delegates']} MPS delegate(s), {len(r['on_cpu'])} nodes on CPU, "
+            f"{r['delegated']}/{r['total']} delegated, {r['mps_nodes']} MPS nodes (target 1 delegate, 0 on CPU; "
+            f"old backend on llama: 37 delegates, 72 CPU nodes) {'OK' if ok else 'MISSED'}"
+        )
         for reason in r["on_cpu"][:20]:
             print(f"      on CPU: {reason}")
         ours = r["partition"] + r["preprocess"]
         time_ratio = ours / r["t_edge"]
         other = r["t_backend"] - ours
-        print(f"(b) {name}: to_edge {r['t_edge']:.2f}s; to_backend {r['t_backend']:.2f}s = partition "
-              f"{r['partition']:.2f}s + preprocess {r['preprocess']:.2f}s + executorch {other:.2f}s; "
-              f"(partition + preprocess) / to_edge = {time_ratio:.3f} (target <= {TARGET_TIME}), "
-              f"to_backend / to_edge = {r['t_backend'] / r['t_edge']:.2f} (old backend 1.2)")
+        print(
+            f"(b) {name}: to_edge {r['t_edge']:.2f}s; to_backend {r['t_backend']:.2f}s = partition "
+            f"{r['partition']:.2f}s + preprocess {r['preprocess']:.2f}s + executorch {other:.2f}s; "
+            f"(partition + preprocess) / to_edge = {time_ratio:.3f} (target <= {TARGET_TIME}), "
+            f"to_backend / to_edge = {r['t_backend'] / r['t_edge']:.2f} (old backend 1.2)"
+        )
         if r["peak_kib"] is None:
             print(f"(c) {name}: /proc/self/clear_refs not writable here, peak RSS not measured")
             rss_ratio = None
         else:
             rise = (r["peak_kib"] - r["rss_before_kib"]) * 1024
             rss_ratio = rise / r["weight_bytes"]
-            print(f"(c) {name}: RSS before to_backend {r['rss_before_kib'] / 1024:.0f} MiB, peak rise "
-                  f"{rise / 2**20:.0f} MiB for {r['weight_bytes'] / 2**20:.0f} MiB of delegated fp16 weights: "
-                  f"{rss_ratio:.2f}x (target <= {TARGET_RSS}, old backend 3.3)")
+            print(
+                f"(c) {name}: RSS before to_backend {r['rss_before_kib'] / 1024:.0f} MiB, peak rise "
+                f"{rise / 2**20:.0f} MiB for {r['weight_bytes'] / 2**20:.0f} MiB of delegated fp16 weights: "
+                f"{rss_ratio:.2f}x (target <= {TARGET_RSS}, old backend 3.3)"
+            )
         if name == "llama":
             missed += [] if time_ratio <= TARGET_TIME else ["(b) llama"]
             missed += [] if rss_ratio is not None and rss_ratio <= TARGET_RSS else ["(c) llama"]
     # (c) for comparison: executorch's default deep copy for preprocess (weights duplicated), not a target
-    proc = subprocess.run([sys.executable, __file__, "--child", "llama", "--default-copy"],
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, __file__, "--child", "llama", "--default-copy"], capture_output=True, text=True)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("LOWERING ")), None)
     if line is not None and json.loads(line.split(" ", 1)[1])["peak_kib"] is not None:
         r = json.loads(line.split(" ", 1)[1])
         rise = (r["peak_kib"] - r["rss_before_kib"]) * 1024
-        print(f"(c) llama with executorch's default copy_exported_program_for_preprocess (weights deep-copied; "
-              f"for comparison): peak rise {rise / 2**20:.0f} MiB = {rise / r['weight_bytes']:.2f}x the "
-              f"delegated fp16 weights; to_backend {r['t_backend']:.2f}s")
+        print(
+            f"(c) llama with executorch's default copy_exported_program_for_preprocess (weights deep-copied; "
+            f"for comparison): peak rise {rise / 2**20:.0f} MiB = {rise / r['weight_bytes']:.2f}x the "
+            f"delegated fp16 weights; to_backend {r['t_backend']:.2f}s"
+        )
     total, t_copy, t_write, t_numpy = bench_writer()
     ratio = t_copy / t_write
-    print(f"(d) write_blob of {total / 2**20:.0f} MiB in 48 constants: {t_write * 1e3:.0f} ms "
-          f"({total / t_write / 2**30:.2f} GiB/s); bytes(bytearray) of the same bytes {t_copy * 1e3:.0f} ms "
-          f"({total / t_copy / 2**30:.2f} GiB/s): throughput ratio {ratio:.2f} (target >= {TARGET_WRITE}); "
-          f"numpy copy {t_numpy * 1e3:.0f} ms (ratio {t_numpy / t_write:.2f}: numpy's large arrays get "
-          f"transparent huge pages, the blob does not)")
+    print(
+        f"(d) write_blob of {total / 2**20:.0f} MiB in 48 constants: {t_write * 1e3:.0f} ms "
+        f"({total / t_write / 2**30:.2f} GiB/s); bytes(bytearray) of the same bytes {t_copy * 1e3:.0f} ms "
+        f"({total / t_copy / 2**30:.2f} GiB/s): throughput ratio {ratio:.2f} (target >= {TARGET_WRITE}); "
+        f"numpy copy {t_numpy * 1e3:.0f} ms (ratio {t_numpy / t_write:.2f}: numpy's large arrays get "
+        f"transparent huge pages, the blob does not)"
+    )
     missed += [] if ratio >= TARGET_WRITE else ["(d)"]
     print("targets missed: " + ", ".join(missed) if missed else "all targets met")
     return 1 if missed else 0

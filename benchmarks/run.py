@@ -1,5 +1,6 @@
 """Run every benchmark in this folder with its defaults (llm_scale.py: the Llama-3.2-1B and -3B shapes);
 each prints ratios to a yardstick measured in the same run. Exit status 1 when any missed a target."""
+
 from __future__ import annotations
 
 import pathlib

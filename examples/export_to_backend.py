@@ -8,6 +8,7 @@ report (every node left on CPU, with the reason) and a check of the .pte on the 
 against eager PyTorch. ``--model`` takes the specs of ``mps-backend export`` (demo, torchvision:NAME,
 executorch:NAME, torch:transformer_encoder, path/to/file.py:factory).
 """
+
 from __future__ import annotations
 
 import argparse

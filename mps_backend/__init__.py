@@ -7,6 +7,7 @@ Importing this package registers the MPS recipe provider with ``executorch.expor
 and QNN register theirs; ``mps_backend.recipes``), its one side effect; the partitioner and backend
 load on first use.
 """
+
 from . import recipes as _recipes  # noqa: F401  (registers MPSRecipeProvider with executorch.export)
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """Lazy public names for a package: ``name -> submodule``, imported on first attribute access."""
+
 from __future__ import annotations
 
 import importlib

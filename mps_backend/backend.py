@@ -1,4 +1,5 @@
 """MPSBackend: ``preprocess`` turns one delegated edge program into one MP00 blob."""
+
 from __future__ import annotations
 
 import copy
@@ -32,8 +33,11 @@ class LoweringBug(LoweringError):
 
 def _unsupported(ep: ExportedProgram, registry) -> list[str]:
     """Operator nodes the device cannot run, with the reason (what the partitioner would have said)."""
-    return [f"{n.name} ({getattr(n.target, '__name__', n.target)}): {reason}" for n in ep.graph.nodes
-            if n.op == "call_function" and (reason := registry.check(n)) is not None]
+    return [
+        f"{n.name} ({getattr(n.target, '__name__', n.target)}): {reason}"
+        for n in ep.graph.nodes
+        if n.op == "call_function" and (reason := registry.check(n)) is not None
+    ]
 
 
 def _flat_outputs(args) -> Iterable:
@@ -62,12 +66,18 @@ def build_graph(ep: ExportedProgram, use_fp16: bool, *, copy_program: bool = Tru
     unsupported = _unsupported(ep, registry)
     if unsupported:  # only without a partitioner: it keeps these on CPU
         raise LoweringError(
-            f"MPSBackend was given {len(unsupported)} node(s) the device cannot run: " + "; ".join(unsupported[:10])
-            + ("; ..." if len(unsupported) > 10 else "") + ". Lowering a whole program with "
+            f"MPSBackend was given {len(unsupported)} node(s) the device cannot run: "
+            + "; ".join(unsupported[:10])
+            + ("; ..." if len(unsupported) > 10 else "")
+            + ". Lowering a whole program with "
             "to_backend('MPSBackend', program, compile_specs) needs every node supported; use "
             "to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner()]) to keep these on CPU"
-            + (", or export with static shapes (mps_backend.export.make_static)"
-               if any("dynamic" in u or "symbolic" in u for u in unsupported) else ""))
+            + (
+                ", or export with static shapes (mps_backend.export.make_static)"
+                if any("dynamic" in u or "symbolic" in u for u in unsupported)
+                else ""
+            )
+        )
     if copy_program:
         ep = shared_weight_copy(ep)
     run_lowering_passes(ep, use_fp16)
@@ -87,9 +97,13 @@ def build_graph(ep: ExportedProgram, use_fp16: bool, *, copy_program: bool = Tru
             if use_fp16:  # preprocess cannot refuse a node the partitioner accepted: say it instead
                 overflow = fp16_overflow(n.name, constants[n])
                 if overflow:
-                    warnings.warn(Float16RangeWarning(
-                        f"float16 mode: constant {overflow} becomes inf on the device; lower with "
-                        "use_fp16=False or rescale it"), stacklevel=2)
+                    warnings.warn(
+                        Float16RangeWarning(
+                            f"float16 mode: constant {overflow} becomes inf on the device; lower with "
+                            "use_fp16=False or rescale it"
+                        ),
+                        stacklevel=2,
+                    )
             b.ids[n] = b.constant(constants[n])
     for node in ep.graph.nodes:
         if node.op != "call_function":
@@ -101,8 +115,9 @@ def build_graph(ep: ExportedProgram, use_fp16: bool, *, copy_program: bool = Tru
         try:
             low.lower(node, b)
         except Exception as e:  # noqa: BLE001  (re-raised with the node named)
-            raise LoweringBug(f"node {node.name} ({node.target}) failed to lower (a lowering bug: its support "
-                                f"check accepted it): {e}") from e
+            raise LoweringBug(
+                f"node {node.name} ({node.target}) failed to lower (a lowering bug: its support check accepted it): {e}"
+            ) from e
     output = next(n for n in ep.graph.nodes if n.op == "output")
     b.current = output
     for arg in _flat_outputs(output.args[0]):
@@ -169,8 +184,9 @@ class MPSBackend(BackendDetails):
     """The MPS delegate's ahead-of-time side; the id 'MPSBackend' is what the runtime looks up."""
 
     @classmethod
-    def copy_exported_program_for_preprocess(cls, edge_program: ExportedProgram,
-                                             compile_specs: list[CompileSpec]) -> ExportedProgram:
+    def copy_exported_program_for_preprocess(
+        cls, edge_program: ExportedProgram, compile_specs: list[CompileSpec]
+    ) -> ExportedProgram:
         """The isolated program executorch hands to ``preprocess``: a deep copy of the graph and
         signature that shares the weight tensors instead of duplicating them (executorch's default
         deep-copies them too, ~2x the fp16 weight bytes of extra peak memory on a float32 model).

@@ -11,6 +11,7 @@ into the blob), the node list and the map from fx nodes to value ids. Lowerings 
 In fp16 mode the graph computes in float16: float32 constants are converted, user inputs
 and outputs get one boundary cast each, and every internal float value is float16.
 """
+
 from __future__ import annotations
 
 import math
@@ -294,8 +295,10 @@ class GraphBuilder:
         are filled in; a field the table lacks, or a node kind the runtime has no dispatch case for
         (``device_facts.NOT_DISPATCHED``), is refused here."""
         if op in NOT_DISPATCHED:
-            raise ValueError(f"{op} is never dispatched by the MPS runtime (the graph would fail to build); "
-                             "decompose it (docs/device-semantics.md §2.7)")
+            raise ValueError(
+                f"{op} is never dispatched by the MPS runtime (the graph would fail to build); "
+                "decompose it (docs/device-semantics.md §2.7)"
+            )
         names = member_fields(op)
         unknown = set(fields) - set(names)
         if unknown:
@@ -306,8 +309,9 @@ class GraphBuilder:
         self.graph.nodes.append(Node(op, fields, min_max))
         self.node_origin.append(self.current)
 
-    def emit_value(self, op: str, dtype: torch.dtype, shape: Iterable[int], /,
-                   min_max: tuple[float, float] | None = None, **fields: Any) -> int:
+    def emit_value(
+        self, op: str, dtype: torch.dtype, shape: Iterable[int], /, min_max: tuple[float, float] | None = None, **fields: Any
+    ) -> int:
         """Emit ``op`` writing a fresh intermediate value of ``dtype``/``shape`` as its ``output_id``
         (give every other field); returns the new id."""
         vid = self.new_value(dtype, shape)

@@ -19,6 +19,7 @@ Either makes these modules importable, with the names old scripts take from them
 ``to_backend("MPSBackend", edge_program, compile_specs)`` work as they did. Nothing is installed
 globally: the alias exists in the process that imported this module.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,11 +32,12 @@ from typing import Any
 
 #: old module -> {name: "module:attribute" in this package}
 ALIASES: dict[str, dict[str, str]] = {
-    "executorch.backends.apple.mps": {"MPSBackend": "mps_backend.backend:MPSBackend",
-                                      "MPSPartitioner": "mps_backend.partitioner:MPSPartitioner"},
+    "executorch.backends.apple.mps": {
+        "MPSBackend": "mps_backend.backend:MPSBackend",
+        "MPSPartitioner": "mps_backend.partitioner:MPSPartitioner",
+    },
     "executorch.backends.apple.mps.partition": {"MPSPartitioner": "mps_backend.partitioner:MPSPartitioner"},
-    "executorch.backends.apple.mps.partition.mps_partitioner": {
-        "MPSPartitioner": "mps_backend.partitioner:MPSPartitioner"},
+    "executorch.backends.apple.mps.partition.mps_partitioner": {"MPSPartitioner": "mps_backend.partitioner:MPSPartitioner"},
     "executorch.backends.apple.mps.mps_preprocess": {"MPSBackend": "mps_backend.backend:MPSBackend"},
 }
 
@@ -60,8 +62,9 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def getattr_(name: str) -> Any:
             where = names.get(name)
             if where is None:
-                raise AttributeError(f"{module.__name__} (an mps_backend alias) has no {name!r}; it provides "
-                                     f"{', '.join(sorted(names))}")
+                raise AttributeError(
+                    f"{module.__name__} (an mps_backend alias) has no {name!r}; it provides {', '.join(sorted(names))}"
+                )
             mod, _, attr = where.partition(":")
             return getattr(importlib.import_module(mod), attr)
 

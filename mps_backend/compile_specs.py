@@ -1,5 +1,6 @@
 """Compile specs of the MPS delegate. The only key is ``use_fp16`` (one byte, bool; default on),
 as the upstream backend defined it. Unknown keys are an error, not silently ignored."""
+
 from __future__ import annotations
 
 from typing import Iterable

@@ -1,4 +1,5 @@
 """torch dtype <-> MPSDataType, and which dtypes the device can hold (semantics §3.1)."""
+
 from __future__ import annotations
 
 import torch

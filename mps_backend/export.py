@@ -1,5 +1,6 @@
 """The export pipeline behind ``mps-backend export``: torch.export -> edge -> MPS -> .pte,
 with stage timings, a summary, and optional verification through the device model."""
+
 from __future__ import annotations
 
 import time
@@ -37,15 +38,19 @@ class ExportResult:
 
     def summary(self) -> str:
         r = self.report
-        return "\n".join([
-            f"precision        {self.precision}",
-            f"MPS delegates    {self.delegates}",
-            f"nodes delegated  {len(r.delegated)}/{r.total}",
-            f"constant bytes   {self.constant_bytes:,}",
-            f".pte size        {len(self.pte):,} bytes",
-            f"seconds          {sum(self.seconds.values()):.2f} "
-            + "(" + ", ".join(f"{k} {v:.2f}" for k, v in self.seconds.items()) + ")",
-        ])
+        return "\n".join(
+            [
+                f"precision        {self.precision}",
+                f"MPS delegates    {self.delegates}",
+                f"nodes delegated  {len(r.delegated)}/{r.total}",
+                f"constant bytes   {self.constant_bytes:,}",
+                f".pte size        {len(self.pte):,} bytes",
+                f"seconds          {sum(self.seconds.values()):.2f} "
+                + "("
+                + ", ".join(f"{k} {v:.2f}" for k, v in self.seconds.items())
+                + ")",
+            ]
+        )
 
 
 def export_program(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
@@ -59,8 +64,15 @@ def make_static(ep: torch.export.ExportedProgram, example_inputs: Sequence[torch
     the MPS delegate, which compiles static shapes only, can take all of it as one partition."""
     import warnings  # noqa: PLC0415
 
-    symbolic = sorted({str(d) for n in ep.graph.nodes if n.op == "placeholder"
-                       for d in getattr(n.meta.get("val"), "shape", ()) if not isinstance(d, int)})
+    symbolic = sorted(
+        {
+            str(d)
+            for n in ep.graph.nodes
+            if n.op == "placeholder"
+            for d in getattr(n.meta.get("val"), "shape", ())
+            if not isinstance(d, int)
+        }
+    )
     if symbolic:
         shapes = ", ".join(str(list(x.shape)) for x in example_inputs if isinstance(x, torch.Tensor))
         warnings.warn(f"dynamic dimensions {', '.join(symbolic)} made static: inputs {shapes}", stacklevel=2)
@@ -77,9 +89,16 @@ def _delegate_blobs(edge) -> list[bytes]:
     return blobs
 
 
-def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *, use_fp16: bool = True,
-                 progress: Callable[[str], None] | None = None, etrecord: bool = False,
-                 target_runtime: str | None = DEFAULT_TARGET, allow_missing_kernels: bool = False) -> ExportResult:
+def export_model(
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    use_fp16: bool = True,
+    progress: Callable[[str], None] | None = None,
+    etrecord: bool = False,
+    target_runtime: str | None = DEFAULT_TARGET,
+    allow_missing_kernels: bool = False,
+) -> ExportResult:
     """Export ``model`` to a .pte whose supported parts run on the MPS delegate. ``etrecord``: also
     generate executorch's ETRecord (``result.etrecord.save(path)``; the Inspector reads it).
     ``target_runtime``: the oldest executorch release the app's runtime may be (default 1.0, the oldest
@@ -107,9 +126,12 @@ def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
         ep = stage("torch.export", lambda: export_program(model, example_inputs))
         if use_fp16:
             check_fp16_constants(ep)
-        edge = stage("lower to MPS", lambda: to_edge_transform_and_lower(ep, partitioner=[partitioner],
-                                                                          compile_config=edge_compile_config(),
-                                                                          generate_etrecord=etrecord))
+        edge = stage(
+            "lower to MPS",
+            lambda: to_edge_transform_and_lower(
+                ep, partitioner=[partitioner], compile_config=edge_compile_config(), generate_etrecord=etrecord
+            ),
+        )
         blobs = _delegate_blobs(edge)
         program = stage("to_executorch", edge.to_executorch)
         check_program(program, target_runtime, warn_only=allow_missing_kernels)
@@ -121,8 +143,15 @@ def export_model(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
         # the example inputs are what the Inspector's calculate_numeric_gap runs the reference graph on
         # (without them it fails inside the graph with "got None"); the same inputs make the ETDump
         record.update_representative_inputs([tuple(example_inputs)])
-    return ExportResult(pte=pte, report=partitioner.report(), use_fp16=use_fp16, delegates=len(blobs),
-                        constant_bytes=constant_bytes, seconds=seconds, etrecord=record)
+    return ExportResult(
+        pte=pte,
+        report=partitioner.report(),
+        use_fp16=use_fp16,
+        delegates=len(blobs),
+        constant_bytes=constant_bytes,
+        seconds=seconds,
+        etrecord=record,
+    )
 
 
 @dataclass
@@ -141,12 +170,15 @@ class Verification:
 
     def __str__(self) -> str:
         verdict = "OK" if self.ok else "FAILED"
-        return (f"verify: max abs error {self.max_abs:.3g}, relative to output scale {self.relative:.3g} "
-                f"(tolerance {self.tolerance:g}) {verdict}")
+        return (
+            f"verify: max abs error {self.max_abs:.3g}, relative to output scale {self.relative:.3g} "
+            f"(tolerance {self.tolerance:g}) {verdict}"
+        )
 
 
-def bundle(pte: bytes, inputs: Sequence[Sequence[torch.Tensor]], outputs: Sequence[Sequence[torch.Tensor]],
-           method: str = "forward") -> bytes:
+def bundle(
+    pte: bytes, inputs: Sequence[Sequence[torch.Tensor]], outputs: Sequence[Sequence[torch.Tensor]], method: str = "forward"
+) -> bytes:
     """A bundled program (``.bpte``): the program plus test cases (inputs and expected outputs), which
     an app checks on the device with executorch's bundled-program API
     (``load_bundled_input`` / ``verify_result_with_bundled_expected_output``)."""

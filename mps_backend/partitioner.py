@@ -1,5 +1,6 @@
 """MPSPartitioner: tags every node the device computes correctly, in as few partitions as the
 graph allows, and remembers why each other node stays on CPU."""
+
 from __future__ import annotations
 
 import operator
@@ -54,9 +55,13 @@ class PartitionReport:
         """The report of a program from the reports of its methods (one report: itself)."""
         if len(reports) == 1:
             return reports[0]
-        return cls(delegated=[n for r in reports for n in r.delegated], on_cpu=[n for r in reports for n in r.on_cpu],
-                   partitions=sum(r.partitions for r in reports), fp16_notes=[n for r in reports for n in r.fp16_notes],
-                   methods=list(reports))
+        return cls(
+            delegated=[n for r in reports for n in r.delegated],
+            on_cpu=[n for r in reports for n in r.on_cpu],
+            partitions=sum(r.partitions for r in reports),
+            fp16_notes=[n for r in reports for n in r.fp16_notes],
+            methods=list(reports),
+        )
 
     @property
     def total(self) -> int:
@@ -64,14 +69,15 @@ class PartitionReport:
 
     def __str__(self) -> str:
         if self.methods:
-            lines = [f"{len(self.delegated)}/{self.total} operator nodes delegated to MPS in {self.partitions} "
-                     f"partition(s) over {len(self.methods)} methods"]
+            lines = [
+                f"{len(self.delegated)}/{self.total} operator nodes delegated to MPS in {self.partitions} "
+                f"partition(s) over {len(self.methods)} methods"
+            ]
             for i, method in enumerate(self.methods, 1):
                 lines.append(f"method {i} of {len(self.methods)} (in the order executorch lowered them):")
                 lines += ["  " + line for line in str(method).splitlines()]
             return "\n".join(lines)
-        lines = [f"{len(self.delegated)}/{self.total} operator nodes delegated to MPS in "
-                 f"{self.partitions} partition(s)"]
+        lines = [f"{len(self.delegated)}/{self.total} operator nodes delegated to MPS in {self.partitions} partition(s)"]
         if self.on_cpu:
             lines.append("left on CPU:")
             lines += [f"  {n.name} ({n.target}): {n.reason}" for n in self.on_cpu]
@@ -99,12 +105,13 @@ def _absorb_unread_constants(ep: ExportedProgram, tag: str) -> None:
     graph inputs itself; left untagged they would be stored in the program as CPU constants)."""
     sig = ep.graph_signature
     mutated = set(sig.buffers_to_mutate.values())
-    constant_inputs = {s.arg.name for s in sig.input_specs
-                       if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
-                       and s.target not in mutated}
+    constant_inputs = {
+        s.arg.name
+        for s in sig.input_specs
+        if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR) and s.target not in mutated
+    }
     for node in ep.graph.nodes:
-        if node.op == "placeholder" and not node.users and node.name in constant_inputs \
-                and "delegation_tag" not in node.meta:
+        if node.op == "placeholder" and not node.users and node.name in constant_inputs and "delegation_tag" not in node.meta:
             node.meta["delegation_tag"] = tag
 
 
@@ -117,11 +124,15 @@ def _fp16_cast_note(node: Node) -> str | None:
     if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
         return None
     if not src.dtype.is_floating_point and src.dtype != torch.bool and out.dtype == torch.float32:
-        return (f"{node.name}: {src.dtype} -> float32 is float16 on the device: integers beyond ±65504 "
-                "become inf (and above 2048 lose their last bits)")
+        return (
+            f"{node.name}: {src.dtype} -> float32 is float16 on the device: integers beyond ±65504 "
+            "become inf (and above 2048 lose their last bits)"
+        )
     if src.dtype == torch.float32 and not out.dtype.is_floating_point and out.dtype != torch.bool:
-        return (f"{node.name}: float32 -> {out.dtype} reads a float16 value on the device: inputs beyond "
-                "±65504 are already inf there and convert to the integer minimum")
+        return (
+            f"{node.name}: float32 -> {out.dtype} reads a float16 value on the device: inputs beyond "
+            "±65504 are already inf there and convert to the integer minimum"
+        )
     return None
 
 
@@ -143,8 +154,11 @@ def edge_compile_config(**overrides) -> EdgeCompileConfig:
     from executorch.exir.program._program import _default_decomposition_table  # noqa: PLC0415
 
     table = _default_decomposition_table()
-    survivors = [t for t in default_registry().targets  # non-core ops no decomposition removes
-                 if isinstance(t, torch._ops.OpOverload) and torch.Tag.core not in t.tags and t not in table]
+    survivors = [
+        t
+        for t in default_registry().targets  # non-core ops no decomposition removes
+        if isinstance(t, torch._ops.OpOverload) and torch.Tag.core not in t.tags and t not in table
+    ]
     overrides.setdefault("_core_aten_ops_exception_list", sorted(survivors, key=str))
     return EdgeCompileConfig(**overrides)
 
@@ -177,8 +191,9 @@ class MPSPartitioner(Partitioner):
         registry = default_registry()
         reasons: dict[Node, str] = {}
         gm = exported_program.graph_module
-        proposed = CapabilityBasedPartitioner(gm, _Support(registry, reasons),
-                                              allows_single_node_partition=True).propose_partitions()
+        proposed = CapabilityBasedPartitioner(
+            gm, _Support(registry, reasons), allows_single_node_partition=True
+        ).propose_partitions()
         tags: dict[str, DelegationSpec] = {}
         delegated: set[Node] = set()
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -207,15 +222,18 @@ class MPSPartitioner(Partitioner):
         self._reports.append(report)
         dynamic = [n for n in report.on_cpu if "dynamic shape" in n.reason]
         if dynamic:
-            warnings.warn(DynamicShapeWarning(
-                f"{len(dynamic)} operator node(s) stay on CPU because their shapes are dynamic (first: "
-                f"{dynamic[0].name}: {dynamic[0].reason}); the MPS delegate compiles static shapes only. "
-                "Export with static shapes (torch.export.export without dynamic_shapes), or make an "
-                "exported program static: mps_backend.export.make_static(ep, example_inputs)"), stacklevel=2)
+            warnings.warn(
+                DynamicShapeWarning(
+                    f"{len(dynamic)} operator node(s) stay on CPU because their shapes are dynamic (first: "
+                    f"{dynamic[0].name}: {dynamic[0].reason}); the MPS delegate compiles static shapes only. "
+                    "Export with static shapes (torch.export.export without dynamic_shapes), or make an "
+                    "exported program static: mps_backend.export.make_static(ep, example_inputs)"
+                ),
+                stacklevel=2,
+            )
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
 
-    def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[torch._ops.OpOverload],
-                                                                  Callable[[Node], bool] | None]:
+    def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[torch._ops.OpOverload], Callable[[Node], bool] | None]:
         """Keep whole the ops we lower directly that the default decompositions would split
         (lowerings marked ``preserve``); the filter keeps only instances we can lower."""
         registry = default_registry()

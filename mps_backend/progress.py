@@ -1,5 +1,6 @@
 """Progress display for long command-line work: a live bar per stage on a terminal (tqdm), one
 summary line per stage everywhere (``[name] done in 12.3s``), on standard error."""
+
 from __future__ import annotations
 
 import sys
@@ -36,8 +37,7 @@ class Progress:
         if ticker and self.live:
             from tqdm import tqdm  # noqa: PLC0415
 
-            bar = tqdm(desc=f"[{name}]", total=None, file=self.stream, leave=False,
-                       bar_format="{desc} {elapsed}")
+            bar = tqdm(desc=f"[{name}]", total=None, file=self.stream, leave=False, bar_format="{desc} {elapsed}")
 
             def tick() -> None:
                 while not stop.wait(0.5):
@@ -63,8 +63,9 @@ class Progress:
             return _NoBar()
         from tqdm import tqdm  # noqa: PLC0415
 
-        return tqdm(desc=f"[{name}]", total=total or None, unit="B", unit_scale=True, unit_divisor=1024,
-                    file=self.stream, leave=False)
+        return tqdm(
+            desc=f"[{name}]", total=total or None, unit="B", unit_scale=True, unit_divisor=1024, file=self.stream, leave=False
+        )
 
 
 class _NoBar:

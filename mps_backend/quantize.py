@@ -19,6 +19,7 @@ The exported edge graph then holds ``torchao.dequantize_affine`` on int8 weights
 
 Layers whose ``in_features`` (embedding dim) the group size does not divide are left in float.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -60,7 +61,8 @@ def weight_only_config(scheme: str, group_size: Optional[int] = None, *, asymmet
     return IntxWeightOnlyConfig(
         weight_dtype=torch.int4 if scheme == "int4" else torch.int8,
         granularity=PerGroup(group_size) if group_size else PerAxis(0),
-        mapping_type=MappingType.ASYMMETRIC if asymmetric else MappingType.SYMMETRIC)
+        mapping_type=MappingType.ASYMMETRIC if asymmetric else MappingType.SYMMETRIC,
+    )
 
 
 def quantizable(scheme: str, group_size: Optional[int] = None, *, embeddings: bool = False):
@@ -84,8 +86,9 @@ def quantizable(scheme: str, group_size: Optional[int] = None, *, embeddings: bo
     return wanted
 
 
-def quantize_model(model: torch.nn.Module, scheme: str, group_size: Optional[int] = None, *,
-                   asymmetric: bool = False, embeddings: bool = False) -> torch.nn.Module:
+def quantize_model(
+    model: torch.nn.Module, scheme: str, group_size: Optional[int] = None, *, asymmetric: bool = False, embeddings: bool = False
+) -> torch.nn.Module:
     """Quantize ``model``'s linear weights in place (torchao weight-only) and return it.
 
     ``scheme``: ``"int4"`` or ``"int8"``. ``group_size``: columns sharing one scale (``None`` or 0:

@@ -26,6 +26,7 @@ and cached) unless an ``MPSBackend`` is registered already, so ``run_method`` ru
 the device model. Where the emulator cannot be built (no C++ compiler) the recipe warns
 (:class:`EmulatorUnavailableWarning`) and exporting works as before.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -87,9 +88,13 @@ def _ensure_mps_backend() -> None:
         if "MPSBackend" not in pybindings()._get_registered_backend_names():
             load_emulator()
     except (EmulatorError, OSError) as e:
-        warnings.warn(EmulatorUnavailableWarning(
-            f"the emulated MPS delegate is unavailable ({e}); the recipe exports, but session.run_method "
-            "cannot run its MPS delegates in this process"), stacklevel=3)
+        warnings.warn(
+            EmulatorUnavailableWarning(
+                f"the emulated MPS delegate is unavailable ({e}); the recipe exports, but session.run_method "
+                "cannot run its MPS delegates in this process"
+            ),
+            stacklevel=3,
+        )
 
 
 class MPSRecipeProvider(BackendRecipeProvider):
@@ -109,8 +114,10 @@ class MPSRecipeProvider(BackendRecipeProvider):
         use_fp16, scheme, fallback = _RECIPES[recipe_type]  # type: ignore[index]
         unknown = set(kwargs) - ({"group_size"} if scheme else set())
         if unknown:
-            raise ValueError(f"MPS recipe {recipe_type.value!r} takes no parameter {sorted(unknown)}"
-                             + (" (only group_size)" if scheme else ""))
+            raise ValueError(
+                f"MPS recipe {recipe_type.value!r} takes no parameter {sorted(unknown)}"
+                + (" (only group_size)" if scheme else "")
+            )
         from mps_backend.partitioner import MPSPartitioner, edge_compile_config  # noqa: PLC0415
 
         partitioners: list[Any] = [MPSPartitioner(use_fp16=use_fp16)]
@@ -126,12 +133,18 @@ class MPSRecipeProvider(BackendRecipeProvider):
             if group is not None and (not isinstance(group, int) or group < 0):
                 raise ValueError(f"group_size must be a non-negative integer, got {group!r}")
             group = resolve_group_size(scheme, group)
-            quantization = QuantizationRecipe(quantizers=None, ao_quantization_configs=[
-                AOQuantizationConfig(weight_only_config(scheme, group), filter_fn=quantizable(scheme, group))])
+            quantization = QuantizationRecipe(
+                quantizers=None,
+                ao_quantization_configs=[
+                    AOQuantizationConfig(weight_only_config(scheme, group), filter_fn=quantizable(scheme, group))
+                ],
+            )
         _ensure_mps_backend()
-        return ExportRecipe(name=recipe_type.value, quantization_recipe=quantization,
-                            lowering_recipe=LoweringRecipe(partitioners=partitioners,
-                                                           edge_compile_config=edge_compile_config()))
+        return ExportRecipe(
+            name=recipe_type.value,
+            quantization_recipe=quantization,
+            lowering_recipe=LoweringRecipe(partitioners=partitioners, edge_compile_config=edge_compile_config()),
+        )
 
 
 if BACKEND_NAME not in recipe_registry.list_backends():  # an ecosystem registration, once per process

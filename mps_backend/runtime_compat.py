@@ -12,6 +12,7 @@ The default target is the oldest release with the MPS delegate runtime (1.0): a 
 on every app that ships the delegate. ``target_runtime="1.4"`` (``--target-runtime 1.4``) if the app
 ships a newer executorch; ``None`` skips the check.
 """
+
 from __future__ import annotations
 
 import functools
@@ -61,8 +62,10 @@ def _release(version: str) -> str:
     patches = sorted((v for v in data if v.startswith(version + ".")), key=lambda v: tuple(map(int, v.split("."))))
     if not patches:
         known = sorted({".".join(v.split(".")[:2]) for v in data})
-        raise ValueError(f"unknown executorch runtime {version!r}: known are {', '.join(known)} "
-                         "(the releases that ship the MPS delegate runtime)")
+        raise ValueError(
+            f"unknown executorch runtime {version!r}: known are {', '.join(known)} "
+            "(the releases that ship the MPS delegate runtime)"
+        )
     return patches[-1]
 
 
@@ -123,8 +126,7 @@ def _nodes_by_kernel(graph_modules: Iterable[Any]) -> dict[str, list[str]]:
     return found
 
 
-def missing_kernels(pte: Any, target_runtime: str = DEFAULT_TARGET,
-                    edge_graphs: Iterable[Any] = ()) -> list[MissingKernel]:
+def missing_kernels(pte: Any, target_runtime: str = DEFAULT_TARGET, edge_graphs: Iterable[Any] = ()) -> list[MissingKernel]:
     """Operators of ``pte`` (bytes or an ``ExecutorchProgramManager``) with no kernel in ``target_runtime``;
     ``edge_graphs`` (the program's graph modules) name the nodes that use each one. With a program
     manager and no ``edge_graphs``, its own methods' graphs are used."""
@@ -138,8 +140,9 @@ def missing_kernels(pte: Any, target_runtime: str = DEFAULT_TARGET,
     return [MissingKernel(name, tuple(nodes.get(name, ()))) for name in missing]
 
 
-def check_program(pte: Any, target_runtime: str | None = DEFAULT_TARGET, *, edge_graphs: Iterable[Any] = (),
-                  warn_only: bool = False) -> list[MissingKernel]:
+def check_program(
+    pte: Any, target_runtime: str | None = DEFAULT_TARGET, *, edge_graphs: Iterable[Any] = (), warn_only: bool = False
+) -> list[MissingKernel]:
     """Raise :class:`RuntimeCompatError` (or warn, with ``warn_only``) when the program's CPU part needs a
     kernel the target runtime lacks; returns what is missing. ``target_runtime=None`` checks nothing."""
     if target_runtime is None:
@@ -147,11 +150,13 @@ def check_program(pte: Any, target_runtime: str | None = DEFAULT_TARGET, *, edge
     missing = missing_kernels(pte, target_runtime, edge_graphs)
     if missing:
         version = _release(target_runtime)
-        msg = (f"the program would not load in executorch {version} (the target runtime): "
-               + "; ".join(m.describe(version) for m in missing)
-               + ". Lower those nodes to MPS (see the partitioner's report for why they stayed on CPU), "
-               "change the model, or target a newer runtime if the app ships one (--target-runtime / "
-               "target_runtime=...)")
+        msg = (
+            f"the program would not load in executorch {version} (the target runtime): "
+            + "; ".join(m.describe(version) for m in missing)
+            + ". Lower those nodes to MPS (see the partitioner's report for why they stayed on CPU), "
+            "change the model, or target a newer runtime if the app ships one (--target-runtime / "
+            "target_runtime=...)"
+        )
         if warn_only:
             warnings.warn(RuntimeCompatWarning(msg), stacklevel=2)
         else:

@@ -31,6 +31,7 @@ Value ids never change: removed nodes leave their output entries in ``mps_values
 device creates tensors only for inputs and constants), so user inputs stay ids 0..n-1.
 ``node_origin`` (the debug-handle map) is kept in step with the node list.
 """
+
 from __future__ import annotations
 
 import math
@@ -118,11 +119,18 @@ def _fold_negations(graph) -> int:
         src = producer.get(node.fields.get("input1_id", -1))
         if node.op == "MPSLogicalNot" and src is not None and src.op in NEGATED:
             node.op = NEGATED[src.op]
-            node.fields = {"input1_id": src.fields["input1_id"], "input2_id": src.fields["input2_id"],
-                           "output_id": node.fields["output_id"]}
+            node.fields = {
+                "input1_id": src.fields["input1_id"],
+                "input2_id": src.fields["input2_id"],
+                "output_id": node.fields["output_id"],
+            }
             folded += 1
-        elif (node.op == "MPSWhere" and src is not None and src.op == "MPSLogicalNot"
-              and graph.values[src.fields["input1_id"]].datatype == DataType.bool):  # the device's NOT of a
+        elif (
+            node.op == "MPSWhere"
+            and src is not None
+            and src.op == "MPSLogicalNot"
+            and graph.values[src.fields["input1_id"]].datatype == DataType.bool
+        ):  # the device's NOT of a
             # non-bool tensor is unverified
             f = node.fields
             f["input1_id"], f["input2_id"], f["input3_id"] = src.fields["input1_id"], f["input3_id"], f["input2_id"]
@@ -210,16 +218,20 @@ def _dedupe(b) -> int:
         _rename(node, replace)
         outs = [n for n in node.fields if n in OUTPUT_FIELDS]
         out_ids = [v for n in outs for v in (node.fields[n] if isinstance(node.fields[n], list) else [node.fields[n]])]
-        key = (node.op, node.min_max,
-               tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in node.fields.items() if k not in OUTPUT_FIELDS),
-               tuple((graph.values[v].datatype, tuple(graph.values[v].dims)) if v >= 0 else None for v in out_ids))
+        key = (
+            node.op,
+            node.min_max,
+            tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in node.fields.items() if k not in OUTPUT_FIELDS),
+            tuple((graph.values[v].datatype, tuple(graph.values[v].dims)) if v >= 0 else None for v in out_ids),
+        )
         earlier = first_node.get(key)
         if earlier is None or graph_outputs.intersection(out_ids):
             first_node.setdefault(key, node)
             kept.append(i)
             continue
-        earlier_ids = [v for n in outs for v in (earlier.fields[n] if isinstance(earlier.fields[n], list)
-                                                 else [earlier.fields[n]])]
+        earlier_ids = [
+            v for n in outs for v in (earlier.fields[n] if isinstance(earlier.fields[n], list) else [earlier.fields[n]])
+        ]
         replace.update((a, c) for a, c in zip(out_ids, earlier_ids) if a >= 0)
     removed = len(graph.nodes) - len(kept)
     if removed:
@@ -257,5 +269,10 @@ def simplify(b) -> dict[str, int]:
     folded = _fold_negations(b.graph)
     merged = _dedupe(b)
     removed = _remove_dead(b)
-    return {"reshapes rewired": rewired, "permutes composed": permutes, "negations folded": folded, "duplicates merged": merged,
-            "nodes removed": removed}
+    return {
+        "reshapes rewired": rewired,
+        "permutes composed": permutes,
+        "negations folded": folded,
+        "duplicates merged": merged,
+        "nodes removed": removed,
+    }

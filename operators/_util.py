@@ -1,4 +1,5 @@
 """Small helpers shared by the op families (argument access, dims, scalars)."""
+
 from __future__ import annotations
 
 from typing import Any

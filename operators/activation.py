@@ -36,6 +36,7 @@ softplus.
   exp(x)`` is a float16 subnormal (selu: 2.1e-7 / 2e-3, the latter for results near 6e-5, for the same
   reason).
 """
+
 from __future__ import annotations
 
 import torch
@@ -84,13 +85,16 @@ def _gelu(node: Node, b: GraphBuilder) -> None:
 
 def _hardtanh(node: Node, b: GraphBuilder) -> None:
     lo, hi = arg(node, 1, "min_val", -1.0), arg(node, 2, "max_val", 1.0)
-    b.emit("MPSHardTanh", input1_id=b.id(node.args[0]), output_id=b.out(node),
-           min_value=float(lo), max_value=float(hi))
+    b.emit("MPSHardTanh", input1_id=b.id(node.args[0]), output_id=b.out(node), min_value=float(lo), max_value=float(hi))
 
 
 def _leaky_relu(node: Node, b: GraphBuilder) -> None:
-    b.emit("MPSLeakyReLU", input1_id=b.id(node.args[0]), output_id=b.out(node),
-           negative_slope=float(arg(node, 1, "negative_slope", 0.01)))
+    b.emit(
+        "MPSLeakyReLU",
+        input1_id=b.id(node.args[0]),
+        output_id=b.out(node),
+        negative_slope=float(arg(node, 1, "negative_slope", 0.01)),
+    )
 
 
 def _softmax_check(node: Node):
@@ -103,6 +107,7 @@ def _softmax(op: str):
     def lower(node: Node, b: GraphBuilder) -> None:
         dim = norm_dim(arg(node, 1, "dim"), rank(node.args[0]))
         b.emit(op, input1_id=b.id(node.args[0]), output_id=b.out(node), dim=dim, half_to_float=False)
+
     return lower
 
 

@@ -32,6 +32,7 @@ Device limits handled here (semantics §5.2, §6):
   integers is unverified, other integer powers stay on CPU. Float ``pow`` with the exponents torch
   special-cases (0, ±0.5, 1, ±1, 2, 3, 4, -2) uses the same exact ops (mul, sqrt, rsqrt, reciprocal).
 """
+
 from __future__ import annotations
 
 import math
@@ -55,6 +56,7 @@ dim_order_ops = torch.ops.dim_order_ops
 
 # ---------------------------------------------------------------------------------------------
 # operands
+
 
 def _common_dtype(node: Node) -> torch.dtype:
     """torch's common dtype of the first two arguments (tensor or scalar)."""
@@ -81,6 +83,7 @@ def _operands(node: Node, b: GraphBuilder, dtype: torch.dtype | None = None) -> 
 # ---------------------------------------------------------------------------------------------
 # add / sub / mul / rsub
 
+
 def _arith(op: str, with_alpha: bool = False, swap: bool = False):
     def lower(node: Node, b: GraphBuilder) -> None:
         x, y = _operands(node, b, val(node).dtype)
@@ -88,6 +91,7 @@ def _arith(op: str, with_alpha: bool = False, swap: bool = False):
             x, y = y, x
         fields: dict[str, Any] = {"alpha": float(arg(node, 2, "alpha", 1))} if with_alpha else {}
         b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node), **fields)
+
     return lower
 
 
@@ -108,6 +112,7 @@ def _mul_check(node: Node):
 
 # ---------------------------------------------------------------------------------------------
 # division family
+
 
 def _div_check(node: Node):
     if not is_float(node):
@@ -159,8 +164,7 @@ def _int_divmod(b: GraphBuilder, x: int, y: int) -> tuple[int, int]:
     q0 = binary(b, "MPSDiv", x, y)  # no rounding mode: integer division with an integer result
     r0 = binary(b, "MPSSub", x, binary(b, "MPSMul", q0, y))
     y_neg = compare(b, "MPSLt", y, zero)
-    above = binary(b, "MPSBitwiseAnd", compare(b, "MPSNe", r0, zero),
-                   compare(b, "MPSNe", compare(b, "MPSLt", r0, zero), y_neg))
+    above = binary(b, "MPSBitwiseAnd", compare(b, "MPSNe", r0, zero), compare(b, "MPSNe", compare(b, "MPSLt", r0, zero), y_neg))
     q = binary(b, "MPSSub", q0, b.cast(above, dt))
     r = where(b, above, binary(b, "MPSAdd", r0, y), r0)
     return q, r
@@ -194,10 +198,12 @@ def _int_fmod(b: GraphBuilder, x: int, y: int) -> int:
 
 def _division(float_fn, int_fn):
     """Lower ``float_fn(b, x, y)`` on float operands (the result dtype), ``int_fn`` on integer ones."""
+
     def lower(node: Node, b: GraphBuilder) -> None:
         dt = b.compute_dtype(val(node).dtype)
         x, y = _operands(node, b, dt)
         finish(b, node, (float_fn if dt in FLOAT_DTYPES else int_fn)(b, x, y))
+
     return lower
 
 
@@ -215,8 +221,7 @@ def _div_mode(node: Node, b: GraphBuilder) -> None:
     if mode is None:
         _div(node, b)
         return
-    _division(lambda b, x, y: _rounded_div(b, x, y, mode),
-              _int_floor_divide if mode == "floor" else _int_trunc_divide)(node, b)
+    _division(lambda b, x, y: _rounded_div(b, x, y, mode), _int_floor_divide if mode == "floor" else _int_trunc_divide)(node, b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,8 +247,10 @@ def _pow_check(node: Node):
         k = _int_exponent(exponent)
         if k is not None and 0 <= k <= 16:
             return None
-    return (f"{val(node).dtype} pow: MPSPow on integer tensors is unverified (only scalar exponents "
-            "0..16 are lowered, as exact multiplications)")
+    return (
+        f"{val(node).dtype} pow: MPSPow on integer tensors is unverified (only scalar exponents "
+        "0..16 are lowered, as exact multiplications)"
+    )
 
 
 def _power(b: GraphBuilder, x: int, k: int) -> int:
@@ -288,17 +295,18 @@ def _pow(node: Node, b: GraphBuilder) -> None:
     if isinstance(base, Node) and not isinstance(exponent, Node):
         finish(b, node, _pow_scalar_exponent(b, convert(b, b.id(base), dt), exponent))
         return
-    b.emit("MPSPow", input1_id=_operand(b, base, dt), input2_id=_operand(b, exponent, dt),
-           output_id=b.out(node))
+    b.emit("MPSPow", input1_id=_operand(b, base, dt), input2_id=_operand(b, exponent, dt), output_id=b.out(node))
 
 
 # ---------------------------------------------------------------------------------------------
 # minimum / maximum / atan2
 
+
 def _minmax(fn):
     def lower(node: Node, b: GraphBuilder) -> None:
         x, y = _operands(node, b, val(node).dtype)
         finish(b, node, fn(b, x, y))
+
     return lower
 
 
@@ -313,16 +321,14 @@ def _atan2(b: GraphBuilder, y: int, x: int) -> int:
         return const(b, v, dt)
 
     def sign_bit(v):  # v < 0, including -0 (1 / -0 = -inf) and -inf (v < 0 itself)
-        return binary(b, "MPSBitwiseOr", compare(b, "MPSLt", v, c(0)),
-                      compare(b, "MPSLt", unary(b, "MPSReciprocal", v), c(0)))
+        return binary(b, "MPSBitwiseOr", compare(b, "MPSLt", v, c(0)), compare(b, "MPSLt", unary(b, "MPSReciprocal", v), c(0)))
 
     x_neg, y_neg = sign_bit(x), sign_bit(y)
     pi = where(b, y_neg, c(-math.pi), c(math.pi))  # ±pi with y's sign
     # both infinite: atan(±1) is the right base angle; both zero: y (±0) is
     both_inf = binary(b, "MPSBitwiseAnd", unary(b, "MPSIsinf", y, torch.bool), unary(b, "MPSIsinf", x, torch.bool))
     one = where(b, y_neg, c(-1.0), c(1.0))
-    ratio = where(b, both_inf, binary(b, "MPSMul", one, where(b, x_neg, c(-1.0), c(1.0))),
-                  binary(b, "MPSDiv", y, x))
+    ratio = where(b, both_inf, binary(b, "MPSMul", one, where(b, x_neg, c(-1.0), c(1.0))), binary(b, "MPSDiv", y, x))
     t = unary(b, "MPSAtan", ratio)
     y_zero = compare(b, "MPSEq", y, c(0))
     x_nan = unary(b, "MPSIsnan", x, torch.bool)
@@ -342,6 +348,7 @@ def _float_out(node: Node):
 # ---------------------------------------------------------------------------------------------
 # bitwise / logical
 
+
 def _bitwise_check(node: Node):
     dt = val(node).dtype
     if dt.is_floating_point:
@@ -353,11 +360,13 @@ def _bitwise(op: str):
     def lower(node: Node, b: GraphBuilder) -> None:
         x, y = _operands(node, b, val(node).dtype)
         b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node))
+
     return lower
 
 
 def _logical(op: str):
     """logical_and/or/xor: operands as Bool (``x != 0``), then the bitwise member (logical on Bool)."""
+
     def as_bool(b: GraphBuilder, x) -> int:
         vid = b.id(x)
         if vdtype(b, vid) == torch.bool:
@@ -365,8 +374,8 @@ def _logical(op: str):
         return compare(b, "MPSNe", vid, const(b, 0, vdtype(b, vid)))
 
     def lower(node: Node, b: GraphBuilder) -> None:
-        b.emit(op, input1_id=as_bool(b, node.args[0]), input2_id=as_bool(b, node.args[1]),
-               output_id=b.out(node))
+        b.emit(op, input1_id=as_bool(b, node.args[0]), input2_id=as_bool(b, node.args[1]), output_id=b.out(node))
+
     return lower
 
 
@@ -384,8 +393,7 @@ def _int_vs_float(b: GraphBuilder, op: str, x: int, c: float):
         return op == "MPSNe"
     if math.isinf(c):
         above = c > 0  # every x is below +inf / above -inf
-        return {"MPSGt": not above, "MPSGe": not above, "MPSLt": above, "MPSLe": above,
-                "MPSEq": False, "MPSNe": True}[op]
+        return {"MPSGt": not above, "MPSGe": not above, "MPSLt": above, "MPSLe": above, "MPSEq": False, "MPSNe": True}[op]
     fl, ce = math.floor(c), math.ceil(c)
     if op == "MPSGt":
         return False if fl >= hi else True if fl < lo else (op, fl)
@@ -413,6 +421,7 @@ def _compare(op: str):
             return
         x, y = _operands(node, b)
         b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node))
+
     return lower
 
 
@@ -423,22 +432,28 @@ LOWERINGS = [
     Lowering((aten.mul.Tensor, aten.mul.Scalar), _arith("MPSMul"), _mul_check),
     Lowering((aten.div.Tensor, aten.div.Scalar), _div, _div_check),
     Lowering((aten.div.Tensor_mode, aten.div.Scalar_mode), _div_mode, _div_mode_check),
-    Lowering((aten.floor_divide.default, aten.floor_divide.Scalar),
-             _division(lambda b, x, y: _rounded_div(b, x, y, "floor"), _int_floor_divide),
-             lambda node: _int_or_float(node, "floor_divide")),
-    Lowering((aten.fmod.Tensor, aten.fmod.Scalar), _division(_fmod, _int_fmod),
-             lambda node: _int_or_float(node, "fmod")),
-    Lowering((aten.remainder.Tensor, aten.remainder.Scalar), _division(_remainder, _int_remainder),
-             lambda node: _int_or_float(node, "remainder")),
+    Lowering(
+        (aten.floor_divide.default, aten.floor_divide.Scalar),
+        _division(lambda b, x, y: _rounded_div(b, x, y, "floor"), _int_floor_divide),
+        lambda node: _int_or_float(node, "floor_divide"),
+    ),
+    Lowering((aten.fmod.Tensor, aten.fmod.Scalar), _division(_fmod, _int_fmod), lambda node: _int_or_float(node, "fmod")),
+    Lowering(
+        (aten.remainder.Tensor, aten.remainder.Scalar),
+        _division(_remainder, _int_remainder),
+        lambda node: _int_or_float(node, "remainder"),
+    ),
     Lowering((aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar), _pow, _pow_check),
     Lowering((aten.minimum.default,), _minmax(minimum)),
     Lowering((aten.maximum.default,), _minmax(maximum)),
     Lowering((aten.atan2.default,), _atan2_lower, _float_out),
-    *(Lowering((getattr(aten, f"bitwise_{name}").Tensor, getattr(aten, f"bitwise_{name}").Scalar),
-               _bitwise(op), _bitwise_check)
-      for name, op in (("and", "MPSBitwiseAnd"), ("or", "MPSBitwiseOr"), ("xor", "MPSBitwiseXor"))),
-    *(Lowering((getattr(aten, f"logical_{name}").default,), _logical(op))
-      for name, op in (("and", "MPSBitwiseAnd"), ("or", "MPSBitwiseOr"), ("xor", "MPSBitwiseXor"))),
-    *(Lowering((getattr(aten, name).Tensor, getattr(aten, name).Scalar), _compare(op))
-      for name, op in COMPARISONS.items()),
+    *(
+        Lowering((getattr(aten, f"bitwise_{name}").Tensor, getattr(aten, f"bitwise_{name}").Scalar), _bitwise(op), _bitwise_check)
+        for name, op in (("and", "MPSBitwiseAnd"), ("or", "MPSBitwiseOr"), ("xor", "MPSBitwiseXor"))
+    ),
+    *(
+        Lowering((getattr(aten, f"logical_{name}").default,), _logical(op))
+        for name, op in (("and", "MPSBitwiseAnd"), ("or", "MPSBitwiseOr"), ("xor", "MPSBitwiseXor"))
+    ),
+    *(Lowering((getattr(aten, name).Tensor, getattr(aten, name).Scalar), _compare(op)) for name, op in COMPARISONS.items()),
 ]

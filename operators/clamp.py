@@ -15,6 +15,7 @@
 * ``where.self`` -> MPSWhere with both branches cast to the result dtype (the device does not
   promote); scalar branches reach here as ``scalar_tensor`` nodes (constant.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -118,8 +119,13 @@ def _clamp_tensor(node: Node, b: GraphBuilder) -> None:
 def _where(node: Node, b: GraphBuilder) -> None:
     cond, x, y = node.args[:3]
     dt = b.dtype(node)
-    b.emit("MPSWhere", input1_id=b.id(cond), input2_id=convert(b, b.id(x), dt), input3_id=convert(b, b.id(y), dt),
-           output_id=b.out(node))
+    b.emit(
+        "MPSWhere",
+        input1_id=b.id(cond),
+        input2_id=convert(b, b.id(x), dt),
+        input3_id=convert(b, b.id(y), dt),
+        output_id=b.out(node),
+    )
 
 
 LOWERINGS = [

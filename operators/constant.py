@@ -6,6 +6,7 @@ fp16 graphs — a float32 fill would promote everything downstream to f32, seman
 CPU (the generic checks: the device binds no tensor for them). ``empty`` has no defined contents;
 zeros are a valid value.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,10 +33,16 @@ def _key(node: Node):
 
 #: target -> (index of the fill value argument, or the fixed float fill), whether it is a *_like op
 _FILLS = {
-    aten.full.default: (1, False), aten.full_like.default: (1, True), aten.scalar_tensor.default: (0, False),
-    aten.zeros.default: (0.0, False), aten.ones.default: (1.0, False), aten.zeros_like.default: (0.0, True),
-    aten.ones_like.default: (1.0, True), aten.empty.memory_format: (0.0, False),
-    aten.empty_like.default: (0.0, True), dim_order_ops._empty_dim_order.default: (0.0, False),
+    aten.full.default: (1, False),
+    aten.full_like.default: (1, True),
+    aten.scalar_tensor.default: (0, False),
+    aten.zeros.default: (0.0, False),
+    aten.ones.default: (1.0, False),
+    aten.zeros_like.default: (0.0, True),
+    aten.ones_like.default: (1.0, True),
+    aten.empty.memory_format: (0.0, False),
+    aten.empty_like.default: (0.0, True),
+    dim_order_ops._empty_dim_order.default: (0.0, False),
 }
 
 
@@ -72,8 +79,9 @@ def _full(node: Node, b: GraphBuilder) -> None:
     shape = [int(d) for d in val(node).shape] or [1]  # rank 0 is [1] on the device
     out = b.out(node)
     if _FILLS[_key(node)][1]:
-        b.emit("MPSFullLike", input1_id=b.id(node.args[0]), output_id=out, shape=shape, fill_value=value,
-               dtype=int(mps_dtype(dt)))
+        b.emit(
+            "MPSFullLike", input1_id=b.id(node.args[0]), output_id=out, shape=shape, fill_value=value, dtype=int(mps_dtype(dt))
+        )
     else:
         b.emit("MPSFull", input1_id=-1, output_id=out, shape=shape, fill_value=value, dtype=int(mps_dtype(dt)))
 

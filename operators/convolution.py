@@ -47,6 +47,7 @@ norm or a hardsigmoid reading the convolution; ``node.meta[CHANNEL_AFFINE]``): t
 ``y * scale + shift``, computed with ``W * scale`` and ``b * scale + shift`` (float64, rounded once, ``W *
 scale`` written straight into the blob); the MPS node's debug handle names the absorbed fx nodes too.
 """
+
 from __future__ import annotations
 
 import functools
@@ -69,9 +70,11 @@ aten = torch.ops.aten
 
 # ---- arguments and support check -----------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Params:
     """A convolution's int-list arguments, one entry per spatial dim."""
+
     stride: tuple
     padding: tuple
     dilation: tuple
@@ -100,8 +103,7 @@ def _params(node: Node) -> _Params | str:
     if not isinstance(groups, int) or groups < 1:
         return f"convolution groups {groups!r}"
     stride, padding, dilation, output_padding = lists
-    return _Params(stride, padding, dilation, output_padding, groups=groups,
-                   transposed=bool(arg(node, 6, "transposed", False)))
+    return _Params(stride, padding, dilation, output_padding, groups=groups, transposed=bool(arg(node, 6, "transposed", False)))
 
 
 def _common_reason(node: Node):
@@ -129,6 +131,7 @@ def _check(node: Node):
 
 # ---- weights re-laid out -------------------------------------------------------------------------
 
+
 def _relay(t: torch.Tensor, steps: tuple) -> torch.Tensor:
     """``steps`` applied to a tensor (what the device ops of ``_Weight.value`` compute)."""
     for op, a in steps:
@@ -140,6 +143,7 @@ def _relay(t: torch.Tensor, steps: tuple) -> torch.Tensor:
 class _Weight:
     """Weight value ``vid`` (shape ``shape``) and the re-layout ``steps`` a decomposition applies to it:
     ``("view", shape)``, ``("permute", perm)``, ``("reverse", axis)``."""
+
     vid: int
     shape: tuple
     steps: tuple = ()
@@ -177,6 +181,7 @@ class _Weight:
 
 # ---- emit helpers --------------------------------------------------------------------------------
 
+
 def _kind(c_in: int, wshape: list[int], groups: int) -> str:
     """MPSDepthwiseConv2D for a depthwise 2-d convolution (one filter per input channel; the device's
     channel multiplier > 1 is unverified, and a rank-3 weight aborts it), else MPSConv2D."""
@@ -188,11 +193,22 @@ def _emit(b: GraphBuilder, op: str, x: int, w: int, bias: int, out: int, stride,
     """One MPSConv node; ``lo``/``hi``: non-negative padding before/after each spatial dim."""
     if len(stride) == 1:  # conv1d: H = 1, everything acts on W (the device unsqueezes rank-3 operands)
         stride, lo, hi, dilation = [1, *stride], [0, *lo], [0, *hi], [1, *dilation]
-    b.emit(op, input1_id=x, input2_id=w, input3_id=bias, output_id=out,
-           stride_x=int(stride[1]), stride_y=int(stride[0]),
-           dilation_x=int(dilation[1]), dilation_y=int(dilation[0]), groups=int(groups),
-           padding_left=int(lo[1]), padding_right=int(hi[1]),
-           padding_top=int(lo[0]), padding_bottom=int(hi[0]))
+    b.emit(
+        op,
+        input1_id=x,
+        input2_id=w,
+        input3_id=bias,
+        output_id=out,
+        stride_x=int(stride[1]),
+        stride_y=int(stride[0]),
+        dilation_x=int(dilation[1]),
+        dilation_y=int(dilation[0]),
+        groups=int(groups),
+        padding_left=int(lo[1]),
+        padding_right=int(hi[1]),
+        padding_top=int(lo[0]),
+        padding_bottom=int(hi[0]),
+    )
 
 
 def _pad(b: GraphBuilder, vid: int, pad: list[int]) -> int:
@@ -215,8 +231,10 @@ def _bias_id(b: GraphBuilder, bias) -> int:
 
 # ---- forward convolution -------------------------------------------------------------------------
 
-def _conv(b: GraphBuilder, x: int, xs: list[int], w: _Weight, bias: int, stride, lo, hi, dilation, groups: int,
-          out: int | None = None) -> int:
+
+def _conv(
+    b: GraphBuilder, x: int, xs: list[int], w: _Weight, bias: int, stride, lo, hi, dilation, groups: int, out: int | None = None
+) -> int:
     """Forward convolution of value ``x`` (shape ``xs``, ``[N, C, *S]``) with weight ``w`` (torch layout
     ``[O, C/groups, *k]`` after its steps) and bias id ``bias`` (-1: none), padded by ``lo``/``hi``
     before/after each spatial dim (negative: cropped). Writes ``out`` (a new value when None)."""
@@ -237,8 +255,9 @@ def _conv(b: GraphBuilder, x: int, xs: list[int], w: _Weight, bias: int, stride,
     return out
 
 
-def _conv3d(b: GraphBuilder, x: int, xs: list[int], w: _Weight, bias: int, stride, lo, hi, dilation, groups: int,
-            out: int | None) -> int:
+def _conv3d(
+    b: GraphBuilder, x: int, xs: list[int], w: _Weight, bias: int, stride, lo, hi, dilation, groups: int, out: int | None
+) -> int:
     """3-d convolution as one 2-d convolution over the stacked depth taps (module doc); pads >= 0."""
     n, c, d, h, wd = xs
     o, i, kd, kh, kw = w.out_shape
@@ -265,6 +284,7 @@ def _conv3d(b: GraphBuilder, x: int, xs: list[int], w: _Weight, bias: int, strid
 
 # ---- transposed convolution ----------------------------------------------------------------------
 
+
 def _zero_insert(b: GraphBuilder, x: int, xs: list[int], stride) -> tuple[int, list[int]]:
     """``x`` ``[N, C, *S]`` with ``s - 1`` zeros after every element along each spatial axis (``s`` its
     stride): ``[N, C, *(S * s)]`` (module doc)."""
@@ -279,7 +299,7 @@ def _zero_insert(b: GraphBuilder, x: int, xs: list[int], stride) -> tuple[int, l
             v = _pad(b, v, [0, s - 1, 0, 0, 0, stride[a0 - 2] - 1])  # [P*H, sh, W, sw]
             xs[a0] *= stride[a0 - 2]
         else:
-            v = view(b, x, [math.prod(xs[:a + 1]), 1, math.prod(xs[a + 1:])])
+            v = view(b, x, [math.prod(xs[: a + 1]), 1, math.prod(xs[a + 1 :])])
             v = _pad(b, v, [0, 0, 0, s - 1])  # [P*S, s, R]
         xs[a] *= s
         x = view(b, v, xs)
@@ -289,8 +309,15 @@ def _zero_insert(b: GraphBuilder, x: int, xs: list[int], stride) -> tuple[int, l
 def _is_upsampling(node: Node, p: _Params) -> bool:
     """kernel == stride (square r x r, r > 1), no padding / output padding / dilation, one group."""
     k = shape(node.args[1])[2:]
-    return (len(k) == 2 and k[0] == k[1] > 1 and list(p.stride) == k and not any(p.padding)
-            and not any(p.output_padding) and p.dilation == (1, 1) and p.groups == 1)
+    return (
+        len(k) == 2
+        and k[0] == k[1] > 1
+        and list(p.stride) == k
+        and not any(p.padding)
+        and not any(p.output_padding)
+        and p.dilation == (1, 1)
+        and p.groups == 1
+    )
 
 
 def _upsampling(node: Node, b: GraphBuilder) -> None:
@@ -307,6 +334,7 @@ def _upsampling(node: Node, b: GraphBuilder) -> None:
             if data is not None:
                 return b.constant(data.repeat_interleave(r * r), dtype=vdtype(b, bid))
             return view(b, expand(b, view(b, bid, [c_out, 1]), [c_out, 1], [c_out, r * r]), [c_out * r * r])
+
         bias_id = b.memo(("transposed conv bias", bid, r), repeated)
     n, _, h, wd = shape(x)
     y = b.new_value(b.dtype(node), [n, c_out * r * r, h, wd])
@@ -333,6 +361,7 @@ def _transposed(node: Node, b: GraphBuilder, p: _Params) -> None:
 
 # ---- channel affine map folded in (mps_backend.passes.conv_epilogue) ------------------------------
 
+
 def _per_channel(b: GraphBuilder, a, c: int, fill: float) -> torch.Tensor:
     """Float64 data of constant ``a`` (a ``[C]`` parameter), or ``fill`` for an absent one."""
     if isinstance(a, Node):
@@ -350,12 +379,24 @@ def _lower_affine(node: Node, b: GraphBuilder, p: _Params, affine: ChannelAffine
     assert wid is not None, "the pass folds only convolutions with constant weights"
     folded_bias = _per_channel(b, bias, shape(w)[0], 0.0) * affine.scale + affine.shift
     bid = b.constant(folded_bias.to(val(w).dtype), dtype=vdtype(b, wid))
-    _emit(b, _kind(shape(x)[1], shape(w), p.groups), b.id(x), wid, bid, b.out(node), p.stride, p.padding, p.padding,
-          p.dilation, p.groups)
+    _emit(
+        b,
+        _kind(shape(x)[1], shape(w), p.groups),
+        b.id(x),
+        wid,
+        bid,
+        b.out(node),
+        p.stride,
+        p.padding,
+        p.padding,
+        p.dilation,
+        p.groups,
+    )
     b.node_origin[-1] = (node, *affine.absorbed)
 
 
 # ---- lowering ------------------------------------------------------------------------------------
+
 
 def _lower(node: Node, b: GraphBuilder) -> None:
     p = _params(node)
@@ -371,8 +412,19 @@ def _lower(node: Node, b: GraphBuilder) -> None:
     if affine is not None:
         _lower_affine(node, b, p, affine)
         return
-    _conv(b, b.id(x), shape(x), _Weight(b.id(w), tuple(shape(w))), _bias_id(b, bias), p.stride, p.padding,
-          p.padding, p.dilation, p.groups, out=b.out(node))
+    _conv(
+        b,
+        b.id(x),
+        shape(x),
+        _Weight(b.id(w), tuple(shape(w))),
+        _bias_id(b, bias),
+        p.stride,
+        p.padding,
+        p.padding,
+        p.dilation,
+        p.groups,
+        out=b.out(node),
+    )
 
 
 LOWERINGS = [Lowering((aten.convolution.default,), _lower, _check)]

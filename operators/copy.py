@@ -10,6 +10,7 @@ floor / ceil / round / trunc, already integral), and a narrowing integer cast wr
 (``x & (2**bits - 1)``, minus ``2**bits`` above the signed maximum, torch's wrap-around). Edge
 graphs cast every integer scalar operand this way (an int64 constant narrowed to int32 ...).
 """
+
 from __future__ import annotations
 
 import torch
@@ -53,9 +54,9 @@ def _exact_cast(b: GraphBuilder, vid: int, src: torch.dtype, dst: torch.dtype, i
     elif src != torch.bool and not src.is_floating_point and dst != torch.bool and not dst.is_floating_point:
         bits = torch.iinfo(dst).bits
         if bits < torch.iinfo(src).bits:
-            low = binary(b, "MPSBitwiseAnd", vid, const(b, 2 ** bits - 1, src))
+            low = binary(b, "MPSBitwiseAnd", vid, const(b, 2**bits - 1, src))
             high = compare(b, "MPSGe", low, const(b, 2 ** (bits - 1), src))
-            vid = where(b, high, binary(b, "MPSSub", low, const(b, 2 ** bits, src)), low)
+            vid = where(b, high, binary(b, "MPSSub", low, const(b, 2**bits, src)), low)
     return b.cast(vid, dst)
 
 
@@ -76,6 +77,16 @@ def _copy_into(node: Node, b: GraphBuilder) -> None:
     b.alias(node, vid)
 
 
-LOWERINGS = [Lowering((aten.clone.default, aten._to_copy.default, dim_order_ops._clone_dim_order.default,
-                       dim_order_ops._to_dim_order_copy.default), _copy, _copy_check),
-             Lowering((aten.copy.default,), _copy_into)]
+LOWERINGS = [
+    Lowering(
+        (
+            aten.clone.default,
+            aten._to_copy.default,
+            dim_order_ops._clone_dim_order.default,
+            dim_order_ops._to_dim_order_copy.default,
+        ),
+        _copy,
+        _copy_check,
+    ),
+    Lowering((aten.copy.default,), _copy_into),
+]

@@ -15,22 +15,24 @@ computes (docs/device-semantics.md §5):
 
 ``out=`` writes into an existing value (normally the fx node's ``b.out(node)``) instead of a new one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-from mps_backend.serialization.device_facts import BOOL_RESULT
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import TORCH_TO_MPS, mps_dtype
+from mps_backend.serialization.device_facts import BOOL_RESULT
 
 _TORCH_OF = {v: k for k, v in TORCH_TO_MPS.items()}
 
 
 # ---- what a value is ------------------------------------------------------------------------------
+
 
 def vdtype(b: GraphBuilder, vid: int) -> torch.dtype:
     """Declared (= device) dtype of value ``vid``."""
@@ -52,6 +54,7 @@ def _into(b: GraphBuilder, out: int | None, dtype: torch.dtype, shape: Iterable[
 
 
 # ---- constants and casts ------------------------------------------------------------------------
+
 
 def scalar_value(value: Any, dtype: torch.dtype) -> Any:
     """A Python scalar converted the way torch converts a scalar operand to ``dtype``
@@ -80,11 +83,13 @@ def finish(b: GraphBuilder, node: Node, vid: int) -> None:
 
 def full_like(b: GraphBuilder, x: int, value: float, dtype: torch.dtype) -> int:
     """A tensor of x's shape filled with ``value`` (MPSFullLike; ``dtype`` is a device dtype)."""
-    return b.emit_value("MPSFullLike", dtype, vshape(b, x), input1_id=x, shape=vshape(b, x),
-                        fill_value=float(value), dtype=int(mps_dtype(dtype)))
+    return b.emit_value(
+        "MPSFullLike", dtype, vshape(b, x), input1_id=x, shape=vshape(b, x), fill_value=float(value), dtype=int(mps_dtype(dtype))
+    )
 
 
 # ---- elementwise ----------------------------------------------------------------------------------
+
 
 def unary(b: GraphBuilder, op: str, x: int, dtype: torch.dtype | None = None, out: int | None = None) -> int:
     """A one-input member; the result keeps ``x``'s dtype unless ``dtype`` says otherwise."""
@@ -93,8 +98,9 @@ def unary(b: GraphBuilder, op: str, x: int, dtype: torch.dtype | None = None, ou
     return out
 
 
-def binary(b: GraphBuilder, op: str, x: int, y: int, dtype: torch.dtype | None = None, out: int | None = None,
-           **fields: Any) -> int:
+def binary(
+    b: GraphBuilder, op: str, x: int, y: int, dtype: torch.dtype | None = None, out: int | None = None, **fields: Any
+) -> int:
     """A two-input member, operands broadcast; result dtype: bool for a comparison, else the
     promotion of the operands' dtypes (give ``dtype`` to declare another one). ``fields``: the
     member's other fields (``alpha``, ``rounding_mode``; neutral when left out)."""
@@ -122,6 +128,7 @@ def where(b: GraphBuilder, cond: int, x: int, y: int, out: int | None = None) ->
 
 
 # ---- shapes ---------------------------------------------------------------------------------------
+
 
 def view(b: GraphBuilder, vid: int, new_shape: Iterable[int], out: int | None = None) -> int:
     """MPSView of ``vid`` to ``new_shape`` (static: no -1)."""
@@ -158,8 +165,7 @@ def slice_value(b: GraphBuilder, vid: int, dim: int, start: int, end: int, step:
     return out
 
 
-def index_select(b: GraphBuilder, vid: int, dim: int, index: Sequence[int] | torch.Tensor,
-                 out: int | None = None) -> int:
+def index_select(b: GraphBuilder, vid: int, dim: int, index: Sequence[int] | torch.Tensor, out: int | None = None) -> int:
     """MPSIndexSelect of ``vid`` along ``dim`` with a constant int32 index (the device casts its
     index to int32 anyway, semantics §5.9)."""
     idx = torch.as_tensor(index, dtype=torch.int32).reshape(-1)

@@ -40,6 +40,7 @@ scatter.
 - ``gather``: linear offsets ``index * stride[dim] + base`` (``base`` a constant of the other axes'
   offsets, computed from shapes) select from the flattened input with one MPSIndexSelect.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,7 +60,7 @@ aten = torch.ops.aten
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 #: the device casts gather indices to int32 (semantics §3.1)
-INT32_LIMIT = 2 ** 31
+INT32_LIMIT = 2**31
 #: most index entries index_put(accumulate=True) lowers (five MPS nodes each)
 ACCUMULATE_MAX = 32
 
@@ -88,8 +89,13 @@ def _device_shape(s) -> list[int]:
     return list(s) or [1]
 
 
-_RESHAPES = (aten.view_copy.default, aten.unsqueeze_copy.default, aten.squeeze_copy.dims, aten.view.default,
-             aten.unsqueeze.default)
+_RESHAPES = (
+    aten.view_copy.default,
+    aten.unsqueeze_copy.default,
+    aten.squeeze_copy.dims,
+    aten.view.default,
+    aten.unsqueeze.default,
+)
 
 
 def _clamped_nonneg(idx: Node) -> bool:
@@ -117,11 +123,13 @@ def _nonneg_index(b: GraphBuilder, idx: Node, size: int) -> int:
         neg = b.memo(("negative index", vid), lambda: binary(b, "MPSLt", vid, b.scalar(0, dt)))
         shift = binary(b, "MPSMul", neg, b.scalar(int(size), dt))
         return binary(b, "MPSAdd", vid, shift)
+
     # once per index value and axis size: e.g. a KV cache's input_pos indexes every layer's caches
     return b.memo(("non-negative index", vid, int(size)), make)
 
 
 # ---- index_select / embedding ---------------------------------------------------------------------
+
 
 def _index_select_check(node: Node):
     return _index_reason(node.args[2])
@@ -129,8 +137,7 @@ def _index_select_check(node: Node):
 
 def _index_select(node: Node, b: GraphBuilder) -> None:
     x, dim, idx = node.args[:3]
-    b.emit("MPSIndexSelect", input1_id=b.id(x), output_id=b.out(node), dim=norm_dim(dim, rank(x)),
-           index_id=b.id(idx))
+    b.emit("MPSIndexSelect", input1_id=b.id(x), output_id=b.out(node), dim=norm_dim(dim, rank(x)), index_id=b.id(idx))
 
 
 def _embedding_check(node: Node):
@@ -148,8 +155,15 @@ def _embedding(node: Node, b: GraphBuilder) -> None:
     device = _device_shape(shape(idx)) + [shape(w)[1]]  # a 0-d index is [1] on the device
     out = b.out(node) if device == out_shape else b.new_value(b.dtype(w), device)
     # padding_idx: torch's forward ignores it, the device would zero those rows -> always -1
-    b.emit("MPSEmbedding", input1_id=b.id(w), input2_id=b.id(idx), output_id=out, padding_idx=-1,
-           scale_grad_by_freq=False, sparse=False)
+    b.emit(
+        "MPSEmbedding",
+        input1_id=b.id(w),
+        input2_id=b.id(idx),
+        output_id=out,
+        padding_idx=-1,
+        scale_grad_by_freq=False,
+        sparse=False,
+    )
     if device != out_shape:
         view(b, out, out_shape, out=b.out(node))
 
@@ -166,9 +180,12 @@ _BAG_MODES = {0: "sum", 1: "mean", 2: "max"}
 
 
 def _embedding_bag_args(node: Node) -> dict:
-    return {"mode": int(arg(node, 4, "mode", 0)), "weights": arg(node, 6, "per_sample_weights", None),
-            "include_last": bool(arg(node, 7, "include_last_offset", False)),
-            "padding_idx": arg(node, 8, "padding_idx", -1)}
+    return {
+        "mode": int(arg(node, 4, "mode", 0)),
+        "weights": arg(node, 6, "per_sample_weights", None),
+        "include_last": bool(arg(node, 7, "include_last_offset", False)),
+        "padding_idx": arg(node, 8, "padding_idx", -1),
+    }
 
 
 def _embedding_bag_check(node: Node):
@@ -180,7 +197,7 @@ def _embedding_bag_check(node: Node):
         return f"embedding_bag of weight rank {rank(w)}, indices rank {rank(idx)}, offsets rank {rank(offsets)}"
     if any(u.args[1] != 0 and u.users for u in node.users):
         return "embedding_bag whose offset2bag / bag_size / max_indices outputs are read (only the bags are lowered)"
-    if val(w).numel() >= INT32_LIMIT or shape(idx)[0] >= 2 ** 24:
+    if val(w).numel() >= INT32_LIMIT or shape(idx)[0] >= 2**24:
         return "embedding_bag with >= 2^31 table elements or >= 2^24 indices"
     if shape(offsets)[0] - a["include_last"] < 1:
         return "embedding_bag with no bags"
@@ -194,8 +211,15 @@ def _embedding_bag(node: Node, b: GraphBuilder) -> None:
     bags = n_off - 1 if a["include_last"] else n_off
     dt, odt = b.dtype(w), vdtype(b, b.id(offsets))
     rows = b.new_value(dt, [n, dim])
-    b.emit("MPSEmbedding", input1_id=b.id(w), input2_id=b.id(idx), output_id=rows, padding_idx=-1,
-           scale_grad_by_freq=False, sparse=False)
+    b.emit(
+        "MPSEmbedding",
+        input1_id=b.id(w),
+        input2_id=b.id(idx),
+        output_id=rows,
+        padding_idx=-1,
+        scale_grad_by_freq=False,
+        sparse=False,
+    )
     if a["weights"] is not None:  # sum mode only (torch's rule): each row scaled by its weight
         rows = binary(b, "MPSMul", rows, view(b, b.id(a["weights"]), [n, 1]))
     off = b.id(offsets)
@@ -222,8 +246,7 @@ def _embedding_bag(node: Node, b: GraphBuilder) -> None:
         masked = where(b, view(b, inside, [bags, n, 1]), view(b, rows, [1, n, dim]), b.scalar(float("-inf"), dt))
         values, _ = pool_reduce(b, masked, [bags, n, dim], [1])
         size = b.new_value(dt, [bags, 1])
-        b.emit("MPSMatMul", input1_id=b.cast(inside, dt), input2_id=b.constant(torch.ones(n, 1), dtype=dt),
-               output_id=size)
+        b.emit("MPSMatMul", input1_id=b.cast(inside, dt), input2_id=b.constant(torch.ones(n, 1), dtype=dt), output_id=size)
         filled = binary(b, "MPSGt", size, b.scalar(0.0, dt))
         b.ids[node] = (where(b, filled, view(b, values, [bags, dim]), b.scalar(0.0, dt)), None, None, None)
         return
@@ -245,13 +268,16 @@ def _embedding_bag(node: Node, b: GraphBuilder) -> None:
 
 # ---- index.Tensor / index_put ---------------------------------------------------------------------
 
+
 def _single_index(node: Node):
     """(position, index node) of the only non-None index, or a reason string."""
     indices = list(node.args[1])
     present = [(k, i) for k, i in enumerate(indices) if i is not None]
     if len(present) != 1:
-        return (f"{len(present)} index tensors: the device gathers/scatters along one axis only "
-                "(more abort at runtime; the metal-kernel path does not exist)")
+        return (
+            f"{len(present)} index tensors: the device gathers/scatters along one axis only "
+            "(more abort at runtime; the metal-kernel path does not exist)"
+        )
     k, idx = present[0]
     reason = _index_reason(idx)
     if reason:
@@ -273,14 +299,18 @@ def _outer_indices(node: Node):
         return reason
     axes = [k for k, _ in present]
     if axes != list(range(axes[0], axes[0] + m)):
-        return (f"index tensors on axes {axes}, not adjacent (torch moves the indexed axes first); the "
-                "device gathers along one axis at a time")
+        return (
+            f"index tensors on axes {axes}, not adjacent (torch moves the indexed axes first); the "
+            "device gathers along one axis at a time"
+        )
     for j, (_, idx) in enumerate(present):
         s = shape(idx)
         padded = [1] * (m - len(s)) + s
         if len(s) > m or any(d != 1 for t, d in enumerate(padded) if t != j):
-            return (f"{m} index tensors that do not select an outer product (index {j} has shape {s}): the "
-                    "device gathers along one axis at a time (MPSIndexTensor aborts on more than one)")
+            return (
+                f"{m} index tensors that do not select an outer product (index {j} has shape {s}): the "
+                "device gathers along one axis at a time (MPSIndexTensor aborts on more than one)"
+            )
     return present
 
 
@@ -296,7 +326,7 @@ class _Linear:
 
     @property
     def sizes(self) -> list[int]:
-        return self.data_shape[self.k:self.k + len(self.indices)]
+        return self.data_shape[self.k : self.k + len(self.indices)]
 
     @property
     def count(self) -> int:
@@ -306,16 +336,16 @@ class _Linear:
     def flat_shape(self) -> list[int]:
         """The (permuted) data with the indexed axes as one."""
         m = len(self.indices)
-        return self.data_shape[:self.k] + [math.prod(self.sizes)] + self.data_shape[self.k + m:]
+        return self.data_shape[: self.k] + [math.prod(self.sizes)] + self.data_shape[self.k + m :]
 
     def indexed_shape(self) -> list[int]:
         """Shape of ``x[indices]`` (torch): the broadcast index shape in place of the indexed axes."""
         m = len(self.indices)
-        return self.data_shape[:self.k] + self.index_shape + self.data_shape[self.k + m:]
+        return self.data_shape[: self.k] + self.index_shape + self.data_shape[self.k + m :]
 
     def flat_indexed_shape(self) -> list[int]:
         m = len(self.indices)
-        return self.data_shape[:self.k] + [self.count] + self.data_shape[self.k + m:]
+        return self.data_shape[: self.k] + [self.count] + self.data_shape[self.k + m :]
 
 
 def _linear_plan(node: Node):
@@ -349,7 +379,7 @@ def _linear_index(b: GraphBuilder, plan: _Linear) -> int:
     lin: int | None = None
     for j, (_, idx) in enumerate(plan.indices):
         term = _nonneg_index(b, idx, sizes[j])
-        stride = math.prod(sizes[j + 1:])
+        stride = math.prod(sizes[j + 1 :])
         if stride != 1:
             term = binary(b, "MPSMul", term, b.scalar(int(stride), vdtype(b, term)))
         lin = term if lin is None else binary(b, "MPSAdd", lin, term)
@@ -383,8 +413,14 @@ def _index_linear(node: Node, b: GraphBuilder) -> None:
     """Several index tensors as one linearized index: one MPSIndexSelect."""
     x = node.args[0]
     plan = _linear_plan(node)
-    picked = b.emit_value("MPSIndexSelect", b.dtype(x), plan.flat_indexed_shape(), input1_id=_flat_data(b, x, plan),
-                          index_id=_linear_index(b, plan), dim=plan.k)
+    picked = b.emit_value(
+        "MPSIndexSelect",
+        b.dtype(x),
+        plan.flat_indexed_shape(),
+        input1_id=_flat_data(b, x, plan),
+        index_id=_linear_index(b, plan),
+        dim=plan.k,
+    )
     view(b, picked, shape(node), out=b.out(node))
 
 
@@ -398,10 +434,11 @@ def _index_outer(node: Node, b: GraphBuilder) -> None:
         iv = _nonneg_index(b, idx, shape(x)[k])
         if shape(idx) != [n]:
             iv = b.memo(("flat index", iv), lambda iv=iv, n=n: view(b, iv, [n]))
-        cur = cur[:k] + [n] + cur[k + 1:]
+        cur = cur[:k] + [n] + cur[k + 1 :]
 
         def gather(src=vid, k=k, iv=iv, out_shape=cur) -> int:
             return b.emit_value("MPSIndexSelect", b.dtype(x), out_shape, input1_id=src, index_id=iv, dim=k)
+
         vid = b.memo(("index_select", vid, k, iv), gather)
     b.alias(node, vid)
 
@@ -409,7 +446,7 @@ def _index_outer(node: Node, b: GraphBuilder) -> None:
 def _indexed_shape(x: Node, k: int, idx: Node) -> list[int]:
     """Shape the device gathers/scatters: a 0-d index is [1] on the device."""
     s = shape(x)
-    return s[:k] + _device_shape(shape(idx)) + s[k + 1:]
+    return s[:k] + _device_shape(shape(idx)) + s[k + 1 :]
 
 
 def _index_tensor(node: Node, b: GraphBuilder) -> None:
@@ -448,8 +485,10 @@ def _index_put_check(node: Node):
         if val(x).dtype == torch.bool:
             return "index_put with accumulate=True into a bool tensor"
         if found.count > ACCUMULATE_MAX:
-            return (f"index_put with accumulate=True of {found.count} index entries: the device scatter "
-                    f"always overwrites, so each entry is a gather, add and scatter (at most {ACCUMULATE_MAX})")
+            return (
+                f"index_put with accumulate=True of {found.count} index entries: the device scatter "
+                f"always overwrites, so each entry is a gather, add and scatter (at most {ACCUMULATE_MAX})"
+            )
     return None
 
 
@@ -460,8 +499,14 @@ def _index_put(node: Node, b: GraphBuilder) -> None:
         k, idx = _single_index(node)
         ids = [-1] * len(node.args[1])
         ids[k] = _nonneg_index(b, idx, shape(x)[k])
-        b.emit("MPSIndexPut", input1_id=b.id(x), indices_id=ids, values_shape=_indexed_shape(x, k, idx),
-               values_id=b.id(values), output_id=b.out(node))
+        b.emit(
+            "MPSIndexPut",
+            input1_id=b.id(x),
+            indices_id=ids,
+            values_shape=_indexed_shape(x, k, idx),
+            values_id=b.id(values),
+            output_id=b.out(node),
+        )
         return
     plan = _linear_plan(node)
     dt = b.dtype(x)
@@ -473,16 +518,24 @@ def _index_put(node: Node, b: GraphBuilder) -> None:
     vals = view(b, vals, plan.flat_indexed_shape())
     ids = [-1] * plan.k
     if not accumulate:
-        data = b.emit_value("MPSIndexPut", dt, plan.flat_shape(), input1_id=data, indices_id=ids + [lin],
-                            values_shape=plan.flat_indexed_shape(), values_id=vals)
+        data = b.emit_value(
+            "MPSIndexPut",
+            dt,
+            plan.flat_shape(),
+            input1_id=data,
+            indices_id=ids + [lin],
+            values_shape=plan.flat_indexed_shape(),
+            values_id=vals,
+        )
     else:  # torch's serial kernel: x[i_j] += v_j for j in index order
-        one = plan.data_shape[:plan.k] + [1] + plan.flat_shape()[plan.k + 1:]
+        one = plan.data_shape[: plan.k] + [1] + plan.flat_shape()[plan.k + 1 :]
         for j in range(plan.count):
             i_j = slice_value(b, lin, 0, j, j + 1)
             current = b.emit_value("MPSIndexSelect", dt, one, input1_id=data, index_id=i_j, dim=plan.k)
             summed = binary(b, "MPSAdd", current, slice_value(b, vals, plan.k, j, j + 1))
-            data = b.emit_value("MPSIndexPut", dt, plan.flat_shape(), input1_id=data, indices_id=ids + [i_j],
-                                values_shape=one, values_id=summed)
+            data = b.emit_value(
+                "MPSIndexPut", dt, plan.flat_shape(), input1_id=data, indices_id=ids + [i_j], values_shape=one, values_id=summed
+            )
     if plan.perm is None:
         view(b, data, shape(x), out=b.out(node))
         return
@@ -492,6 +545,7 @@ def _index_put(node: Node, b: GraphBuilder) -> None:
 
 
 # ---- slice_scatter / select_scatter ---------------------------------------------------------------
+
 
 def _scatter_check(node: Node):
     x, src = node.args[:2]
@@ -527,8 +581,9 @@ def _scatter_range(b: GraphBuilder, node: Node, x: Node, src_vid: int, dim: int,
     src_shape = _device_shape(b.graph.values[src_vid].dims)
     line = torch.arange(start, end, step, dtype=torch.int64)
     idx = line.reshape([-1 if d == dim else 1 for d in range(len(src_shape))]).expand(src_shape).contiguous()
-    b.emit("MPSScatter", input1_id=b.id(x), output_id=b.out(node), dim=dim,
-           idx_id=b.constant(idx, dtype=torch.int64), src_id=src_vid)
+    b.emit(
+        "MPSScatter", input1_id=b.id(x), output_id=b.out(node), dim=dim, idx_id=b.constant(idx, dtype=torch.int64), src_id=src_vid
+    )
 
 
 def _slice_scatter(node: Node, b: GraphBuilder) -> None:
@@ -561,6 +616,7 @@ def _select_scatter_check(node: Node):
 
 
 # ---- scatter --------------------------------------------------------------------------------------
+
 
 def _scatter_src_check(node: Node):
     x, dim, idx = node.args[:3]
@@ -598,8 +654,7 @@ def _scatter(node: Node, b: GraphBuilder) -> None:
     data = b.id(x)
     for d in cut:
         data = slice_value(b, data, d, 0, ishape[d])
-    result = b.emit_value("MPSScatter", dt, vshape(b, data), input1_id=data, idx_id=b.id(idx), src_id=vid,
-                          dim=dim)
+    result = b.emit_value("MPSScatter", dt, vshape(b, data), input1_id=data, idx_id=b.id(idx), src_id=vid, dim=dim)
     # innermost cut axis first: the corner so far, then the rest of x on that axis (the corner's extent
     # on the cut axes before it)
     for i in range(len(cut) - 1, -1, -1):
@@ -612,6 +667,7 @@ def _scatter(node: Node, b: GraphBuilder) -> None:
 
 
 # ---- gather ---------------------------------------------------------------------------------------
+
 
 def _gather_check(node: Node):
     x, dim, idx = node.args[:3]
@@ -630,13 +686,14 @@ def _gather(node: Node, b: GraphBuilder) -> None:
     x, dim, idx = node.args[:3]
     xs, ishape = shape(x), shape(idx)
     dim = norm_dim(dim, rank(x))
-    strides = [math.prod(xs[d + 1:]) for d in range(len(xs))]
+    strides = [math.prod(xs[d + 1 :]) for d in range(len(xs))]
     dt = b.dtype(idx)
     base = torch.zeros(ishape, dtype=torch.int64)
     for d, n in enumerate(ishape):
         if d != dim and n > 1:
             base = base + (torch.arange(n, dtype=torch.int64) * strides[d]).reshape(
-                [-1 if e == d else 1 for e in range(len(ishape))])
+                [-1 if e == d else 1 for e in range(len(ishape))]
+            )
     lin = b.id(idx)
     if strides[dim] != 1:
         lin = binary(b, "MPSMul", lin, b.scalar(int(strides[dim]), dt))
@@ -653,8 +710,12 @@ def _gather(node: Node, b: GraphBuilder) -> None:
 LOWERINGS = [
     Lowering((aten.index_select.default,), _index_select, _index_select_check),
     Lowering((aten.embedding.default,), _embedding, _embedding_check),
-    Lowering((aten._embedding_bag.default, aten._embedding_bag_forward_only.default), _embedding_bag,
-             _embedding_bag_check, generic="args"),
+    Lowering(
+        (aten._embedding_bag.default, aten._embedding_bag_forward_only.default),
+        _embedding_bag,
+        _embedding_bag_check,
+        generic="args",
+    ),
     Lowering((aten.index.Tensor,), _index_tensor, _index_check),
     Lowering((aten.index_put.default,), _index_put, _index_put_check),
     Lowering((aten.slice_scatter.default,), _slice_scatter, _scatter_check),

@@ -9,6 +9,7 @@
   MPSGraph's broadcasting matmul, like MPSMatMul: ``[..., K] @ [K, N]``); without a bias one MPSMatMul;
   a rank-1 input is viewed as ``[1, K]`` and back.
 """
+
 from __future__ import annotations
 
 import torch
@@ -61,6 +62,7 @@ def _addmm(node: Node, b: GraphBuilder) -> None:
 
 # ---- linear ---------------------------------------------------------------------------------------
 
+
 def _linear_check(node: Node):
     x, w = node.args[:2]
     reason = _float_same(node)
@@ -85,8 +87,7 @@ def _linear(node: Node, b: GraphBuilder) -> None:
     bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
     wt = _weight_t(b, w)
     if bias is not None and rank(x) >= 2:
-        b.emit("MPSAddmm", input1_id=b.id(bias), input2_id=b.id(x), input3_id=wt, output_id=b.out(node),
-               beta=1.0, alpha=1.0)
+        b.emit("MPSAddmm", input1_id=b.id(bias), input2_id=b.id(x), input3_id=wt, output_id=b.out(node), beta=1.0, alpha=1.0)
         return
     xid = b.id(x) if rank(x) > 1 else view(b, b.id(x), [1, shape(x)[0]])
     out_shape = shape(node)

@@ -22,6 +22,7 @@ mean / rstd outputs are never lowered.
 A batch norm whose input is a convolution read by nothing else, with constant parameters, is folded
 into that convolution's weights and bias (``convolution`` module doc) and emits nothing.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,6 +62,7 @@ def _check(bad_outputs: dict[int, str]):
         if len(dts) != 1:
             return f"mixed dtypes {sorted(map(str, dts))}; the device does not promote here"
         return None
+
     return check
 
 
@@ -77,10 +79,19 @@ def _batch_norm(node: Node, b: GraphBuilder) -> None:
     # outputs 1 and 2 are empty tensors in eval graphs; on the device they are [C] statistics
     out, stat2, stat3 = b.new_value(dt, shape(x)), b.new_value(dt, [c]), b.new_value(dt, [c])
     b.ids[node] = (out, stat2, stat3)
-    b.emit("MPSBatchNorm", input_id=b.id(x), mean_id=b.id(mean), var_id=b.id(var),
-           weight_id=_param(b, weight, [c], 1.0, dt), bias_id=_param(b, bias, [c], 0.0, dt),
-           momentum=float(momentum), epsilon=float(eps),
-           output1_id=out, output2_id=stat2, output3_id=stat3)
+    b.emit(
+        "MPSBatchNorm",
+        input_id=b.id(x),
+        mean_id=b.id(mean),
+        var_id=b.id(var),
+        weight_id=_param(b, weight, [c], 1.0, dt),
+        bias_id=_param(b, bias, [c], 0.0, dt),
+        momentum=float(momentum),
+        epsilon=float(eps),
+        output1_id=out,
+        output2_id=stat2,
+        output3_id=stat3,
+    )
 
 
 def _layer_norm(node: Node, b: GraphBuilder) -> None:
@@ -88,9 +99,17 @@ def _layer_norm(node: Node, b: GraphBuilder) -> None:
     dt = b.dtype(x)
     ns = [int(d) for d in normalized_shape]
     out, mean, third = b.outs(node)
-    b.emit("MPSLayerNorm", input1_id=b.id(x), normalized_shape=ns,
-           weight_id=_param(b, weight, ns, 1.0, dt), bias_id=_param(b, bias, ns, 0.0, dt),
-           eps=float(eps), output1_id=out, output2_id=mean, output3_id=third)
+    b.emit(
+        "MPSLayerNorm",
+        input1_id=b.id(x),
+        normalized_shape=ns,
+        weight_id=_param(b, weight, ns, 1.0, dt),
+        bias_id=_param(b, bias, ns, 0.0, dt),
+        eps=float(eps),
+        output1_id=out,
+        output2_id=mean,
+        output3_id=third,
+    )
 
 
 def _group_norm(node: Node, b: GraphBuilder) -> None:
@@ -100,8 +119,17 @@ def _group_norm(node: Node, b: GraphBuilder) -> None:
     k = c // groups * hxw
     xv = view(b, b.id(x), [n, groups, k])
     normed, mean, var = b.new_value(dt, [n, groups, k]), b.new_value(dt, [n, groups, 1]), b.new_value(dt, [n, groups, 1])
-    b.emit("MPSLayerNorm", input1_id=xv, normalized_shape=[k], weight_id=b.scalar(1.0, dt),
-           bias_id=b.scalar(0.0, dt), eps=float(eps), output1_id=normed, output2_id=mean, output3_id=var)
+    b.emit(
+        "MPSLayerNorm",
+        input1_id=xv,
+        normalized_shape=[k],
+        weight_id=b.scalar(1.0, dt),
+        bias_id=b.scalar(0.0, dt),
+        eps=float(eps),
+        output1_id=normed,
+        output2_id=mean,
+        output3_id=var,
+    )
     y = view(b, normed, [n, c, hxw])
     if isinstance(weight, Node):
         y = binary(b, "MPSMul", y, view(b, b.id(weight), [c, 1]))
@@ -125,8 +153,17 @@ def _batch_stats_norm(node: Node, b: GraphBuilder) -> None:
         vid = permute(b, vid, [1, 0] + list(range(2, len(s))))
     xv = view(b, vid, [c, k])
     normed, mean, var = b.new_value(dt, [c, k]), b.new_value(dt, [c, 1]), b.new_value(dt, [c, 1])
-    b.emit("MPSLayerNorm", input1_id=xv, normalized_shape=[k], weight_id=b.scalar(1.0, dt),
-           bias_id=b.scalar(0.0, dt), eps=eps, output1_id=normed, output2_id=mean, output3_id=var)
+    b.emit(
+        "MPSLayerNorm",
+        input1_id=xv,
+        normalized_shape=[k],
+        weight_id=b.scalar(1.0, dt),
+        bias_id=b.scalar(0.0, dt),
+        eps=eps,
+        output1_id=normed,
+        output2_id=mean,
+        output3_id=var,
+    )
     y = normed
     if isinstance(weight, Node):
         y = binary(b, "MPSMul", y, view(b, b.id(weight), [c, 1]))
@@ -141,8 +178,7 @@ def _batch_stats_norm(node: Node, b: GraphBuilder) -> None:
 
 
 def _batch_stats_check(node: Node):
-    reason = _check({1: "batch norm mean output read (not lowered)",
-                     2: "batch norm rstd output read (not lowered)"})(node)
+    reason = _check({1: "batch norm mean output read (not lowered)", 2: "batch norm rstd output read (not lowered)"})(node)
     if reason:
         return reason
     if len(shape(node.args[0])) < 2:
@@ -151,8 +187,7 @@ def _batch_stats_check(node: Node):
 
 
 def _group_norm_check(node: Node):
-    reason = _check({1: "group norm mean output read (not lowered)",
-                     2: "group norm rstd output read (not lowered)"})(node)
+    reason = _check({1: "group norm mean output read (not lowered)", 2: "group norm rstd output read (not lowered)"})(node)
     if reason:
         return reason
     if len(shape(node.args[0])) < 2:
@@ -161,11 +196,22 @@ def _group_norm_check(node: Node):
 
 
 LOWERINGS = [
-    Lowering((aten._native_batch_norm_legit_no_training.default,), _batch_norm,
-             _check({1: "batch norm statistics output read (the device returns the running mean there)",
-                     2: "batch norm third output read (the device never sets it)"}), generic="args"),
-    Lowering((aten.native_layer_norm.default,), _layer_norm,
-             _check({2: "layer norm rstd output read (the device returns the variance there)"})),
+    Lowering(
+        (aten._native_batch_norm_legit_no_training.default,),
+        _batch_norm,
+        _check(
+            {
+                1: "batch norm statistics output read (the device returns the running mean there)",
+                2: "batch norm third output read (the device never sets it)",
+            }
+        ),
+        generic="args",
+    ),
+    Lowering(
+        (aten.native_layer_norm.default,),
+        _layer_norm,
+        _check({2: "layer norm rstd output read (the device returns the variance there)"}),
+    ),
     Lowering((aten.native_group_norm.default,), _group_norm, _group_norm_check),
     Lowering((aten._native_batch_norm_legit.no_stats,), _batch_stats_norm, _batch_stats_check),
 ]

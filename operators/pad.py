@@ -9,6 +9,7 @@
   default decomposition produces arange/abs/clamp + index.Tensor) and lowered to one MPSIndexSelect
   per padded axis with a constant source-index list (exact gathers, negative pads crop).
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,15 +35,14 @@ def _constant_pad_check(node: Node):
         return f"pad list of odd length {len(pad)}"
     pairs = _pairs(pad)
     if any(pair != (0, 0) for pair in pairs[3:]):
-        return (f"constant pad of {len(pad)} entries touching more than the last 3 axes (the device "
-                "takes 2, 4 or 6 entries)")
+        return f"constant pad of {len(pad)} entries touching more than the last 3 axes (the device takes 2, 4 or 6 entries)"
     value = arg(node, 2, "value", 0)
     dt = val(x).dtype
     if dt == torch.bool and value not in (0, 1):
         return f"bool tensor padded with {value}"
     if not dt.is_floating_point and dt != torch.bool:
         v = float(value)
-        if v != int(v) or abs(v) > 2 ** 24:
+        if v != int(v) or abs(v) > 2**24:
             return f"integer tensor padded with {value} (the device's float32 pad value holds integers up to 2^24)"
     return None
 
@@ -62,8 +62,7 @@ def _constant_pad(node: Node, b: GraphBuilder) -> None:
     if not any(pos):
         b.alias(node, vid)
         return
-    b.emit("MPSConstantPadND", input1_id=vid, output_id=b.out(node), pad=pos,
-           value=float(arg(node, 2, "value", 0)))
+    b.emit("MPSConstantPadND", input1_id=vid, output_id=b.out(node), pad=pos, value=float(arg(node, 2, "value", 0)))
 
 
 def _source_index(n: int, lo: int, hi: int, reflect: bool) -> list[int]:
@@ -110,6 +109,10 @@ def _index_pad(node: Node, b: GraphBuilder) -> None:
 
 LOWERINGS = [
     Lowering((aten.constant_pad_nd.default,), _constant_pad, _constant_pad_check),
-    Lowering(_REFLECT + (aten.replication_pad1d.default, aten.replication_pad2d.default,
-                                aten.replication_pad3d.default), _index_pad, _index_pad_check, preserve=True),
+    Lowering(
+        _REFLECT + (aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default),
+        _index_pad,
+        _index_pad_check,
+        preserve=True,
+    ),
 ]

@@ -58,6 +58,7 @@ unchanged axis nothing. Deviation: a matmul reads every input row/column with we
 an inf or NaN in the input makes its whole output column/row NaN, where torch confines it to the
 output pixels whose two taps include it. Finite inputs match torch up to rounding.
 """
+
 from __future__ import annotations
 
 import math
@@ -77,15 +78,17 @@ from .registry import Lowering, op_key
 aten = torch.ops.aten
 
 #: max pooling: positions in the input must fit the device's int32 indices
-_INT32_ELEMENTS = 2 ** 31 - 1
+_INT32_ELEMENTS = 2**31 - 1
 
 
 # ---- one device pooling ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _Axis:
     """How one axis is pooled: kernel, stride, dilation and the explicit padding before / after it.
     ``pad`` is torch's (symmetric) padding; ``after - pad`` is the ceil-mode tail."""
+
     k: int = 1
     s: int = 1
     d: int = 1
@@ -115,10 +118,22 @@ def _pool(b: GraphBuilder, kind: str, vid: int, h: _Axis, w: _Axis, include_pad:
     n, c, hh, ww = vshape(b, vid)
     out_shape = [n, c, h.size(hh), w.size(ww)]
     out = b.new_value(vdtype(b, vid), out_shape)
-    fields: dict[str, Any] = {"input1_id": vid, "kernel_height": h.k, "kernel_width": w.k, "stride_height": h.s,
-              "stride_width": w.s, "padding_left": w.before, "padding_right": w.after, "padding_top": h.before,
-              "padding_bottom": h.after, "dilation_height": h.d, "dilation_width": w.d, "ceil_mode": False,
-              "divisor_override": 0, "output1_id": out}
+    fields: dict[str, Any] = {
+        "input1_id": vid,
+        "kernel_height": h.k,
+        "kernel_width": w.k,
+        "stride_height": h.s,
+        "stride_width": w.s,
+        "padding_left": w.before,
+        "padding_right": w.after,
+        "padding_top": h.before,
+        "padding_bottom": h.after,
+        "dilation_height": h.d,
+        "dilation_width": w.d,
+        "ceil_mode": False,
+        "divisor_override": 0,
+        "output1_id": out,
+    }
     if kind == "max":
         idx = b.new_value(torch.int32, out_shape)
         b.emit("MPSMaxPool2DWithIndices", **fields, count_include_pad=False, output2_id=idx)
@@ -148,8 +163,9 @@ def _offset(b: GraphBuilder, idx: int, step: int) -> int:
     """``idx + i * step`` along axis 2 of the int32 value ``idx`` (``[1, M, D, P]``): plane positions
     of depth slice i made positions in the whole ``D x P`` volume."""
     depth = vshape(b, idx)[2]
-    return binary(b, "MPSAdd", idx, b.constant(torch.arange(depth, dtype=torch.int32).reshape(depth, 1) * step,
-                                                 dtype=torch.int32))
+    return binary(
+        b, "MPSAdd", idx, b.constant(torch.arange(depth, dtype=torch.int32).reshape(depth, 1) * step, dtype=torch.int32)
+    )
 
 
 def _compose(b: GraphBuilder, outer: int, inner: int) -> int:
@@ -169,6 +185,7 @@ def _compose(b: GraphBuilder, outer: int, inner: int) -> int:
 
 
 # ---- binding a node's results ------------------------------------------------------------------
+
 
 def _indices_read(node: Node) -> bool:
     return any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in node.users)
@@ -201,6 +218,7 @@ def _out_shape(node: Node) -> list[int]:
 
 # ---- max / avg pooling ---------------------------------------------------------------------------
 
+
 def _ints(v, n: int, default) -> list[int]:
     """An int-or-list argument as n ints (torch repeats a single value)."""
     if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
@@ -228,6 +246,7 @@ def _axes(node: Node, n: int, max_pool: bool) -> list[_Axis]:
 
 def _check(n: int, max_pool: bool):
     """Support check of an n-d pooling, adaptive or not (2: 1-d and 2-d pools, 3: 3-d pools)."""
+
     def check(node: Node):
         x = node.args[0]
         if rank(x) not in (n + 1, n + 2):
@@ -237,6 +256,7 @@ def _check(n: int, max_pool: bool):
         if max_pool and math.prod(shape(x)) > _INT32_ELEMENTS:
             return "max pooling of more than 2^31 - 1 elements (the device's pooling indices are int32)"
         return None
+
     return check
 
 
@@ -314,6 +334,7 @@ def _avg_pool(node: Node, b: GraphBuilder) -> None:
 
 # ---- adaptive pooling ---------------------------------------------------------------------------
 
+
 def _bins(n: int, o: int) -> list[tuple[int, int]]:
     """torch's adaptive bins: [floor(i*n/o), ceil((i+1)*n/o)) for each output i."""
     return [(i * n // o, -(-(i + 1) * n // o)) for i in range(o)]
@@ -354,8 +375,10 @@ def _adaptive_axis(b: GraphBuilder, kind: str, vid: int, axis: int, o: int) -> t
         out = outs[0]
     else:
         idxs = [i for _, i in outs]
-        out = (cat_values(b, [v for v, _ in outs], axis),
-               None if any(i is None for i in idxs) else cat_values(b, [i for i in idxs if i is not None], axis))
+        out = (
+            cat_values(b, [v for v, _ in outs], axis),
+            None if any(i is None for i in idxs) else cat_values(b, [i for i in idxs if i is not None], axis),
+        )
     return _take(b, out, axis, index)
 
 
@@ -387,8 +410,7 @@ def _adaptive(node: Node, b: GraphBuilder) -> None:
     x, out_sizes = node.args[0], [int(d) for d in node.args[1]]
     r = rank(x)
     if kind == "avg" and all(o == 1 for o in out_sizes):  # global average
-        b.emit("MPSMean", input1_id=b.id(x), output_id=b.out(node), num_dims=n, dims=list(range(r - n, r)),
-               keep_dims=True)
+        b.emit("MPSMean", input1_id=b.id(x), output_id=b.out(node), num_dims=n, dims=list(range(r - n, r)), keep_dims=True)
         return
     m, sizes, vid = _planes(b, x, n, _source(b, node) if kind == "max" else b.id(x))
     if n == 2:
@@ -407,6 +429,7 @@ def _adaptive(node: Node, b: GraphBuilder) -> None:
 
 
 # ---- upsampling ---------------------------------------------------------------------------------
+
 
 def _upsample_check(node: Node):
     if rank(node.args[0]) != 4 or rank(node) != 4:
@@ -432,8 +455,12 @@ def _upsample_nearest(node: Node, b: GraphBuilder) -> None:
     rows, cols = _nearest_sources(node)
     oh, ow = len(rows), len(cols)
     vid = b.id(x)
-    if oh % h == 0 and ow % w == 0 and rows == [i // (oh // h) for i in range(oh)] \
-            and cols == [j // (ow // w) for j in range(ow)]:
+    if (
+        oh % h == 0
+        and ow % w == 0
+        and rows == [i // (oh // h) for i in range(oh)]
+        and cols == [j // (ow // w) for j in range(ow)]
+    ):
         sh, sw = oh // h, ow // w
         vid = view(b, vid, [n, c, h, 1, w, 1])
         big = b.new_value(b.dtype(x), [n, c, h, sh, w, sw])
@@ -472,8 +499,7 @@ def _bilinear_matrix(node: Node, axis: int) -> torch.Tensor:
         result = aten.upsample_bilinear2d.vec(basis, None if scales is not None else sizes, align, scales)
     else:
         scale = arg(node, 3 if axis == 2 else 4, "scales_h" if axis == 2 else "scales_w", None)
-        result = aten.upsample_bilinear2d.default(basis, sizes, align, scale if axis == 2 else None,
-                                                  scale if axis == 3 else None)
+        result = aten.upsample_bilinear2d.default(basis, sizes, align, scale if axis == 2 else None, scale if axis == 3 else None)
     return result.reshape(size, out).t().contiguous()
 
 
@@ -494,16 +520,19 @@ def _upsample_bilinear(node: Node, b: GraphBuilder) -> None:
         b.emit("MPSExpand", input1_id=vid, output_id=b.out(node), num_dims=4, shape=shape(node))
         return
     for k, axis in enumerate(steps):
-        cur = cur[:axis] + [shape(node)[axis]] + cur[axis + 1:]
+        cur = cur[:axis] + [shape(node)[axis]] + cur[axis + 1 :]
         out = b.out(node) if k == len(steps) - 1 else b.new_value(dt, cur)
         if shape(x)[axis] == 1:  # every output row/column is the one input row/column
             b.emit("MPSExpand", input1_id=vid, output_id=out, num_dims=4, shape=cur)
         elif axis == 3:  # x @ A_w^T
-            b.emit("MPSMatMul", input1_id=vid, input2_id=b.constant(_bilinear_matrix(node, 3).t().contiguous(),
-                                                                    dtype=dt), output_id=out)
+            b.emit(
+                "MPSMatMul",
+                input1_id=vid,
+                input2_id=b.constant(_bilinear_matrix(node, 3).t().contiguous(), dtype=dt),
+                output_id=out,
+            )
         else:  # A_h @ x
-            b.emit("MPSMatMul", input1_id=b.constant(_bilinear_matrix(node, 2), dtype=dt), input2_id=vid,
-                   output_id=out)
+            b.emit("MPSMatMul", input1_id=b.constant(_bilinear_matrix(node, 2), dtype=dt), input2_id=vid, output_id=out)
         vid = out
 
 
@@ -516,8 +545,18 @@ LOWERINGS = [
     Lowering((aten._adaptive_avg_pool3d.default,), _adaptive, _check(3, False)),
     Lowering((aten.adaptive_max_pool2d.default,), _adaptive, _check(2, True), generic="args"),
     Lowering((aten.adaptive_max_pool3d.default,), _adaptive, _check(3, True), generic="args"),
-    Lowering((aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default, aten._upsample_nearest_exact2d.vec,
-              aten._upsample_nearest_exact2d.default), _upsample_nearest, _upsample_check, preserve=True),
-    Lowering((aten.upsample_bilinear2d.vec, aten.upsample_bilinear2d.default), _upsample_bilinear, _bilinear_check,
-             preserve=True),
+    Lowering(
+        (
+            aten.upsample_nearest2d.vec,
+            aten.upsample_nearest2d.default,
+            aten._upsample_nearest_exact2d.vec,
+            aten._upsample_nearest_exact2d.default,
+        ),
+        _upsample_nearest,
+        _upsample_check,
+        preserve=True,
+    ),
+    Lowering(
+        (aten.upsample_bilinear2d.vec, aten.upsample_bilinear2d.default), _upsample_bilinear, _bilinear_check, preserve=True
+    ),
 ]

@@ -41,6 +41,7 @@ dequantize of their result, ``quantized_decomposed`` per-token ops) stays on CPU
 device has no min/max reductions for the qparams and its ``round`` does not round half to even.
 They are never turned into identities.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,10 +50,10 @@ from typing import Optional
 
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines torch.ops.quantized_decomposed)
-from mps_backend.serialization.model import DataType
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization.model import DataType
 
 from ._util import arg, shape, val
 from .emit import binary, vdtype, view, vshape
@@ -72,6 +73,7 @@ INT4_N_MULTIPLE, INT4_K_MULTIPLE = 8, 32
 def int4_layout_fits(n: int, k: int) -> bool:
     """Whether an int4 weight ``[N, K]`` fits the device's packed layout."""
     return n % INT4_N_MULTIPLE == 0 and k % INT4_K_MULTIPLE == 0
+
 
 _F16_MAX_EXP, _F16_MIN_NORMAL_EXP = 15, -14
 
@@ -148,8 +150,7 @@ def _group_spec(node: Node) -> DequantSpec | str:
         gs = k
     if gs <= 1 or k % gs:
         return f"group_size {gs} does not divide the {k} columns"
-    return DequantSpec(q, scales, zero, (1, gs), int(arg(node, 3, "quant_min")), int(arg(node, 4, "quant_max")),
-                       val(node).dtype)
+    return DequantSpec(q, scales, zero, (1, gs), int(arg(node, 3, "quant_min")), int(arg(node, 4, "quant_max")), val(node).dtype)
 
 
 _SPECS = {}  # op overload -> spec parser (filled below)
@@ -165,8 +166,10 @@ def _dequant_check(node: Node):
         return spec
     q = spec.q
     if q.op != "placeholder":
-        return (f"dequantizes the computed tensor {q.name} (dynamic activation quantization, e.g. 8da4w): "
-                "kept on CPU with its choose_qparams/quantize ops")
+        return (
+            f"dequantizes the computed tensor {q.name} (dynamic activation quantization, e.g. 8da4w): "
+            "kept on CPU with its choose_qparams/quantize ops"
+        )
     qt = val(q)
     if qt.dtype.is_floating_point or qt.dtype == torch.bool:
         return f"quantized tensor of dtype {qt.dtype}"
@@ -181,16 +184,20 @@ def _dequant_check(node: Node):
             return f"{what} of shape {list(val(t).shape)} does not match blocks {list(spec.block)} of {dims}"
     if spec.is_4bit:
         if len(dims) != 2 or spec.block[0] != 1:
-            return (f"4-bit weight {dims} with block size {list(spec.block)}: the device int4 dequantize takes 2-D "
-                    "weights in [1, group] blocks")
+            return (
+                f"4-bit weight {dims} with block size {list(spec.block)}: the device int4 dequantize takes 2-D "
+                "weights in [1, group] blocks"
+            )
         n, k = dims
         if not int4_layout_fits(n, k):
-            return (f"int4 weight [N={n}, K={k}]: the MPS int4 layout needs N % {INT4_N_MULTIPLE} == 0 and "
-                    f"K % {INT4_K_MULTIPLE} == 0")
+            return (
+                f"int4 weight [N={n}, K={k}]: the MPS int4 layout needs N % {INT4_N_MULTIPLE} == 0 and K % {INT4_K_MULTIPLE} == 0"
+            )
     return None
 
 
 # ---- constants derived on the host ------------------------------------------------------------
+
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """int8 values in [-8, 7], shape ``[N, K]`` (K even) -> the device bytes, uint8 ``[N, K/2]``:
@@ -209,7 +216,7 @@ def _rescale_exponent(s: torch.Tensor) -> int:
     nonzero = a[a > 0]
     if top == 0 or nonzero.numel() == 0:
         return 0
-    if top <= 2.0 ** _F16_MAX_EXP and nonzero.min().item() >= 2.0 ** _F16_MIN_NORMAL_EXP:
+    if top <= 2.0**_F16_MAX_EXP and nonzero.min().item() >= 2.0**_F16_MIN_NORMAL_EXP:
         return 0
     return _F16_MAX_EXP - math.ceil(math.log2(top))
 
@@ -233,6 +240,7 @@ def _release(b: GraphBuilder, fx_arg: Optional[Node], user: Node) -> None:
 
 
 # ---- lowerings --------------------------------------------------------------------------------
+
 
 def _int4_plan(spec: DequantSpec, b: GraphBuilder):
     """(q', zp', scale f32 [N, G]) shifted into [-8, 7], or None when the data is not constant or
@@ -262,19 +270,29 @@ def _lower_int4(node: Node, spec: DequantSpec, b: GraphBuilder, plan) -> None:
     svid = b.ids[spec.scale]
     sconst = b.graph.values[svid]
     if not (e == 0 and sconst.datatype == DataType.float16 and list(sconst.dims) == [n, g]):
-        svid = b.memo(("quant.int4.scales", svid, e),
-                      lambda: b.constant((s * 2.0 ** e).to(torch.float16), dtype=torch.float16))
+        svid = b.memo(("quant.int4.scales", svid, e), lambda: b.constant((s * 2.0**e).to(torch.float16), dtype=torch.float16))
     out16 = b.new_value(torch.float16, [n, k])
-    b.emit("MPSDequantizePerChannelGroup", input1_id=qvid, scales_id=svid, zero_points_id=-1,
-           quant_min=-8, quant_max=7, dtype=int(DataType.int4), group_size=k // g,
-           output_dtype=int(DataType.float16), output_id=out16)
+    b.emit(
+        "MPSDequantizePerChannelGroup",
+        input1_id=qvid,
+        scales_id=svid,
+        zero_points_id=-1,
+        quant_min=-8,
+        quant_max=7,
+        dtype=int(DataType.int4),
+        group_size=k // g,
+        output_dtype=int(DataType.float16),
+        output_id=out16,
+    )
     dt = b.compute_dtype(spec.out_dtype)
     x = out16 if dt == torch.float16 else b.cast(out16, dt)
     if e:
-        x = binary(b, "MPSMul", x, b.scalar(2.0 ** -e, dt))
+        x = binary(b, "MPSMul", x, b.scalar(2.0**-e, dt))
     if bool(zp.any()):
-        zs = b.memo(("quant.int4.zs", b.ids.get(spec.zero), b.ids[spec.scale], shift, dt),
-                    lambda: b.constant((zp * s.double()).reshape(n, g, 1), dtype=dt))
+        zs = b.memo(
+            ("quant.int4.zs", b.ids.get(spec.zero), b.ids[spec.scale], shift, dt),
+            lambda: b.constant((zp * s.double()).reshape(n, g, 1), dtype=dt),
+        )
         x = binary(b, "MPSSub", view(b, x, [n, g, k // g]), zs)
         x = view(b, x, [n, k])
     b.alias(node, x)
@@ -315,8 +333,10 @@ def _lower_dequant(node: Node, b: GraphBuilder) -> None:
         _lower_generic(node, spec, b)
 
 
-_ACTIVATION_REASON = ("activation quantization (dynamic, e.g. 8da4w) stays on CPU: the device has no min/max "
-                      "reductions for the qparams and its round() does not round half to even")
+_ACTIVATION_REASON = (
+    "activation quantization (dynamic, e.g. 8da4w) stays on CPU: the device has no min/max "
+    "reductions for the qparams and its round() does not round half to even"
+)
 
 
 def _activation_check(node: Node):
@@ -328,8 +348,12 @@ def _never(node: Node, b: GraphBuilder) -> None:
 
 
 _SPECS[qd.dequantize_per_channel_group.default] = _group_spec
-_ACTIVATION_OPS = [qd.quantize_per_token.default, qd.dequantize_per_token.default,
-                   qd.choose_qparams_per_token_asymmetric.default, qd.choose_qparams_per_token.default]
+_ACTIVATION_OPS = [
+    qd.quantize_per_token.default,
+    qd.dequantize_per_token.default,
+    qd.choose_qparams_per_token_asymmetric.default,
+    qd.choose_qparams_per_token.default,
+]
 if _tao_primitives is not None:
     _SPECS[torch.ops.torchao.dequantize_affine.default] = _affine_spec
     _ACTIVATION_OPS += [torch.ops.torchao.quantize_affine.default, torch.ops.torchao.choose_qparams_affine.default]

@@ -9,6 +9,7 @@ whose values fit the significand (24 bits for float32, 11 for float16). The elem
 recomputed the device's way and must match the graph. Other ranges stay on CPU.
 In fp16 graphs a float32 range is produced in float16 (``dtype`` = compute dtype, never float32).
 """
+
 from __future__ import annotations
 
 import math
@@ -59,25 +60,34 @@ def _arange_check(node: Node):
         limit = 2 ** _SIGNIFICAND[dt]
         scale = math.lcm(Fraction(start).denominator, Fraction(step).denominator)
         ints = [abs(Fraction(start) * scale), abs(last * scale), abs((n - 1) * Fraction(step) * scale), n - 1]
-        if any(v >= limit for v in ints) or (dt == torch.float16 and (scale > 2 ** 24 or abs(last) > 65504)):
-            return (f"arange({start}, {end}, {step}) as {dt}: values not all exact in {dt} (the device "
-                    "rounds i * step and + start separately)")
+        if any(v >= limit for v in ints) or (dt == torch.float16 and (scale > 2**24 or abs(last) > 65504)):
+            return (
+                f"arange({start}, {end}, {step}) as {dt}: values not all exact in {dt} (the device "
+                "rounds i * step and + start separately)"
+            )
         return None
     if dt == torch.bool or dt.is_floating_point:
         return f"arange of {dt}"
     if not all(float(v).is_integer() for v in (start, step)):
         return f"arange({start}, {end}, {step}) as {dt}: the device truncates fractional start/step"
     info = torch.iinfo(dt)
-    if any(abs(v) >= 2 ** 24 for v in (start, last, (n - 1) * step)) or not info.min <= last <= info.max:
+    if any(abs(v) >= 2**24 for v in (start, last, (n - 1) * step)) or not info.min <= last <= info.max:
         return f"arange({start}, {end}, {step}) as {dt}: values beyond 2**24 (float32 fields)"
     return None
 
 
 def _arange(node: Node, b: GraphBuilder) -> None:
     start, end, step = _range_args(node)
-    b.emit("MPSArange", output_id=b.out(node), start=float(start), end=float(end), step=float(step),
-           dtype=int(mps_dtype(b.dtype(node))))
+    b.emit(
+        "MPSArange",
+        output_id=b.out(node),
+        start=float(start),
+        end=float(end),
+        step=float(step),
+        dtype=int(mps_dtype(b.dtype(node))),
+    )
 
 
-LOWERINGS = [Lowering((aten.arange.default, aten.arange.start, aten.arange.start_step), _arange, _arange_check,
-                      generic="outputs")]
+LOWERINGS = [
+    Lowering((aten.arange.default, aten.arange.start, aten.arange.start_step), _arange, _arange_check, generic="outputs")
+]

@@ -56,6 +56,7 @@ to that dtype and reduces, and so does the lowering (one MPSCast first; in fp16 
 float16, which holds integers exactly up to 2048 and overflows above 65504, as any float32 value of an
 fp16 graph).
 """
+
 from __future__ import annotations
 
 import math
@@ -73,13 +74,13 @@ from .registry import Lowering, op_key
 aten = torch.ops.aten
 
 #: largest reduction ``any`` lowers as a mean of 0/1 flags (1/n stays a normal number), per compute dtype
-ANY_MEAN_MAX = {torch.float32: 2 ** 24, torch.float16: 2 ** 14}
+ANY_MEAN_MAX = {torch.float32: 2**24, torch.float16: 2**14}
 #: largest axis cumsum lowers: the triangular constant has n*n elements
 CUMSUM_MAX = 512
 #: topk / integer max: the most elements per row (float16 counts of up to 512 flags are exact to
 #: within 0.5) and the most pairwise comparisons (rows * n * n)
 RANK_MAX = 512
-RANK_PAIRS_MAX = 2 ** 22
+RANK_PAIRS_MAX = 2**22
 
 
 def _reduce_dims(dims, r: int) -> list[int]:
@@ -99,25 +100,31 @@ def _device_shape(node_or_shape) -> list[int]:
 def _float_check(what: str):
     def check(node: Node):
         if not is_float(node.args[0]):
-            return (f"{what} of a {val(node.args[0]).dtype} tensor: the device reduces floats only and a "
-                    "float detour is inexact for large integers")
+            return (
+                f"{what} of a {val(node.args[0]).dtype} tensor: the device reduces floats only and a "
+                "float detour is inexact for large integers"
+            )
         dtype = node.kwargs.get("dtype")
         if dtype is not None and dtype != val(node.args[0]).dtype:
             return f"{what} with dtype={dtype} (accumulation dtype change)"
         return None
+
     return check
 
 
 # ---- mean / sum -----------------------------------------------------------------------------------
 
+
 def _accumulate_check(what: str):
     """mean / sum: a float input, or any input with a float ``dtype=`` (torch casts the input to it
     first, and so does the lowering: e.g. ``mean(int64_tensor, dtype=torch.float32)``)."""
+
     def check(node: Node):
         dtype = node.kwargs.get("dtype")
         if dtype is not None and dtype.is_floating_point:
             return None
         return _float_check(what)(node)
+
     return check
 
 
@@ -133,8 +140,7 @@ def _mean_value(b: GraphBuilder, x: Node, dims: list[int], keep: bool, out: int 
     vid = b.id(x) if vid is None else vid
     if out is None:
         s = _device_shape(x)
-        s = [1 if i in dims else d for i, d in enumerate(s)] if keep else [d for i, d in enumerate(s)
-                                                                          if i not in dims]
+        s = [1 if i in dims else d for i, d in enumerate(s)] if keep else [d for i, d in enumerate(s) if i not in dims]
         out = b.new_value(vdtype(b, vid), s)
     b.emit("MPSMean", input1_id=vid, output_id=out, num_dims=len(dims), dims=dims, keep_dims=keep)
     return out
@@ -149,6 +155,7 @@ def _mean(node: Node, b: GraphBuilder) -> None:
 def _exact_factors(n: int, dtype: torch.dtype) -> list[int]:
     """``n`` as a product of factors each exactly representable in ``dtype`` (float16: a factor
     that cannot be split further is kept rounded, relative error <= 2^-12)."""
+
     def exact(v: int) -> bool:
         return float(torch.tensor(float(v), dtype=dtype).item()) == float(v)
 
@@ -193,6 +200,7 @@ def _sum(node: Node, b: GraphBuilder) -> None:
 
 # ---- max / min / argmax / argmin / any / all (max pooling over a [1, M, 1, R] view) ---------------
 
+
 def _reduced_axes_last(b: GraphBuilder, vid: int, in_shape: list[int], dims: list[int]) -> tuple[int, list[int], list[int]]:
     """``vid`` permuted so the reduced ``dims`` come last: (value, its original shape, the kept axes)."""
     in_shape = list(in_shape) or [1]
@@ -213,10 +221,25 @@ def pool_reduce(b: GraphBuilder, vid: int, in_shape: list[int], dims: list[int],
     vid = view(b, vid, [1, m, 1, n])
     values = b.new_value(vdtype(b, vid), [1, m, 1, 1])
     indices = b.new_value(torch.int32, [1, m, 1, 1])
-    b.emit("MPSMaxPool2DWithIndices", input1_id=vid, kernel_height=1, kernel_width=n, stride_height=1,
-           stride_width=n, padding_left=0, padding_right=0, padding_top=0, padding_bottom=0,
-           dilation_height=1, dilation_width=1, ceil_mode=False, count_include_pad=False,
-           divisor_override=0, output1_id=values, output2_id=indices)
+    b.emit(
+        "MPSMaxPool2DWithIndices",
+        input1_id=vid,
+        kernel_height=1,
+        kernel_width=n,
+        stride_height=1,
+        stride_width=n,
+        padding_left=0,
+        padding_right=0,
+        padding_top=0,
+        padding_bottom=0,
+        dilation_height=1,
+        dilation_width=1,
+        ceil_mode=False,
+        count_include_pad=False,
+        divisor_override=0,
+        output1_id=values,
+        output2_id=indices,
+    )
     return values, indices
 
 
@@ -232,8 +255,10 @@ def _finish_indices(b: GraphBuilder, indices: int, out: int) -> None:
 
 # ---- topk, integer max / min: ranks from pairwise comparisons -----------------------------------
 
-def rank_select(b: GraphBuilder, vid: int, in_shape: list[int], dims: list[int], ranks: int | list[int],
-                largest: bool) -> tuple[int, int]:
+
+def rank_select(
+    b: GraphBuilder, vid: int, in_shape: list[int], dims: list[int], ranks: int | list[int], largest: bool
+) -> tuple[int, int]:
     """The elements of rank ``ranks`` (a count k: ranks ``0..k-1``, the k largest / smallest) over ``dims``
     of value ``vid`` and their int64 indices (flattened over ``dims`` in row-major order), both
     ``[M, len(ranks)]`` (M = product of the kept axes, in order); exact for every dtype (module
@@ -251,7 +276,7 @@ def rank_select(b: GraphBuilder, vid: int, in_shape: list[int], dims: list[int],
     tie = binary(b, "MPSEq", other, mine)
     if dt.is_floating_point:  # NaN is the largest value (torch's topk / max / median)
         nan_i, nan_j = unary(b, "MPSIsnan", mine, torch.bool), unary(b, "MPSIsnan", other, torch.bool)
-        better_nan = (binary(b, "MPSGt", nan_j, nan_i) if largest else binary(b, "MPSGt", nan_i, nan_j))
+        better_nan = binary(b, "MPSGt", nan_j, nan_i) if largest else binary(b, "MPSGt", nan_i, nan_j)
         beats = binary(b, "MPSBitwiseOr", beats, better_nan)
         tie = binary(b, "MPSBitwiseOr", tie, binary(b, "MPSBitwiseAnd", nan_i, nan_j))
     earlier = b.constant(torch.ones(n, n, dtype=torch.bool).tril(-1), dtype=torch.bool)  # [i, j]: j < i
@@ -266,8 +291,9 @@ def rank_select(b: GraphBuilder, vid: int, in_shape: list[int], dims: list[int],
     _, where_hit = pool_reduce(b, b.cast(hit, fdt), [m * k, n], [1])
     index = view(b, where_hit, [m, k])
     rows = b.constant((torch.arange(m, dtype=torch.int32) * n).reshape(m, 1), dtype=torch.int32)
-    picked = b.emit_value("MPSIndexSelect", dt, [m * k], input1_id=flat, dim=0,
-                          index_id=view(b, binary(b, "MPSAdd", index, rows), [m * k]))
+    picked = b.emit_value(
+        "MPSIndexSelect", dt, [m * k], input1_id=flat, dim=0, index_id=view(b, binary(b, "MPSAdd", index, rows), [m * k])
+    )
     return view(b, picked, [m, k]), b.cast(index, torch.int64)
 
 
@@ -320,24 +346,40 @@ def _median(node: Node, b: GraphBuilder) -> None:
     out = b.out(node)
     if len(ranks) == 2:
         median, last = slice_value(b, values, 1, 0, 1), slice_value(b, values, 1, 1, 2)
-        values = b.emit_value("MPSWhere", vdtype(b, values), [1, 1], input1_id=unary(b, "MPSIsnan", last, torch.bool),
-                              input2_id=last, input3_id=median)
+        values = b.emit_value(
+            "MPSWhere",
+            vdtype(b, values),
+            [1, 1],
+            input1_id=unary(b, "MPSIsnan", last, torch.bool),
+            input2_id=last,
+            input3_id=median,
+        )
     view(b, values, vshape(b, out), out=out)
 
 
-_NO_SORT = ("the device has no sort node kind (the delegate's schema has no MPSGraph sort / argSort); "
-            "topk over axes of at most 512 elements is lowered (pairwise comparisons), a full sort is not")
+_NO_SORT = (
+    "the device has no sort node kind (the delegate's schema has no MPSGraph sort / argSort); "
+    "topk over axes of at most 512 elements is lowered (pairwise comparisons), a full sort is not"
+)
 #: ops the device cannot compute (registry: appended to the "no MPS lowering" reason)
-NOT_LOWERED = {aten.sort.default: _NO_SORT, aten.sort.stable: _NO_SORT, aten.argsort.default: _NO_SORT,
-               aten.argsort.stable: _NO_SORT}
+NOT_LOWERED = {
+    aten.sort.default: _NO_SORT,
+    aten.sort.stable: _NO_SORT,
+    aten.argsort.default: _NO_SORT,
+    aten.argsort.stable: _NO_SORT,
+}
 
 
 #: target -> (what it returns, whether it reduces -x)
 _MINMAX = {
-    aten.amax.default: ("values", False), aten.amin.default: ("values", True),
-    aten.max.default: ("all", False), aten.min.default: ("all", True),
-    aten.max.dim: ("pair", False), aten.min.dim: ("pair", True),
-    aten.argmax.default: ("index", False), aten.argmin.default: ("index", True),
+    aten.amax.default: ("values", False),
+    aten.amin.default: ("values", True),
+    aten.max.default: ("all", False),
+    aten.min.default: ("all", True),
+    aten.max.dim: ("pair", False),
+    aten.min.dim: ("pair", True),
+    aten.argmax.default: ("index", False),
+    aten.argmin.default: ("index", True),
 }
 
 
@@ -347,8 +389,10 @@ def _rank_reason(what: str, x: Node, dims: list[int], k: int = 1):
     n = math.prod(s[d] for d in dims)
     m = math.prod(s) // n
     if n > RANK_MAX:
-        return (f"{what} over {n} > {RANK_MAX} elements: lowered as pairwise comparisons whose counts are "
-                "exact up to that size in float16")
+        return (
+            f"{what} over {n} > {RANK_MAX} elements: lowered as pairwise comparisons whose counts are "
+            "exact up to that size in float16"
+        )
     if m * n * n > RANK_PAIRS_MAX:
         return f"{what} of {m} rows of {n}: {m * n * n} pairwise comparisons > {RANK_PAIRS_MAX}"
     if k > n:
@@ -410,8 +454,7 @@ def _any(node: Node, b: GraphBuilder) -> None:
     out = b.out(node)
     if math.prod(_device_shape(x)[d] for d in dims) <= ANY_MEAN_MAX[fdt]:
         keep = target is not aten.any.default and bool(arg(node, 2, "keepdim", False))
-        frac = b.emit_value("MPSMean", fdt, vshape(b, out), input1_id=flags, num_dims=len(dims), dims=dims,
-                            keep_dims=keep)
+        frac = b.emit_value("MPSMean", fdt, vshape(b, out), input1_id=flags, num_dims=len(dims), dims=dims, keep_dims=keep)
         binary(b, "MPSGt", frac, b.scalar(0.0, fdt), out=out)
         return
     values, _ = pool_reduce(b, flags, shape(x), dims)
@@ -420,6 +463,7 @@ def _any(node: Node, b: GraphBuilder) -> None:
 
 
 # ---- prod ------------------------------------------------------------------------------------------
+
 
 def _prod(node: Node, b: GraphBuilder) -> None:
     """Pairwise products: the reduced axes (permuted last) viewed as ``[M, N]``, the two halves
@@ -447,6 +491,7 @@ def _prod(node: Node, b: GraphBuilder) -> None:
 
 # ---- cumsum / var ---------------------------------------------------------------------------------
 
+
 def _cumsum_check(node: Node):
     reason = _float_check("cumsum")(node)
     if reason:
@@ -456,8 +501,7 @@ def _cumsum_check(node: Node):
         return None
     n = shape(x)[norm_dim(arg(node, 1, "dim"), rank(x))]
     if n > CUMSUM_MAX:
-        return (f"cumsum over an axis of size {n} > {CUMSUM_MAX}: lowered as a matmul with an n x n "
-                "triangular constant, too large")
+        return f"cumsum over an axis of size {n} > {CUMSUM_MAX}: lowered as a matmul with an n x n triangular constant, too large"
     return None
 
 
@@ -468,7 +512,7 @@ def _cumsum(node: Node, b: GraphBuilder) -> None:
         return
     s = shape(x)
     d = norm_dim(arg(node, 1, "dim"), rank(x))
-    a, n, c = math.prod(s[:d]), s[d], math.prod(s[d + 1:])
+    a, n, c = math.prod(s[:d]), s[d], math.prod(s[d + 1 :])
     xv = view(b, b.id(x), [a, n, c] if a > 1 else [n, c])
     tri = b.constant(torch.tril(torch.ones(n, n, dtype=torch.float32)), dtype=b.dtype(x))
     out3 = b.new_value(b.dtype(x), vshape(b, xv))
@@ -506,8 +550,7 @@ def _var(node: Node, b: GraphBuilder) -> None:
     dev = binary(b, "MPSSub", b.id(x), mean)
     sq = binary(b, "MPSMul", dev, dev)
     s = _device_shape(x)
-    out_shape = [1 if i in dims else d for i, d in enumerate(s)] if keep else [d for i, d in enumerate(s)
-                                                                               if i not in dims]
+    out_shape = [1 if i in dims else d for i, d in enumerate(s)] if keep else [d for i, d in enumerate(s) if i not in dims]
     last = c == 0
     msq = b.out(node) if last else b.new_value(dt, out_shape)
     b.emit("MPSMean", input1_id=sq, output_id=msq, num_dims=len(dims), dims=dims, keep_dims=keep)
@@ -518,8 +561,11 @@ def _var(node: Node, b: GraphBuilder) -> None:
 LOWERINGS = [
     Lowering((aten.mean.dim, aten.mean.default), _mean, _accumulate_check("mean")),
     Lowering((aten.sum.dim_IntList, aten.sum.default), _sum, _accumulate_check("sum")),
-    Lowering((aten.amax.default, aten.amin.default, aten.max.default, aten.min.default,
-              aten.argmax.default, aten.argmin.default), _minmax, _minmax_check),
+    Lowering(
+        (aten.amax.default, aten.amin.default, aten.max.default, aten.min.default, aten.argmax.default, aten.argmin.default),
+        _minmax,
+        _minmax_check,
+    ),
     Lowering((aten.max.dim, aten.min.dim), _minmax, _minmax_check),
     Lowering((aten.topk.default,), _topk, _topk_check),
     Lowering((aten.prod.default, aten.prod.dim_int), _prod),

@@ -9,6 +9,7 @@ Family modules (activation.py, binary.py, ...) each export ``LOWERINGS`` and may
 ``NOT_LOWERED``, ``{op overload: why the device cannot compute it}`` (appended to the "no MPS lowering"
 reason); ``default_registry`` builds the one immutable registry from them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,8 +31,24 @@ CheckFn = Callable[[Node], Reason]
 LowerFn = Callable[[Node, GraphBuilder], None]
 
 #: the op families, one module each (order only matters for readability of reports)
-FAMILIES = ("activation", "binary", "clamp", "constant", "convolution", "copy", "indexing", "linalg",
-            "normalization", "pad", "pooling", "quant", "range", "reduce", "shape", "unary")
+FAMILIES = (
+    "activation",
+    "binary",
+    "clamp",
+    "constant",
+    "convolution",
+    "copy",
+    "indexing",
+    "linalg",
+    "normalization",
+    "pad",
+    "pooling",
+    "quant",
+    "range",
+    "reduce",
+    "shape",
+    "unary",
+)
 
 
 def no_check(node: Node) -> Reason:
@@ -87,7 +104,7 @@ def generic_reason(node: Node, scope: str = "all") -> Reason:
             return reason
     if scope != "outputs":
         for i, arg in enumerate(node.args):
-            for a in (arg if isinstance(arg, (list, tuple)) else [arg]):
+            for a in arg if isinstance(arg, (list, tuple)) else [arg]:
                 if isinstance(a, Node):
                     for t in _tensors(a.meta.get("val")):
                         reason = tensor_reason(t, f"input {i} ({a.name})")

@@ -26,6 +26,7 @@ slice/select, semantics ยง6 #19), and squeeze never writes an empty dims list (ย
 The small emit helpers below (``view``, ``permute``, ``binary``...) are shared by the other
 families of this package that build multi-node decompositions.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -43,13 +44,12 @@ from .registry import Lowering
 aten = torch.ops.aten
 
 
-
 # ---- emit helpers (value-level: they work on value ids, not fx nodes) ---------------------------
+
 
 def _view(node: Node, b: GraphBuilder) -> None:
     out_shape = shape(node)
-    b.emit("MPSView", input1_id=b.id(node.args[0]), output_id=b.out(node), num_dims=len(out_shape),
-           shape=out_shape)
+    b.emit("MPSView", input1_id=b.id(node.args[0]), output_id=b.out(node), num_dims=len(out_shape), shape=out_shape)
 
 
 def _permute(node: Node, b: GraphBuilder) -> None:
@@ -78,8 +78,7 @@ def _split(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     dim = norm_dim(arg(node, 2, "dim", 0), rank(x))
     outs = b.outs(node)
-    b.emit("MPSSplitWithSizes", input1_id=b.id(x), output_ids=list(outs),
-           split_sizes=[int(s) for s in node.args[1]], dim=dim)
+    b.emit("MPSSplitWithSizes", input1_id=b.id(x), output_ids=list(outs), split_sizes=[int(s) for s in node.args[1]], dim=dim)
 
 
 def _squeeze(node: Node, b: GraphBuilder) -> None:
@@ -124,8 +123,15 @@ def _slice(node: Node, b: GraphBuilder) -> None:
     size = shape(x)[dim]
     start = clamp_index(arg(node, 2, "start", None), size, 0)
     end = clamp_index(arg(node, 3, "end", None), size, size)
-    b.emit("MPSSlice", input1_id=b.id(x), output_id=b.out(node), dim=dim, start=start, end=max(end, start),
-           step=int(arg(node, 4, "step", 1)))
+    b.emit(
+        "MPSSlice",
+        input1_id=b.id(x),
+        output_id=b.out(node),
+        dim=dim,
+        start=start,
+        end=max(end, start),
+        step=int(arg(node, 4, "step", 1)),
+    )
 
 
 def _pixel_shuffle_check(node: Node):
@@ -139,8 +145,9 @@ def _pixel_shuffle_check(node: Node):
 
 
 def _pixel_shuffle(node: Node, b: GraphBuilder) -> None:
-    b.emit("MPSPixelShuffle", input1_id=b.id(node.args[0]), output_id=b.out(node),
-           upscale_factor=int(arg(node, 1, "upscale_factor")))
+    b.emit(
+        "MPSPixelShuffle", input1_id=b.id(node.args[0]), output_id=b.out(node), upscale_factor=int(arg(node, 1, "upscale_factor"))
+    )
 
 
 def _repeat(node: Node, b: GraphBuilder) -> None:
@@ -246,7 +253,7 @@ def _unfold(node: Node, b: GraphBuilder) -> None:
     else:
         offsets = (torch.arange(windows) * step).reshape(-1, 1) + torch.arange(size)
         picked = index_select(b, vid, dim, offsets.reshape(-1))
-    split = view(b, picked, s[:dim] + [windows, size] + s[dim + 1:])
+    split = view(b, picked, s[:dim] + [windows, size] + s[dim + 1 :])
     r = len(s) + 1
     perm = list(range(dim + 1)) + list(range(dim + 2, r)) + [dim + 1]  # the window offset axis last
     if perm == list(range(r)):
@@ -256,7 +263,7 @@ def _unfold(node: Node, b: GraphBuilder) -> None:
 
 
 #: most output elements as_strided_copy lowers as a gather with a constant index (4 bytes each)
-AS_STRIDED_GATHER_MAX = 2 ** 22
+AS_STRIDED_GATHER_MAX = 2**22
 
 
 def _as_strided_args(node: Node):
@@ -278,18 +285,21 @@ def _as_strided_check(node: Node):
     if last >= v.numel():
         return f"as_strided_copy reading element {last} of a {v.numel()}-element input"
     if _as_strided_form(x, size, stride, offset)[0] == "gather" and math.prod(size) > AS_STRIDED_GATHER_MAX:
-        return (f"as_strided_copy of {math.prod(size)} elements that is neither a reshape nor a permutation "
-                f"(a gather with a constant index, at most {AS_STRIDED_GATHER_MAX})")
+        return (
+            f"as_strided_copy of {math.prod(size)} elements that is neither a reshape nor a permutation "
+            f"(a gather with a constant index, at most {AS_STRIDED_GATHER_MAX})"
+        )
     return None
 
 
 def _contiguous_strides(s: list[int]) -> list[int]:
-    return [math.prod(s[i + 1:]) for i in range(len(s))]
+    return [math.prod(s[i + 1 :]) for i in range(len(s))]
 
 
 def _as_strided_form(x: Node, size: list[int], stride: list[int], offset: int):
     """("view", None): a contiguous block reshaped; ("permute", perm): x permuted; else ("gather", None).
     Size-1 axes have no meaningful stride and are ignored."""
+
     def same(a, b_):
         return all(n == 1 or st == st2 for n, st, st2 in zip(size, a, b_))
 

@@ -34,6 +34,7 @@ Rules applied here:
 * ``logical_not`` of a non-bool tensor: ``x == 0`` (the device applies logical NOT without a cast
   to bool, §5.5); bool: MPSLogicalNot.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,9 +50,9 @@ from .registry import Lowering
 aten = torch.ops.aten
 
 
-
 # ---------------------------------------------------------------------------------------------
 # emission helpers (value ids in, value ids out; every intermediate is a fresh value)
+
 
 def isnan(b: GraphBuilder, x: int) -> int:
     if vdtype(b, x) in FLOAT_DTYPES:
@@ -137,13 +138,27 @@ def out_shape(node: Node) -> list[int]:
 # lowerings
 
 FLOAT_MATH = {
-    aten.exp.default: "MPSExp", aten.exp2.default: "MPSExp2", aten.reciprocal.default: "MPSReciprocal",
-    aten.sqrt.default: "MPSSqrt", aten.rsqrt.default: "MPSRsqrt", aten.log.default: "MPSLog",
-    aten.log10.default: "MPSLog10", aten.log2.default: "MPSLog2", aten.erf.default: "MPSErf",
-    aten.sigmoid.default: "MPSSigmoid", aten.sin.default: "MPSSin", aten.cos.default: "MPSCos",
-    aten.tan.default: "MPSTan", aten.asin.default: "MPSAsin", aten.acos.default: "MPSAcos",
-    aten.atan.default: "MPSAtan", aten.sinh.default: "MPSSinh", aten.cosh.default: "MPSCosh",
-    aten.tanh.default: "MPSTanh", aten.asinh.default: "MPSAsinh", aten.acosh.default: "MPSAcosh",
+    aten.exp.default: "MPSExp",
+    aten.exp2.default: "MPSExp2",
+    aten.reciprocal.default: "MPSReciprocal",
+    aten.sqrt.default: "MPSSqrt",
+    aten.rsqrt.default: "MPSRsqrt",
+    aten.log.default: "MPSLog",
+    aten.log10.default: "MPSLog10",
+    aten.log2.default: "MPSLog2",
+    aten.erf.default: "MPSErf",
+    aten.sigmoid.default: "MPSSigmoid",
+    aten.sin.default: "MPSSin",
+    aten.cos.default: "MPSCos",
+    aten.tan.default: "MPSTan",
+    aten.asin.default: "MPSAsin",
+    aten.acos.default: "MPSAcos",
+    aten.atan.default: "MPSAtan",
+    aten.sinh.default: "MPSSinh",
+    aten.cosh.default: "MPSCosh",
+    aten.tanh.default: "MPSTanh",
+    aten.asinh.default: "MPSAsinh",
+    aten.acosh.default: "MPSAcosh",
     aten.atanh.default: "MPSAtanh",
 }
 SAME_DTYPE = {aten.neg.default: "MPSNeg", aten.abs.default: "MPSAbs", aten.sign.default: "MPSSign"}
@@ -159,13 +174,16 @@ def _float_math(op: str):
     def lower(node: Node, b: GraphBuilder) -> None:
         x = convert(b, b.id(node.args[0]), b.dtype(node))  # integer inputs: cast to float first
         b.emit(op, input1_id=x, output_id=b.out(node))
+
     return lower
 
 
 def _float_formula(fn):
     """A float-valued function written with several members (integer inputs cast first)."""
+
     def lower(node: Node, b: GraphBuilder) -> None:
         finish(b, node, fn(b, convert(b, b.id(node.args[0]), b.dtype(node))))
+
     return lower
 
 
@@ -178,6 +196,7 @@ def _not_bool(node: Node):
 def _same_dtype(op: str):
     def lower(node: Node, b: GraphBuilder) -> None:
         b.emit(op, input1_id=b.id(node.args[0]), output_id=b.out(node))
+
     return lower
 
 
@@ -198,6 +217,7 @@ def _rounding(kind: str):
             b.alias(node, out if exact is None else b.cast(out, b.dtype(node)))
         else:
             b.alias(node, trunc(b, x) if kind == "trunc" else round_half_even(b, x))
+
     return lower
 
 
@@ -228,6 +248,7 @@ def _predicate(op: str):
             b.emit(op, input1_id=x, output_id=b.out(node))
         else:  # integers are never NaN or infinite
             b.alias(node, full_like(b, x, 0.0, torch.bool))
+
     return lower
 
 

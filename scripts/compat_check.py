@@ -17,6 +17,7 @@ tests/test_runtime_matrix.py with executorch 1.5.1):
   KV cache kept between steps); the outputs are saved to ``CASE.out-<version>.pt`` for the caller.
 Only torch, executorch, the standard library and (for the emulator) ``mps_backend.runtime`` are used.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,10 +44,14 @@ def _version() -> str:
 
 def _meta(program) -> dict:
     meta = program.method_meta("forward")
-    return {"inputs": [[list(meta.input_tensor_meta(i).sizes()), str(meta.input_tensor_meta(i).dtype())]
-                       for i in range(meta.num_inputs())],
-            "outputs": [[list(meta.output_tensor_meta(i).sizes()), str(meta.output_tensor_meta(i).dtype())]
-                        for i in range(meta.num_outputs())]}
+    return {
+        "inputs": [
+            [list(meta.input_tensor_meta(i).sizes()), str(meta.input_tensor_meta(i).dtype())] for i in range(meta.num_inputs())
+        ],
+        "outputs": [
+            [list(meta.output_tensor_meta(i).sizes()), str(meta.output_tensor_meta(i).dtype())] for i in range(meta.num_outputs())
+        ],
+    }
 
 
 def check(pte: Path, version: str, registered: set[str]) -> dict:

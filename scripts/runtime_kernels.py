@@ -13,6 +13,7 @@ release lacks, which would otherwise fail only when the app loads it.
 Run by hand when a release is added; the JSON is committed (nothing is read from the network or from
 the checkout at export or test time).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,7 @@ OUT = Path(__file__).resolve().parents[1] / "mps_backend" / "data" / "runtime_ke
 
 
 def _show(repo: Path, tag: str, path: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "show", f"{tag}:{path}"], check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(["git", "-C", str(repo), "show", f"{tag}:{path}"], check=True, capture_output=True, text=True).stdout
 
 
 def _yaml_ops(text: str) -> list[str]:

@@ -63,11 +63,11 @@ def _op_table():
 
 def code_facts() -> CodeFacts:
     import torch
+
     from mps_backend.operators.registry import default_registry
+    from mps_backend.runtime.kernels import KERNELS
     from mps_backend.serialization.device_facts import NOT_DISPATCHED
     from mps_backend.serialization.model import UNION_MEMBERS
-
-    from mps_backend.runtime.kernels import KERNELS
 
     registry = default_registry()
     targets = registry.targets

@@ -1,4 +1,5 @@
 """MP00 serialization: schema, generated bindings, blob writer and validating reader."""
+
 from .errors import MPSFormatError
 from .model import Blob, DataType, Graph, Header, Node, OpType, Tensor
 from .writer import write_blob
@@ -11,5 +12,4 @@ def read_blob(data):
     return _read(data)
 
 
-__all__ = ["Blob", "DataType", "Graph", "Header", "MPSFormatError", "Node", "OpType", "Tensor",
-           "read_blob", "write_blob"]
+__all__ = ["Blob", "DataType", "Graph", "Header", "MPSFormatError", "Node", "OpType", "Tensor", "read_blob", "write_blob"]

@@ -4,13 +4,25 @@ Used by the builder (refuses node kinds the runtime cannot dispatch), the valida
 (which fields define and which read values), the device model's checks and the tests. The section
 numbers refer to docs/device-semantics.md.
 """
+
 from __future__ import annotations
 
 from .model import DataType
 
 #: dtypes the device can create placeholders/constants of (§3.1); the rest abort at init
-DEVICE_DTYPES = frozenset({DataType.float16, DataType.float32, DataType.float64, DataType.int4,
-                           DataType.int8, DataType.int16, DataType.int32, DataType.int64, DataType.bool})
+DEVICE_DTYPES = frozenset(
+    {
+        DataType.float16,
+        DataType.float32,
+        DataType.float64,
+        DataType.int4,
+        DataType.int8,
+        DataType.int16,
+        DataType.int32,
+        DataType.int64,
+        DataType.bool,
+    }
+)
 #: union members the runtime has no dispatch case for (§2.7): a graph with one fails to build
 NOT_DISPATCHED = frozenset({"MPSMin", "MPSMax", "MPSAtan2"})
 #: members whose result is bool whatever their operands' dtype (§5.2)
@@ -19,8 +31,11 @@ BOOL_RESULT = frozenset({"MPSEq", "MPSNe", "MPSGe", "MPSGt", "MPSLe", "MPSLt"})
 #: other field must be given): alpha scales the second operand of MPSAdd/MPSSub (1.0 = plain
 #: add/sub); an absent rounding_mode is true division / the plain remainder (§5.2)
 NEUTRAL_FIELDS: dict[tuple[str, str], object] = {
-    ("MPSAdd", "alpha"): 1.0, ("MPSSub", "alpha"): 1.0,
-    ("MPSDiv", "rounding_mode"): None, ("MPSFmod", "rounding_mode"): None, ("MPSRemainder", "rounding_mode"): None,
+    ("MPSAdd", "alpha"): 1.0,
+    ("MPSSub", "alpha"): 1.0,
+    ("MPSDiv", "rounding_mode"): None,
+    ("MPSFmod", "rounding_mode"): None,
+    ("MPSRemainder", "rounding_mode"): None,
 }
 #: fields of a node that define values (everything else ending in _id/_ids reads one)
 OUTPUT_FIELDS = frozenset({"output_id", "output_ids", "output1_id", "output2_id", "output3_id"})
@@ -30,12 +45,19 @@ OPTIONAL_INPUTS = frozenset({("MPSConv2D", "input3_id"), ("MPSDepthwiseConv2D", 
 OPTIONAL_INPUT_ENTRIES = frozenset({("MPSIndexTensor", "indices_id"), ("MPSIndexPut", "indices_id")})
 #: (member, id field) the runtime never reads or never writes: -1 or any in-range id is accepted
 #: and an "output" listed here is not defined by the node (BatchNorm output3 is never set, §5.13)
-IGNORED_IDS = frozenset({("MPSReLU", "input2_id"), ("MPSFull", "input1_id"),
-                         ("MPSAvgPool2D", "output2_id"), ("MPSBatchNorm", "output3_id"),
-                         ("MPSDequantizePerChannelGroup", "zero_points_id")})
+IGNORED_IDS = frozenset(
+    {
+        ("MPSReLU", "input2_id"),
+        ("MPSFull", "input1_id"),
+        ("MPSAvgPool2D", "output2_id"),
+        ("MPSBatchNorm", "output3_id"),
+        ("MPSDequantizePerChannelGroup", "zero_points_id"),
+    }
+)
 #: (member, field) vectors/strings that may be absent (everything else is read without a null check)
-NULLABLE = frozenset({("MPSDiv", "rounding_mode"), ("MPSFmod", "rounding_mode"),
-                      ("MPSRemainder", "rounding_mode"), ("MPSFullLike", "shape")})
+NULLABLE = frozenset(
+    {("MPSDiv", "rounding_mode"), ("MPSFmod", "rounding_mode"), ("MPSRemainder", "rounding_mode"), ("MPSFullLike", "shape")}
+)
 
 
 def is_value_field(name: str) -> bool:
@@ -48,7 +70,7 @@ def node_value_ids(fields: dict, outputs: bool) -> list[int]:
     in the order of their names (``output1_id`` first: the schema puts ``output2_id`` before it in
     MPSLayerNorm and MPSBatchNorm, whose main result is ``output1_id``)."""
     ids: list[int] = []
-    for name, value in (sorted(fields.items()) if outputs else fields.items()):
+    for name, value in sorted(fields.items()) if outputs else fields.items():
         if not is_value_field(name) or (name in OUTPUT_FIELDS) != outputs:
             continue
         ids.extend(v for v in (value if isinstance(value, list) else (value,)) if isinstance(v, int))

@@ -6,6 +6,7 @@ The flatc Python accessors do no bounds checks; this decoder does, driven by a s
 then value). Malformed input raises the error class the reader passes in, with a message naming
 what and where; the work done is bounded by the buffer size (see ``FlatBuffer.spend``).
 """
+
 from __future__ import annotations
 
 import struct
@@ -13,10 +14,27 @@ from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
 SCALAR_FORMATS = {
-    "bool": "<B", "byte": "<b", "ubyte": "<B", "int8": "<b", "uint8": "<B",
-    "short": "<h", "ushort": "<H", "int16": "<h", "uint16": "<H",
-    "int": "<i", "uint": "<I", "int32": "<i", "uint32": "<I", "float": "<f", "float32": "<f",
-    "long": "<q", "ulong": "<Q", "int64": "<q", "uint64": "<Q", "double": "<d", "float64": "<d",
+    "bool": "<B",
+    "byte": "<b",
+    "ubyte": "<B",
+    "int8": "<b",
+    "uint8": "<B",
+    "short": "<h",
+    "ushort": "<H",
+    "int16": "<h",
+    "uint16": "<H",
+    "int": "<i",
+    "uint": "<I",
+    "int32": "<i",
+    "uint32": "<I",
+    "float": "<f",
+    "float32": "<f",
+    "long": "<q",
+    "ulong": "<Q",
+    "int64": "<q",
+    "uint64": "<Q",
+    "double": "<d",
+    "float64": "<d",
 }
 FLOAT_TYPES = frozenset({"float", "float32", "double", "float64"})
 
@@ -36,6 +54,7 @@ class Field(NamedTuple):
 class StructLayout(NamedTuple):
     """A struct's fixed layout (computed by scripts/generate_bindings.py) as one ``struct.Struct``
     with explicit padding, e.g. Instruction ``<bxHi`` (8 bytes, 4-aligned)."""
+
     name: str
     size: int
     align: int
@@ -46,6 +65,7 @@ class StructLayout(NamedTuple):
 
 class Layouts(NamedTuple):
     """Decoding recipes of every table and struct of one schema literal."""
+
     tables: Mapping[str, tuple[Field, ...]]
     structs: Mapping[str, StructLayout]
 
@@ -97,8 +117,7 @@ def _table_layout(fields: list[dict], schema: Mapping[str, Any]) -> tuple[Field,
             out.append(Field(name, "string_vector", slot))
         elif ftype.startswith("[") and ftype[1:-1] in structs:
             elem = ftype[1:-1]
-            out.append(Field(name, "struct_vector", slot, type=elem,
-                             align=max(force_align, structs[elem]["align"])))
+            out.append(Field(name, "struct_vector", slot, type=elem, align=max(force_align, structs[elem]["align"])))
         elif ftype.startswith("["):
             elem = ftype[1:-1]
             base = enums[elem]["base"] if elem in enums else elem
@@ -120,8 +139,7 @@ def _table_layout(fields: list[dict], schema: Mapping[str, Any]) -> tuple[Field,
 
 def compile_schema(schema: Mapping[str, Any]) -> Layouts:
     """The (immutable) decoding recipes of a ``schema_info`` literal."""
-    structs = {name: _struct_layout(name, spec, schema["enums"])
-               for name, spec in schema.get("structs", {}).items()}
+    structs = {name: _struct_layout(name, spec, schema["enums"]) for name, spec in schema.get("structs", {}).items()}
     tables = {name: _table_layout(fields, schema) for name, fields in schema["tables"].items()}
     return Layouts(MappingProxyType(tables), MappingProxyType(structs))
 
@@ -133,8 +151,15 @@ class FlatBuffer:
     the buffer size, so shared sub-objects cannot make decoding super-linear.
     """
 
-    def __init__(self, buf: memoryview, where: str, layouts: Layouts, error: type[Exception],
-                 raw_strings: frozenset[str] = frozenset(), align_empty_vectors: bool = True) -> None:
+    def __init__(
+        self,
+        buf: memoryview,
+        where: str,
+        layouts: Layouts,
+        error: type[Exception],
+        raw_strings: frozenset[str] = frozenset(),
+        align_empty_vectors: bool = True,
+    ) -> None:
         self.buf = buf
         self.size = len(buf)
         self.where = where
@@ -154,13 +179,14 @@ class FlatBuffer:
     def spend(self, units: int, what: str) -> None:
         self.budget -= units
         if self.budget < 0:
-            raise self.fail(f"{what}: more objects referenced than the {self.size}-byte flatbuffer "
-                            "can hold (shared or overlapping references)")
+            raise self.fail(
+                f"{what}: more objects referenced than the {self.size}-byte flatbuffer "
+                "can hold (shared or overlapping references)"
+            )
 
     def check(self, pos: int, nbytes: int, align: int, what: str) -> None:
         if pos < 0 or pos + nbytes > self.size:
-            raise self.fail(f"{what} at offset {pos} (+{nbytes} bytes) outside the flatbuffer "
-                            f"({self.size} bytes)")
+            raise self.fail(f"{what} at offset {pos} (+{nbytes} bytes) outside the flatbuffer ({self.size} bytes)")
         if pos % align:
             raise self.fail(f"{what} at offset {pos} is not {align}-byte aligned")
 
@@ -185,9 +211,9 @@ class FlatBuffer:
         if self.buf[start + length] != 0:
             raise self.fail(f"{what}: string of {length} bytes is not NUL-terminated")
         if raw:
-            return bytes(self.buf[start:start + length])
+            return bytes(self.buf[start : start + length])
         try:
-            return bytes(self.buf[start:start + length]).decode("utf-8")
+            return bytes(self.buf[start : start + length]).decode("utf-8")
         except UnicodeDecodeError as e:
             raise self.fail(f"{what}: not UTF-8 ({e.reason} at byte {e.start})") from None
 
@@ -233,8 +259,7 @@ class FlatBuffer:
             if off == 0:
                 return None
             if off < 4 or off + nbytes > tbl_size:
-                raise self.fail(f"{what}.{name}: field offset {off} outside the "
-                                f"{tbl_size}-byte table")
+                raise self.fail(f"{what}.{name}: field offset {off} outside the {tbl_size}-byte table")
             return pos + off
 
         out: dict[str, Any] = {}
@@ -274,23 +299,24 @@ class FlatBuffer:
                 elif f.kind == "string_vector":
                     start, n = self.vector(target, 4, fwhere)
                     self.spend(n, fwhere)
-                    out[f.name] = [self.string(self.deref(start + 4 * i, f"{fwhere}[{i}]"), f"{fwhere}[{i}]")
-                                   for i in range(n)]
+                    out[f.name] = [self.string(self.deref(start + 4 * i, f"{fwhere}[{i}]"), f"{fwhere}[{i}]") for i in range(n)]
                 elif f.kind == "struct_vector":
                     layout = self.layouts.structs[f.type]
                     start, n = self.vector(target, layout.size, fwhere)
                     if n or self.align_empty_vectors:
                         self.check(start, 0, f.align, fwhere)
                     self.spend(n, fwhere)
-                    out[f.name] = [self._struct_values(layout, v) for v in
-                                   layout.codec.iter_unpack(self.buf[start:start + n * layout.size])]
+                    out[f.name] = [
+                        self._struct_values(layout, v)
+                        for v in layout.codec.iter_unpack(self.buf[start : start + n * layout.size])
+                    ]
                 else:  # scalar vector
                     size = struct.calcsize(f.fmt)
                     start, n = self.vector(target, size, fwhere)
                     if f.fmt == "B":  # byte storage: not unpacked (tensor data)
                         if f.align > 1 and (n or self.align_empty_vectors):
                             self.check(start, 0, f.align, fwhere)
-                        out[f.name] = self.buf[start:start + n]
+                        out[f.name] = self.buf[start : start + n]
                     else:
                         if n or self.align_empty_vectors:
                             self.check(start, 0, size, fwhere)

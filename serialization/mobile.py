@@ -20,6 +20,7 @@ and are ``None`` otherwise.
 Opcodes and scalar types are not in the schema: they are torch's ``OpCode`` enum
 (torch/csrc/jit/runtime/instruction.h, FORALL_OPCODES) and ``c10::ScalarType``, copied below.
 """
+
 from __future__ import annotations
 
 import collections
@@ -63,33 +64,119 @@ _RAW_STRINGS = frozenset({"ExtraFile.content"})
 
 #: torch/csrc/jit/runtime/instruction.h FORALL_OPCODES, in enum order
 OPCODES = (
-    "OP", "OPN", "LOAD", "MOVE", "STOREN", "STORE", "DROP", "DROPR", "LOADC", "JF", "JMP", "LOOP",
-    "RET", "WAIT", "CALL", "GUARD", "TYPECHECK", "FAIL_GUARD", "PROFILE_OP", "TAIL_CALL",
-    "INTERFACE_CALL", "GET_ATTR", "SET_ATTR", "LIST_UNPACK", "TUPLE_CONSTRUCT",
-    "NAMED_TUPLE_CONSTRUCT", "LIST_CONSTRUCT", "DICT_CONSTRUCT", "CREATE_OBJECT", "ISINSTANCE",
-    "TUPLE_SLICE", "TUPLE_INDEX", "RAISE_EXCEPTION", "DICT_INDEX", "UNCHECKED_CAST", "__IS__",
-    "UN_INITIALIZED", "__ISNOT__", "FORMAT", "DEVICE", "DTYPE", "DIM", "__NOT__", "TO_LIST",
-    "NUM_TO_TENSOR", "IS_CUDA", "FORK", "WARN", "ENTER", "EXIT", "AWAITABLE",
+    "OP",
+    "OPN",
+    "LOAD",
+    "MOVE",
+    "STOREN",
+    "STORE",
+    "DROP",
+    "DROPR",
+    "LOADC",
+    "JF",
+    "JMP",
+    "LOOP",
+    "RET",
+    "WAIT",
+    "CALL",
+    "GUARD",
+    "TYPECHECK",
+    "FAIL_GUARD",
+    "PROFILE_OP",
+    "TAIL_CALL",
+    "INTERFACE_CALL",
+    "GET_ATTR",
+    "SET_ATTR",
+    "LIST_UNPACK",
+    "TUPLE_CONSTRUCT",
+    "NAMED_TUPLE_CONSTRUCT",
+    "LIST_CONSTRUCT",
+    "DICT_CONSTRUCT",
+    "CREATE_OBJECT",
+    "ISINSTANCE",
+    "TUPLE_SLICE",
+    "TUPLE_INDEX",
+    "RAISE_EXCEPTION",
+    "DICT_INDEX",
+    "UNCHECKED_CAST",
+    "__IS__",
+    "UN_INITIALIZED",
+    "__ISNOT__",
+    "FORMAT",
+    "DEVICE",
+    "DTYPE",
+    "DIM",
+    "__NOT__",
+    "TO_LIST",
+    "NUM_TO_TENSOR",
+    "IS_CUDA",
+    "FORK",
+    "WARN",
+    "ENTER",
+    "EXIT",
+    "AWAITABLE",
 )
 #: opcodes whose X indexes the function's type table (ISINSTANCE: types[X:X+N])
-_TYPE_OPERANDS = frozenset({"NAMED_TUPLE_CONSTRUCT", "LIST_CONSTRUCT", "DICT_CONSTRUCT", "CREATE_OBJECT",
-                            "ISINSTANCE"})
+_TYPE_OPERANDS = frozenset({"NAMED_TUPLE_CONSTRUCT", "LIST_CONSTRUCT", "DICT_CONSTRUCT", "CREATE_OBJECT", "ISINSTANCE"})
 
 #: c10::ScalarType in enum order: (name, bytes per element)
 SCALAR_TYPES = (
-    ("Byte", 1), ("Char", 1), ("Short", 2), ("Int", 4), ("Long", 8), ("Half", 2), ("Float", 4),
-    ("Double", 8), ("ComplexHalf", 4), ("ComplexFloat", 8), ("ComplexDouble", 16), ("Bool", 1),
-    ("QInt8", 1), ("QUInt8", 1), ("QInt32", 4), ("BFloat16", 2), ("QUInt4x2", 1), ("QUInt2x4", 1),
-    ("Bits1x8", 1), ("Bits2x4", 1), ("Bits4x2", 1), ("Bits8", 1), ("Bits16", 2),
-    ("Float8_e5m2", 1), ("Float8_e4m3fn", 1), ("Float8_e5m2fnuz", 1), ("Float8_e4m3fnuz", 1),
-    ("UInt16", 2), ("UInt32", 4), ("UInt64", 8),
-    ("UInt1", 1), ("UInt2", 1), ("UInt3", 1), ("UInt4", 1), ("UInt5", 1), ("UInt6", 1), ("UInt7", 1),
-    ("Int1", 1), ("Int2", 1), ("Int3", 1), ("Int4", 1), ("Int5", 1), ("Int6", 1), ("Int7", 1),
-    ("Float8_e8m0fnu", 1), ("Float4_e2m1fn_x2", 1), ("BComplex32", 4),
+    ("Byte", 1),
+    ("Char", 1),
+    ("Short", 2),
+    ("Int", 4),
+    ("Long", 8),
+    ("Half", 2),
+    ("Float", 4),
+    ("Double", 8),
+    ("ComplexHalf", 4),
+    ("ComplexFloat", 8),
+    ("ComplexDouble", 16),
+    ("Bool", 1),
+    ("QInt8", 1),
+    ("QUInt8", 1),
+    ("QInt32", 4),
+    ("BFloat16", 2),
+    ("QUInt4x2", 1),
+    ("QUInt2x4", 1),
+    ("Bits1x8", 1),
+    ("Bits2x4", 1),
+    ("Bits4x2", 1),
+    ("Bits8", 1),
+    ("Bits16", 2),
+    ("Float8_e5m2", 1),
+    ("Float8_e4m3fn", 1),
+    ("Float8_e5m2fnuz", 1),
+    ("Float8_e4m3fnuz", 1),
+    ("UInt16", 2),
+    ("UInt32", 4),
+    ("UInt64", 8),
+    ("UInt1", 1),
+    ("UInt2", 1),
+    ("UInt3", 1),
+    ("UInt4", 1),
+    ("UInt5", 1),
+    ("UInt6", 1),
+    ("UInt7", 1),
+    ("Int1", 1),
+    ("Int2", 1),
+    ("Int3", 1),
+    ("Int4", 1),
+    ("Int5", 1),
+    ("Int6", 1),
+    ("Int7", 1),
+    ("Float8_e8m0fnu", 1),
+    ("Float4_e2m1fn_x2", 1),
+    ("BComplex32", 4),
 )
 #: c10::QScheme in enum order
-QSCHEMES = ("per_tensor_affine", "per_channel_affine", "per_tensor_symmetric", "per_channel_symmetric",
-            "per_channel_affine_float_qparams")
+QSCHEMES = (
+    "per_tensor_affine",
+    "per_channel_affine",
+    "per_tensor_symmetric",
+    "per_channel_symmetric",
+    "per_channel_affine_float_qparams",
+)
 _PER_TENSOR = frozenset({0, 2})
 
 
@@ -233,6 +320,7 @@ class IValue:
     Dict -> DictValue, Object -> Object, IntList/DoubleList/BoolList -> list, EnumValue ->
     EnumValue, Function -> Function.
     """
+
     kind: str
     value: Any
 
@@ -335,8 +423,7 @@ def is_mobile_flatbuffer(data: bytes | bytearray | memoryview) -> bool:
 
 class _Decoder:
     def __init__(self, data: bytes) -> None:
-        self.fb = FlatBuffer(memoryview(data), "flatbuffer", _LAYOUTS, MobileFormatError, _RAW_STRINGS,
-                             align_empty_vectors=False)
+        self.fb = FlatBuffer(memoryview(data), "flatbuffer", _LAYOUTS, MobileFormatError, _RAW_STRINGS, align_empty_vectors=False)
         self.n_ivalues = 0
         self.n_types = 0
 
@@ -400,10 +487,8 @@ class _Decoder:
             if q["qscheme"] not in _PER_TENSOR:  # per channel: torch parses both tensors
                 scales = self.tensor(q["scales"], f"{where} scales", quantized_ok=False)
                 zero_points = self.tensor(q["zero_points"], f"{where} zero_points", quantized_ok=False)
-            quant = QuantizedSchema(QSCHEMES[q["qscheme"]], q["scale"], q["zero_point"], scales,
-                                    zero_points, q["axis"])
-        return TensorMetadata(t["storage_location_index"], st, t["storage_offset"], sizes, strides,
-                              t["requires_grad"], quant)
+            quant = QuantizedSchema(QSCHEMES[q["qscheme"]], q["scale"], q["zero_point"], scales, zero_points, q["axis"])
+        return TensorMetadata(t["storage_location_index"], st, t["storage_offset"], sizes, strides, t["requires_grad"], quant)
 
     def function(self, pos: int, where: str) -> Function:
         t = self.fb.table(pos, "Function", where)
@@ -416,11 +501,16 @@ class _Decoder:
             o = self.table(p, "Operator", w)
             if o["num_args_serialized"] < -1:
                 raise self.fail(f"{w}: num_args_serialized {o['num_args_serialized']} < -1")
-            operators.append(Operator(self.required(o["name"], f"{w} name"),
-                                      self.required(o["overload_name"], f"{w} overload_name"),
-                                      o["num_args_serialized"]))
-        constants = [self.index(c, f"{where} constant {k}")
-                     for k, c in enumerate(self.required(t["constants"], f"{where} constants"))]
+            operators.append(
+                Operator(
+                    self.required(o["name"], f"{w} name"),
+                    self.required(o["overload_name"], f"{w} overload_name"),
+                    o["num_args_serialized"],
+                )
+            )
+        constants = [
+            self.index(c, f"{where} constant {k}") for k, c in enumerate(self.required(t["constants"], f"{where} constants"))
+        ]
         types = self.required(t["type_annotations"], f"{where} type_annotations")
         instructions = []
         for k, inst in enumerate(raw_insts):
@@ -429,14 +519,11 @@ class _Decoder:
                 raise self.fail(f"{where} instruction {k}: opcode {op} is not a torch OpCode")
             name = OPCODES[op]
             if name in ("OP", "OPN") and not 0 <= x < len(operators):
-                raise self.fail(f"{where} instruction {k} ({name}): operator {x} out of range "
-                                f"({len(operators)} operators)")
+                raise self.fail(f"{where} instruction {k} ({name}): operator {x} out of range ({len(operators)} operators)")
             if name == "LOADC" and not 0 <= x < len(constants):
-                raise self.fail(f"{where} instruction {k} (LOADC): constant {x} out of range "
-                                f"({len(constants)} constants)")
+                raise self.fail(f"{where} instruction {k} (LOADC): constant {x} out of range ({len(constants)} constants)")
             if name in _TYPE_OPERANDS and not (0 <= x and x + (n if name == "ISINSTANCE" else 1) <= len(types)):
-                raise self.fail(f"{where} instruction {k} ({name}): type {x} out of range "
-                                f"({len(types)} type annotations)")
+                raise self.fail(f"{where} instruction {k} ({name}): type {x} out of range ({len(types)} type annotations)")
             instructions.append(Instruction(name, n, x))
         if t["register_size"] < 0:
             raise self.fail(f"{where}: negative register_size {t['register_size']}")
@@ -449,8 +536,13 @@ class _Decoder:
                 for k, p in enumerate(self.required(s[part], f"{where} schema {part}")):
                     w = f"{where} schema {part}[{k}]"
                     a = self.table(p, "Arg", w)
-                    args.append(Arg(self.required(a["name"], f"{w} name"), self.required(a["type"], f"{w} type"),
-                                    self.index(a["default_value"], f"{w} default_value")))
+                    args.append(
+                        Arg(
+                            self.required(a["name"], f"{w} name"),
+                            self.required(a["type"], f"{w} type"),
+                            self.index(a["default_value"], f"{w} default_value"),
+                        )
+                    )
                 lists.append(args)
             schema = Schema(*lists)
         debug = None
@@ -458,8 +550,7 @@ class _Decoder:
             debug = self.fb.table(t["debug_info"], "DebugInfo", f"{where} debug_info")["debug_handle"]
         if not 0 <= t["class_type"] < self.n_types:
             raise self.fail(f"{where}: class_type {t['class_type']} out of range ({self.n_types} object types)")
-        return Function(qn, instructions, operators, constants, types, t["register_size"], schema, debug,
-                        t["class_type"])
+        return Function(qn, instructions, operators, constants, types, t["register_size"], schema, debug, t["class_type"])
 
     def ivalue(self, pos: int, i: int) -> IValue:
         where = f"ivalue {i}"
@@ -474,9 +565,12 @@ class _Decoder:
             raise self.fail(f"{where}: union value missing")
         if kind in _STRUCTS:
             s = self.fb.struct(body, kind, where)
-            value: Any = {"Int": lambda: s["int_val"], "Bool": lambda: s["bool_val"],
-                          "Double": lambda: s["double_val"],
-                          "ComplexDouble": lambda: complex(s["real"], s["imag"])}[kind]()
+            value: Any = {
+                "Int": lambda: s["int_val"],
+                "Bool": lambda: s["bool_val"],
+                "Double": lambda: s["double_val"],
+                "ComplexDouble": lambda: complex(s["real"], s["imag"]),
+            }[kind]()
             return IValue(kind, value)
         if kind == "TensorMetadata":
             return IValue(kind, self.tensor(body, where))
@@ -490,25 +584,26 @@ class _Decoder:
         elif kind in ("IntList", "DoubleList", "BoolList"):
             value = self.required(t["items"], f"{where} items")
         elif kind == "Tuple":
-            value = tuple(self.index(v, f"{where} item {k}")
-                          for k, v in enumerate(self.required(t["items"], f"{where} items")))
+            value = tuple(self.index(v, f"{where} item {k}") for k, v in enumerate(self.required(t["items"], f"{where} items")))
         elif kind == "List":
-            value = ListValue([self.index(v, f"{where} item {k}")
-                               for k, v in enumerate(self.required(t["items"], f"{where} items"))],
-                              self.required(t["annotation_str"], f"{where} annotation_str"))
+            value = ListValue(
+                [self.index(v, f"{where} item {k}") for k, v in enumerate(self.required(t["items"], f"{where} items"))],
+                self.required(t["annotation_str"], f"{where} annotation_str"),
+            )
         elif kind == "Dict":
             keys = self.required(t["keys"], f"{where} keys")
             values = self.required(t["values"], f"{where} values")
             if len(keys) != len(values):
                 raise self.fail(f"{where}: {len(keys)} keys but {len(values)} values")
-            value = DictValue([self.index(v, f"{where} key {k}") for k, v in enumerate(keys)],
-                              [self.index(v, f"{where} value {k}") for k, v in enumerate(values)],
-                              self.required(t["annotation_str"], f"{where} annotation_str"))
+            value = DictValue(
+                [self.index(v, f"{where} key {k}") for k, v in enumerate(keys)],
+                [self.index(v, f"{where} value {k}") for k, v in enumerate(values)],
+                self.required(t["annotation_str"], f"{where} annotation_str"),
+            )
         elif kind == "Object":
             value = Object(t["type_index"], t["state"], t["attrs"], t["setstate_func"])
         elif kind == "EnumValue":
-            value = EnumValue(self.required(t["type_name"], f"{where} type_name"),
-                              self.index(t["value"], f"{where} value"))
+            value = EnumValue(self.required(t["type_name"], f"{where} type_name"), self.index(t["value"], f"{where} value"))
         else:  # pragma: no cover - every union member is handled above
             raise self.fail(f"{where}: unhandled member")
         return IValue(kind, value)
@@ -518,16 +613,14 @@ class _Decoder:
     def check_object(self, m: MobileModule, i: int, obj: Object) -> None:
         where = f"ivalue {i} (Object)"
         if not 0 <= obj.type_index < len(m.object_types):
-            raise self.fail(f"{where}: type_index {obj.type_index} out of range "
-                            f"({len(m.object_types)} object types)")
+            raise self.fail(f"{where}: type_index {obj.type_index} out of range ({len(m.object_types)} object types)")
         otype = m.object_types[obj.type_index]
         where = f"{where} of type {otype.type_name}"
         if otype.type == "CLASS_WITH_FIELD":
             if obj.attrs is None:
                 raise self.fail(f"{where}: attrs missing (torch's loader reads it without a null check)")
             if len(obj.attrs) > len(otype.attr_names):
-                raise self.fail(f"{where}: {len(obj.attrs)} attrs but the type names "
-                                f"{len(otype.attr_names)}")
+                raise self.fail(f"{where}: {len(obj.attrs)} attrs but the type names {len(otype.attr_names)}")
             for k, a in enumerate(obj.attrs):
                 self.index(a, f"{where} attr {k}")
         elif otype.type in ("CLASS_WITH_SETSTATE", "CUSTOM_CLASS"):
@@ -542,12 +635,16 @@ class _Decoder:
     def check_tensor(self, m: MobileModule, meta: TensorMetadata, where: str) -> None:
         k = meta.storage_location_index
         if not k < min(m.storage_data_size, len(m.storages)):
-            raise self.fail(f"{where}: storage_location_index {k} out of range ({len(m.storages)} "
-                            f"storages, storage_data_size {m.storage_data_size})")
+            raise self.fail(
+                f"{where}: storage_location_index {k} out of range ({len(m.storages)} "
+                f"storages, storage_data_size {m.storage_data_size})"
+            )
         need, have = meta.extent(), len(m.storages[k])
         if need > have:
-            raise self.fail(f"{where}: {meta.dtype}{meta.sizes} (strides {meta.strides}, offset "
-                            f"{meta.storage_offset}) reaches {need} bytes of the {have}-byte storage {k}")
+            raise self.fail(
+                f"{where}: {meta.dtype}{meta.sizes} (strides {meta.strides}, offset "
+                f"{meta.storage_offset}) reaches {need} bytes of the {have}-byte storage {k}"
+            )
         q = meta.quantized_schema
         if q is not None:
             for label, t in (("scales", q.scales), ("zero_points", q.zero_points)):
@@ -560,8 +657,10 @@ class _Decoder:
             raise self.fail(f"file is {fb.size} bytes, too short for a flatbuffer")
         ident = bytes(fb.buf[4:8])
         if ident != IDENTIFIER:
-            raise self.fail(f"flatbuffer identifier at bytes 4-7 is {ident!r}, expected {IDENTIFIER!r} "
-                            "(not a PyTorch Mobile flatbuffer module)")
+            raise self.fail(
+                f"flatbuffer identifier at bytes 4-7 is {ident!r}, expected {IDENTIFIER!r} "
+                "(not a PyTorch Mobile flatbuffer module)"
+            )
         root = fb.deref(0, "root offset")
         if root < 8:
             raise self.fail(f"root table offset {root} overlaps the root offset/identifier")
@@ -589,26 +688,28 @@ class _Decoder:
             jit_sources = self.extra_files(t["jit_sources"], "jit source", binary=False)
         m = MobileModule(
             bytecode_version=t["version"],
-            extra_files=self.extra_files(self.required(t["extra_files"], "module extra_files"),
-                                         "extra file", binary=True),
-            methods=[self.index(v, f"module method {k}")
-                     for k, v in enumerate(self.required(t["methods"], "module methods"))],
+            extra_files=self.extra_files(self.required(t["extra_files"], "module extra_files"), "extra file", binary=True),
+            methods=[self.index(v, f"module method {k}") for k, v in enumerate(self.required(t["methods"], "module methods"))],
             state_obj=self.index(t["state_obj"], "module state_obj"),
-            ivalues=ivalues, storage_data_size=t["storage_data_size"], storages=storages,
-            object_types=object_types, jit_sources=jit_sources,
-            jit_constants=None if t["jit_constants"] is None else
-            [self.index(v, f"jit constant {k}") for k, v in enumerate(t["jit_constants"])],
-            operator_version=t["operator_version"], mobile_ivalue_size=t["mobile_ivalue_size"],
-            size=fb.size)
+            ivalues=ivalues,
+            storage_data_size=t["storage_data_size"],
+            storages=storages,
+            object_types=object_types,
+            jit_sources=jit_sources,
+            jit_constants=None
+            if t["jit_constants"] is None
+            else [self.index(v, f"jit constant {k}") for k, v in enumerate(t["jit_constants"])],
+            operator_version=t["operator_version"],
+            mobile_ivalue_size=t["mobile_ivalue_size"],
+            size=fb.size,
+        )
         if m.mobile_ivalue_size is not None and m.mobile_ivalue_size > len(ivalues):
-            raise self.fail(f"module: mobile_ivalue_size {m.mobile_ivalue_size} exceeds the "
-                            f"{len(ivalues)} ivalues")
+            raise self.fail(f"module: mobile_ivalue_size {m.mobile_ivalue_size} exceeds the {len(ivalues)} ivalues")
         for k, i in enumerate(m.methods):
             if ivalues[i].kind != "Function":
                 raise self.fail(f"module method {k}: ivalue {i} is a {ivalues[i].kind}, not a Function")
         if ivalues[m.state_obj].kind != "Object":
-            raise self.fail(f"module state_obj: ivalue {m.state_obj} is a {ivalues[m.state_obj].kind}, "
-                            "not an Object")
+            raise self.fail(f"module state_obj: ivalue {m.state_obj} is a {ivalues[m.state_obj].kind}, not an Object")
         for i, iv in enumerate(ivalues):
             if iv.kind == "Object":
                 self.check_object(m, i, iv.value)
@@ -625,6 +726,23 @@ def read_mobile_module(data: bytes | bytearray | memoryview) -> MobileModule:
     return _Decoder(bytes(data)).module()
 
 
-__all__ = ["IDENTIFIER", "Arg", "DictValue", "EnumValue", "Function", "IValue", "Instruction", "ListValue",
-           "MobileFormatError", "MobileModule", "Object", "ObjectType", "Operator", "QuantizedSchema", "Schema",
-           "TensorMetadata", "is_mobile_flatbuffer", "read_mobile_module"]
+__all__ = [
+    "IDENTIFIER",
+    "Arg",
+    "DictValue",
+    "EnumValue",
+    "Function",
+    "IValue",
+    "Instruction",
+    "ListValue",
+    "MobileFormatError",
+    "MobileModule",
+    "Object",
+    "ObjectType",
+    "Operator",
+    "QuantizedSchema",
+    "Schema",
+    "TensorMetadata",
+    "is_mobile_flatbuffer",
+    "read_mobile_module",
+]

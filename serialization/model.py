@@ -3,6 +3,7 @@
 A node is its union member name plus *all* fields of that member's table (the writer
 refuses a node with a missing field: schema defaults are traps, see docs/architecture.md, format contract 4).
 """
+
 from __future__ import annotations
 
 import enum
@@ -53,8 +54,10 @@ def _check_against_schema(cls: type[enum.IntEnum], schema_enum: str, prefix: str
     """The enums are spelled out for the type checker; the schema stays the authority."""
     expected = {k.removeprefix(prefix): v for k, v in SCHEMA["enums"][schema_enum]["values"].items()}
     if {m.name: m.value for m in cls} != expected:
-        raise RuntimeError(f"serialization/model.py: {cls.__name__} differs from enum {schema_enum} of schema.fbs "
-                           f"{expected}; update it with the schema")
+        raise RuntimeError(
+            f"serialization/model.py: {cls.__name__} differs from enum {schema_enum} of schema.fbs "
+            f"{expected}; update it with the schema"
+        )
 
 
 _check_against_schema(DataType, "MPSDataType", "mps_data_type_")
@@ -78,10 +81,21 @@ def member_fields(op: str) -> list[str]:
 
 #: bytes per element of each dtype on the wire (int4 is handled separately: two per byte)
 ELEMENT_SIZE: dict[DataType, int] = {
-    DataType.float16: 2, DataType.float32: 4, DataType.float64: 8, DataType.bfloat16: 2,
-    DataType.int8: 1, DataType.int16: 2, DataType.int32: 4, DataType.int64: 8,
-    DataType.uint8: 1, DataType.uint16: 2, DataType.uint32: 4, DataType.uint64: 8,
-    DataType.bool: 1, DataType.complex_float16: 4, DataType.complex_float32: 8,
+    DataType.float16: 2,
+    DataType.float32: 4,
+    DataType.float64: 8,
+    DataType.bfloat16: 2,
+    DataType.int8: 1,
+    DataType.int16: 2,
+    DataType.int32: 4,
+    DataType.int64: 8,
+    DataType.uint8: 1,
+    DataType.uint16: 2,
+    DataType.uint32: 4,
+    DataType.uint64: 8,
+    DataType.bool: 1,
+    DataType.complex_float16: 4,
+    DataType.complex_float32: 8,
 }
 
 
@@ -151,8 +165,7 @@ class Header:
     SIZE = HEADER_SIZE
 
     def to_bytes(self) -> bytes:
-        return (b"\0\0\0\0" + MAGIC + self.segment_offset.to_bytes(8, "little")
-                + self.segment_size.to_bytes(8, "little"))
+        return b"\0\0\0\0" + MAGIC + self.segment_offset.to_bytes(8, "little") + self.segment_size.to_bytes(8, "little")
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> "Header":
@@ -177,4 +190,4 @@ class Blob:
     def constant_bytes(self, value_id: int) -> memoryview:
         t = self.graph.values[value_id]
         start = self.header.segment_offset + t.segment_offset
-        return memoryview(self.data)[start:start + t.constant_buffer_size]
+        return memoryview(self.data)[start : start + t.constant_buffer_size]

@@ -9,6 +9,7 @@ File layout: the program flatbuffer (identifier ``ET..`` at bytes 4-7), optional
 bytes 8.. (``eh00``, its length, the program size, the offset where segment data starts), then the
 segments (``Program.segments``: offset and size relative to that base).
 """
+
 from __future__ import annotations
 
 import struct
@@ -20,8 +21,20 @@ from .flatbuf import FlatBuffer, compile_schema
 EXTENDED_HEADER_MAGIC = b"eh00"
 INLINE, SEGMENT = 0, 1  # DataLocation
 #: union KernelTypes: the EValue kinds by type tag (0 is NONE)
-EVALUE_KINDS = ("NONE", "Null", "Int", "Bool", "Double", "Tensor", "String", "IntList", "DoubleList", "BoolList",
-                "TensorList", "OptionalTensorList")
+EVALUE_KINDS = (
+    "NONE",
+    "Null",
+    "Int",
+    "Bool",
+    "Double",
+    "Tensor",
+    "String",
+    "IntList",
+    "DoubleList",
+    "BoolList",
+    "TensorList",
+    "OptionalTensorList",
+)
 KERNEL_CALL = 1  # union InstructionArguments: KernelCall, DelegateCall, MoveCall, JumpFalseCall, FreeCall
 
 
@@ -34,20 +47,39 @@ _SCHEMA = {
     "unions": {"KernelTypes": {}, "InstructionArguments": {}},
     "structs": {},
     "tables": {
-        "Program": [_f("version", "uint"), _f("execution_plan", "[ExecutionPlan]"), _f("constant_buffer", "[Opaque]"),
-                    _f("backend_delegate_data", "[BackendDelegateInlineData]"), _f("segments", "[DataSegment]")],
-        "ExecutionPlan": [_f("name", "string"), _f("container_meta_type", "Opaque"), _f("values", "[EValue]"),
-                          _f("inputs", "[int]"), _f("outputs", "[int]"), _f("chains", "[Chain]"),
-                          _f("operators", "[Operator]"), _f("delegates", "[BackendDelegate]"),
-                          _f("non_const_buffer_sizes", "[long]")],
+        "Program": [
+            _f("version", "uint"),
+            _f("execution_plan", "[ExecutionPlan]"),
+            _f("constant_buffer", "[Opaque]"),
+            _f("backend_delegate_data", "[BackendDelegateInlineData]"),
+            _f("segments", "[DataSegment]"),
+        ],
+        "ExecutionPlan": [
+            _f("name", "string"),
+            _f("container_meta_type", "Opaque"),
+            _f("values", "[EValue]"),
+            _f("inputs", "[int]"),
+            _f("outputs", "[int]"),
+            _f("chains", "[Chain]"),
+            _f("operators", "[Operator]"),
+            _f("delegates", "[BackendDelegate]"),
+            _f("non_const_buffer_sizes", "[long]"),
+        ],
         "EValue": [_f("val", "KernelTypes")],
-        "Chain": [_f("inputs", "[int]"), _f("outputs", "[int]"), _f("instructions", "[Instruction]"),
-                  _f("stacktrace", "[Opaque]")],
+        "Chain": [
+            _f("inputs", "[int]"),
+            _f("outputs", "[int]"),
+            _f("instructions", "[Instruction]"),
+            _f("stacktrace", "[Opaque]"),
+        ],
         "Instruction": [_f("instr_args", "InstructionArguments")],
         "KernelCall": [_f("op_index", "int"), _f("args", "[int]")],
         "Operator": [_f("name", "string"), _f("overload", "string")],
-        "BackendDelegate": [_f("id", "string"), _f("processed", "BackendDelegateDataReference"),
-                            _f("compile_specs", "[CompileSpec]")],
+        "BackendDelegate": [
+            _f("id", "string"),
+            _f("processed", "BackendDelegateDataReference"),
+            _f("compile_specs", "[CompileSpec]"),
+        ],
         "BackendDelegateDataReference": [_f("location", "DataLocation", "INLINE"), _f("index", "uint")],
         "BackendDelegateInlineData": [_f("data", "[ubyte]")],
         "CompileSpec": [_f("key", "string"), _f("value", "[ubyte]")],
@@ -78,10 +110,12 @@ class ProgramTables:
             raise error(f"{what}: segment {index} but the program has {len(segments)} segments")
         seg = self.fb.table(segments[index], "DataSegment", f"segments[{index}]")
         if self.segment_base is None or seg["offset"] + seg["size"] > self.segment_bytes:
-            raise error(f"{what}: segment {index} ({seg['offset']} + {seg['size']} bytes) reaches past the "
-                        f"{self.segment_bytes} bytes of segment data in the file")
+            raise error(
+                f"{what}: segment {index} ({seg['offset']} + {seg['size']} bytes) reaches past the "
+                f"{self.segment_bytes} bytes of segment data in the file"
+            )
         start = self.segment_base + seg["offset"]
-        return self.view[start:start + seg["size"]]
+        return self.view[start : start + seg["size"]]
 
 
 def open_program(data: bytes | bytearray | memoryview, error: type[Exception]) -> ProgramTables:
@@ -91,8 +125,10 @@ def open_program(data: bytes | bytearray | memoryview, error: type[Exception]) -
     if len(view) < 8 or bytes(view[4:6]) != b"ET":
         raise error("not an executorch program (no 'ET..' flatbuffer identifier at bytes 4-7)")
     if not bytes(view[6:8]).isdigit():  # the runtime logs all four bytes when they are not its own 'ET12'
-        raise error(f"not an executorch program: flatbuffer identifier {bytes(view[4:8])!r} at bytes 4-7 is not "
-                    "'ET' and a two-digit schema version")
+        raise error(
+            f"not an executorch program: flatbuffer identifier {bytes(view[4:8])!r} at bytes 4-7 is not "
+            "'ET' and a two-digit schema version"
+        )
     program_size, segment_base = len(view), None
     if bytes(view[8:12]) == EXTENDED_HEADER_MAGIC:
         if len(view) < 32:  # magic, length, program size, segment base (+ segment data size)
@@ -101,8 +137,7 @@ def open_program(data: bytes | bytearray | memoryview, error: type[Exception]) -
         if header_len < 24 or not 8 <= program_size <= len(view):
             raise error(f"extended header: program size {program_size} outside the {len(view)}-byte file")
         if segment_base and segment_base > len(view):
-            raise error(f"extended header: segments start at {segment_base}, past the end of the file "
-                        f"({len(view)} bytes)")
+            raise error(f"extended header: segments start at {segment_base}, past the end of the file ({len(view)} bytes)")
     fb = FlatBuffer(view[:program_size], "program", LAYOUTS, error)
     program = fb.table(fb.deref(0, "root offset"), "Program", "program")
     return ProgramTables(view, fb, program, segment_base or None)
@@ -135,8 +170,7 @@ def delegates(tables: ProgramTables, error: type[Exception]) -> list[Delegate]:
             ref = fb.table(delegate["processed"], "BackendDelegateDataReference", f"{where} processed")
             if ref["location"] == INLINE:
                 if not 0 <= ref["index"] < len(inline):
-                    raise error(f"{where}: processed data index {ref['index']} out of range "
-                                f"({len(inline)} inline entries)")
+                    raise error(f"{where}: processed data index {ref['index']} out of range ({len(inline)} inline entries)")
                 data = fb.table(inline[ref["index"]], "BackendDelegateInlineData", f"{where} inline data")["data"]
                 if data is None:
                     raise error(f"{where}: processed data not found (inline entry {ref['index']} is empty)")

@@ -4,6 +4,7 @@ Reads the program with the project's bounded reader (``program.py``), so both st
 delegate payload (inline in the program, or in a segment after it) come out the same, and a file opened
 with :func:`map_file` is read only where its tables and the payloads asked for are.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -39,8 +40,9 @@ def map_file(path: str | os.PathLike) -> memoryview:
         return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
-def delegate_blobs(pte: bytes | bytearray | memoryview | str | os.PathLike,
-                   backend_id: str | None = MPS_BACKEND_ID, *, copy: bool = True) -> list[DelegateBlob]:
+def delegate_blobs(
+    pte: bytes | bytearray | memoryview | str | os.PathLike, backend_id: str | None = MPS_BACKEND_ID, *, copy: bool = True
+) -> list[DelegateBlob]:
     """The processed bytes of every delegate with id ``backend_id`` (None: every delegate); a path is
     memory-mapped. ``copy=False``: the blobs are views into ``pte`` (no copy of multi-GB payloads).
 
@@ -48,5 +50,8 @@ def delegate_blobs(pte: bytes | bytearray | memoryview | str | os.PathLike,
     """
     data = map_file(pte) if isinstance(pte, (str, os.PathLike)) else pte
     tables = open_program(data, MPSFormatError)
-    return [DelegateBlob(d.index, d.backend_id, bytes(d.payload) if copy else d.payload, d.compile_specs)
-            for d in delegates(tables, MPSFormatError) if backend_id is None or d.backend_id == backend_id]
+    return [
+        DelegateBlob(d.index, d.backend_id, bytes(d.payload) if copy else d.payload, d.compile_specs)
+        for d in delegates(tables, MPSFormatError)
+        if backend_id is None or d.backend_id == backend_id
+    ]

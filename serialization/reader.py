@@ -10,6 +10,7 @@ by ``schema_info``: vtable slot = field position, union fields take two slots (t
 value). Absent fields get the schema default, except the vectors/strings the runtime dereferences
 without a null check, which must be present.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,18 +73,18 @@ def read_header(data: bytes | bytearray | memoryview) -> Header:
     """Check the 24-byte header, the flatbuffer identifier and the segment placement."""
     n = len(data)
     if n < HEADER_SIZE + 8:
-        raise MPSFormatError(f"blob is {n} bytes, too short for the {HEADER_SIZE}-byte header "
-                             "and a flatbuffer")
+        raise MPSFormatError(f"blob is {n} bytes, too short for the {HEADER_SIZE}-byte header and a flatbuffer")
     if bytes(data[0:4]) != b"\0\0\0\0":
         raise MPSFormatError(f"header bytes 0-3 are {bytes(data[0:4]).hex()}, expected zeros")
     header = Header.from_bytes(data)  # checks the magic at bytes 4-7
-    ident = bytes(data[HEADER_SIZE + 4:HEADER_SIZE + 8])
+    ident = bytes(data[HEADER_SIZE + 4 : HEADER_SIZE + 8])
     if ident != MAGIC:
         raise MPSFormatError(f"flatbuffer identifier at bytes 28-31 is {ident!r}, expected {MAGIC!r}")
     off, size = header.segment_offset, header.segment_size
     if not HEADER_SIZE + 8 <= off <= n:
-        raise MPSFormatError(f"header: segment offset {off} outside the flatbuffer area "
-                             f"[{HEADER_SIZE + 8}, {n}] of the {n}-byte blob")
+        raise MPSFormatError(
+            f"header: segment offset {off} outside the flatbuffer area [{HEADER_SIZE + 8}, {n}] of the {n}-byte blob"
+        )
     if off % SEGMENT_ALIGN:
         raise MPSFormatError(f"header: segment offset {off} is not {SEGMENT_ALIGN}-byte aligned")
     if off + size != n:
@@ -151,26 +152,32 @@ def _decode(data: bytes | bytearray | memoryview) -> tuple[Blob, list[str]]:
     # a memoryview (of a memory-mapped file, say) is read in place: constants are not copied
     raw = data.cast("B") if isinstance(data, memoryview) else bytes(data)
     header = read_header(raw)
-    fb = _FlatBuffer(memoryview(raw)[HEADER_SIZE:header.segment_offset], "flatbuffer")
+    fb = _FlatBuffer(memoryview(raw)[HEADER_SIZE : header.segment_offset], "flatbuffer")
     root = fb.deref(0, "root offset")
     if root < 8:
         raise MPSFormatError(f"flatbuffer: root table offset {root} overlaps the root offset/identifier")
     g = fb.table(root, "MPSGraph", "graph")
     if g["graph_type"] != OpType.mps_graph:
         name = "metal_kernel" if g["graph_type"] == OpType.metal_kernel else "unknown"
-        raise MPSFormatError(f"graph: graph_type {g['graph_type']} ({name}); only mps_graph (0) runs "
-                             "(every metal_kernel graph aborts at init)")
+        raise MPSFormatError(
+            f"graph: graph_type {g['graph_type']} ({name}); only mps_graph (0) runs (every metal_kernel graph aborts at init)"
+        )
     values = [_read_tensor(fb, p, i) for i, p in enumerate(_required(g["mps_values"], "mps_values"))]
     nodes = [_read_node(fb, p, i) for i, p in enumerate(_required(g["mps_nodes"], "mps_nodes"))]
     segment = (0, 0)
     if g["constant_segment"] is not None:  # never read by the runtime
         s = fb.table(g["constant_segment"], "DataSegment", "graph constant_segment")
         segment = (s["offset"], s["size"])
-    graph = Graph(nodes=nodes, values=values,
-                  input_ids=_required(g["input_ids"], "input_ids"),
-                  output_ids=_required(g["output_ids"], "output_ids"),
-                  constant_ids=_required(g["constant_ids"], "constant_ids"),
-                  graph_type=g["graph_type"], version=g["version"], constant_segment=segment)
+    graph = Graph(
+        nodes=nodes,
+        values=values,
+        input_ids=_required(g["input_ids"], "input_ids"),
+        output_ids=_required(g["output_ids"], "output_ids"),
+        constant_ids=_required(g["constant_ids"], "constant_ids"),
+        graph_type=g["graph_type"],
+        version=g["version"],
+        constant_segment=segment,
+    )
     validate_graph(graph, header)
     return Blob(header, graph, raw), fb.absent
 
@@ -209,12 +216,10 @@ def _check_constants(graph: Graph, header: Header) -> None:
         if size <= 0:
             raise MPSFormatError(f"{where}: constant_buffer_size is 0 (the device aborts)")
         if off + size > header.segment_size:
-            raise MPSFormatError(f"{where}: bytes [{off}, {off + size}) outside the "
-                                 f"{header.segment_size}-byte constant segment")
+            raise MPSFormatError(f"{where}: bytes [{off}, {off + size}) outside the {header.segment_size}-byte constant segment")
         want = expected_nbytes(t.datatype, t.dims)
         if size != want:
-            raise MPSFormatError(f"{where}: constant_buffer_size {size} but {t.datatype.name} "
-                                 f"{t.dims} takes {want} bytes")
+            raise MPSFormatError(f"{where}: constant_buffer_size {size} but {t.datatype.name} {t.dims} takes {want} bytes")
 
 
 def _bounds_defined(node: Node) -> bool:
@@ -232,8 +237,9 @@ def validate_graph(graph: Graph, header: Header) -> None:
     _check_ids(graph.output_ids, n, "output_ids")
     _check_ids(graph.constant_ids, n, "constant_ids")
     if graph.input_ids != list(range(len(graph.input_ids))):
-        raise MPSFormatError(f"graph: input_ids {graph.input_ids} are not 0..n-1 (the runtime binds "
-                             "input buffer i to value id i)")
+        raise MPSFormatError(
+            f"graph: input_ids {graph.input_ids} are not 0..n-1 (the runtime binds input buffer i to value id i)"
+        )
     for vid in graph.input_ids:
         dt = graph.values[vid].datatype
         if dt not in DEVICE_DTYPES:
@@ -255,16 +261,14 @@ def validate_graph(graph: Graph, header: Header) -> None:
                     if v != -1 and not 0 <= v < n:
                         raise MPSFormatError(f"{where}: {label} {v} out of range ({n} values)")
                     continue
-                if v == -1 and ((node.op, name) in OPTIONAL_INPUTS
-                                or (node.op, name) in OPTIONAL_INPUT_ENTRIES):
+                if v == -1 and ((node.op, name) in OPTIONAL_INPUTS or (node.op, name) in OPTIONAL_INPUT_ENTRIES):
                     continue
                 if not 0 <= v < n:
                     raise MPSFormatError(f"{where}: {label} {v} out of range ({n} values)")
                 if name in OUTPUT_FIELDS:
                     outputs.append(v)
                 elif v not in defined and not (v in empty and node.op == "MPSCat"):
-                    state = ("has no tensor (zero-element MPSFull)" if v in empty
-                             else "is used before it is defined")
+                    state = "has no tensor (zero-element MPSFull)" if v in empty else "is used before it is defined"
                     raise MPSFormatError(f"{where}: {label} {v} {state}")
         if node.op == "MPSClamp" and not _bounds_defined(node):
             outputs = []  # neither bound: the runtime never sets the output

@@ -16,6 +16,7 @@ also be a deferred source with ``nbytes`` and ``write_into(memoryview)``
 with a ``release(vid)`` method has each entry released once its bytes are in the blob, so a caller's
 temporary copies are freed while the blob fills.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -152,21 +153,35 @@ def build_flatbuffer(graph: Graph) -> bytes:
     empty_buffer = buf_mod.End(b)
     values = []
     for vid, t in enumerate(graph.values):
-        values.append(w.table("MPSTensor", {
-            "datatype": int(t.datatype), "num_dims": len(t.dims), "dims": t.dims,
-            "constant_buffer_size": t.constant_buffer_size, "constant_buffer": empty_buffer,
-            "segment_offset": t.segment_offset}, f"value {vid}"))
-    seg = w.table("DataSegment", {"offset": graph.constant_segment[0], "size": graph.constant_segment[1]},
-                  "constant_segment")
-    root = w.table("MPSGraph", {
-        "version": graph.version,
-        "mps_nodes": w.offset_vector(nodes),
-        "mps_values": w.offset_vector(values),
-        "input_ids": graph.input_ids,
-        "output_ids": graph.output_ids,
-        "constant_ids": graph.constant_ids,
-        "graph_type": int(graph.graph_type),
-        "constant_segment": seg}, "graph")
+        values.append(
+            w.table(
+                "MPSTensor",
+                {
+                    "datatype": int(t.datatype),
+                    "num_dims": len(t.dims),
+                    "dims": t.dims,
+                    "constant_buffer_size": t.constant_buffer_size,
+                    "constant_buffer": empty_buffer,
+                    "segment_offset": t.segment_offset,
+                },
+                f"value {vid}",
+            )
+        )
+    seg = w.table("DataSegment", {"offset": graph.constant_segment[0], "size": graph.constant_segment[1]}, "constant_segment")
+    root = w.table(
+        "MPSGraph",
+        {
+            "version": graph.version,
+            "mps_nodes": w.offset_vector(nodes),
+            "mps_values": w.offset_vector(values),
+            "input_ids": graph.input_ids,
+            "output_ids": graph.output_ids,
+            "constant_ids": graph.constant_ids,
+            "graph_type": int(graph.graph_type),
+            "constant_segment": seg,
+        },
+        "graph",
+    )
     b.Finish(root, file_identifier=MAGIC)
     return bytes(b.Output())
 
@@ -242,7 +257,7 @@ def write_blob(graph: Graph, constants: Mapping[int, Any]) -> bytes:
     out = _Output(segment_offset + segment_size)
     view = out.view
     view[:HEADER_SIZE] = Header(segment_offset, segment_size).to_bytes()
-    view[HEADER_SIZE:HEADER_SIZE + len(fb)] = fb
+    view[HEADER_SIZE : HEADER_SIZE + len(fb)] = fb
     zero = HEADER_SIZE + len(fb)  # first byte not yet written
     for vid in graph.constant_ids:
         t = graph.values[vid]

@@ -1,4 +1,5 @@
 """Shared pytest fixtures (keep this file tiny)."""
+
 from __future__ import annotations
 
 import pathlib

@@ -1,6 +1,7 @@
 """Tiny random language-model checkpoints on disk for the LLM tests (nothing is downloaded):
 a byte-level BPE tokenizer trained here on a few ASCII sentences, and one transformers config per
 architecture family, saved with ``save_pretrained`` the way a hub checkpoint folder looks."""
+
 from __future__ import annotations
 
 import copy
@@ -9,13 +10,22 @@ import pathlib
 
 import torch
 
-CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, this is a small test of the tokenizer",
-          "once upon a time there was a tiny language model"] * 20
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, this is a small test of the tokenizer",
+    "once upon a time there was a tiny language model",
+] * 20
 
 #: Llama 3.1/3.2's rope: theta 500000 and the "llama3" frequency scaling (with head_dim 16 its
 #: frequencies fall in all three bands: kept, smoothly interpolated, divided by the factor)
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 #: one small config per architecture: (transformers config class name, extra kwargs overriding the
 #: common ones). Sliding windows of 8 positions are shorter than the tests' generations, so the
@@ -30,12 +40,18 @@ ARCHS = {
     "mistral": ("MistralConfig", {"sliding_window": 8}),
     "phi3": ("Phi3Config", {"sliding_window": 8}),
     "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 8}),
-    "gemma3": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 8,
-                                    "layer_types": ["sliding_attention", "full_attention"],
-                                    "rope_parameters": {
-                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                        "full_attention": {"rope_type": "linear", "factor": 8.0,
-                                                           "rope_theta": 1000000.0}}}),
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "head_dim": 16,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+        },
+    ),
 }
 
 
@@ -52,8 +68,17 @@ def train_tokenizer():
     return tok
 
 
-def save_checkpoint(folder: pathlib.Path, arch: str, *, dtype: torch.dtype = torch.float32, layers: int = 2,
-                    seed: int = 0, tokenizer=None, edit=None, config: dict | None = None) -> pathlib.Path:
+def save_checkpoint(
+    folder: pathlib.Path,
+    arch: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    layers: int = 2,
+    seed: int = 0,
+    tokenizer=None,
+    edit=None,
+    config: dict | None = None,
+) -> pathlib.Path:
     """Write a random ``arch`` checkpoint (config.json, model.safetensors, generation_config.json,
     tokenizer files) into ``folder``; ``edit(model)`` may change weights before saving; ``config``
     overrides config fields (e.g. a ``vocab_size`` padded beyond the tokenizer's, as hub models do)."""
@@ -62,9 +87,18 @@ def save_checkpoint(folder: pathlib.Path, arch: str, *, dtype: torch.dtype = tor
 
     tok = tokenizer or train_tokenizer()
     cls, extra = ARCHS[arch]
-    common = {"vocab_size": tok.get_vocab_size(), "hidden_size": 64, "intermediate_size": 128,
-              "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1}
+    common = {
+        "vocab_size": tok.get_vocab_size(),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 1,
+    }
     extra = copy.deepcopy(extra)
     if "layer_types" in extra:
         extra["layer_types"] = (extra["layer_types"] * layers)[:layers]
@@ -95,9 +129,8 @@ def eager_greedy(folder: pathlib.Path, prompt: list[int], n: int, dtype=torch.fl
     """transformers' own greedy ``generate`` (its dynamic cache and masks), EOS ignored."""
     model = eager_model(folder, dtype)
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                             pad_token_id=1)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=1)
+    return out[0, len(prompt) :].tolist()
 
 
 def save_llama_checkpoint(folder: pathlib.Path, seed: int = 0) -> tuple[pathlib.Path, pathlib.Path, dict]:
@@ -106,8 +139,16 @@ def save_llama_checkpoint(folder: pathlib.Path, seed: int = 0) -> tuple[pathlib.
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
 
-    params = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 160, "multiple_of": 32,
-              "norm_eps": 1e-5, "rope_theta": 10000.0}
+    params = {
+        "dim": 64,
+        "n_layers": 2,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "vocab_size": 160,
+        "multiple_of": 32,
+        "norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+    }
     torch.manual_seed(seed)
     model = construct_transformer(ModelArgs(**params, max_seq_len=64))
     state = {k: v for k, v in model.state_dict().items() if not k.endswith(("freqs_cos", "freqs_sin", ".mask"))}

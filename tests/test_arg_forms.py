@@ -9,6 +9,7 @@ A fully delegated case also runs on the device model against eager.
 ``test_every_int_list_lowering_has_cases`` keeps the table complete: a new lowering whose schema has an
 int-list argument needs cases here (or an entry in ``EXEMPT`` saying why not).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,11 +21,11 @@ from executorch.exir import EdgeCompileConfig, to_edge, to_edge_transform_and_lo
 from executorch.exir.backend.backend_api import to_backend
 from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.lowered_backend_module import get_lowered_submodules
-from mps_backend.operators.registry import default_registry
-from mps_backend.serialization import read_blob
 
 from mps_backend import MPSBackend, MPSPartitioner
+from mps_backend.operators.registry import default_registry
 from mps_backend.runtime.interpreter import execute
+from mps_backend.serialization import read_blob
 from tests.ops.harness import assert_close
 
 aten = torch.ops.aten
@@ -49,13 +50,18 @@ W2, W1, WT = _r(4, 3, 3, 3), _r(4, 3, 3), _r(3, 4, 3, 3)
 CASES: dict = {
     aten.convolution.default: [
         Case("conv2d-all-len1", lambda x: aten.convolution(x, W2, None, [1], [0], [1], False, [0], 1), (_r(1, 3, 8, 8),)),
-        Case("conv2d-len1-stride2-pad1-dil2", lambda x: aten.convolution(x, W2, None, [2], [1], [2], False, [0], 1),
-             (_r(1, 3, 9, 9),)),
-        Case("conv2d-padding-len1-only", lambda x: aten.convolution(x, W2, None, [1, 1], [0], [1, 1], False, [0, 0], 1),
-             (_r(1, 3, 8, 8),)),
+        Case(
+            "conv2d-len1-stride2-pad1-dil2",
+            lambda x: aten.convolution(x, W2, None, [2], [1], [2], False, [0], 1),
+            (_r(1, 3, 9, 9),),
+        ),
+        Case(
+            "conv2d-padding-len1-only",
+            lambda x: aten.convolution(x, W2, None, [1, 1], [0], [1, 1], False, [0, 0], 1),
+            (_r(1, 3, 8, 8),),
+        ),
         Case("conv1d-len1", lambda x: aten.convolution(x, W1, None, [2], [1], [1], False, [0], 1), (_r(1, 3, 9),)),
-        Case("conv-transposed-len1", lambda x: aten.convolution(x, WT, None, [2], [1], [1], True, [1], 1),
-             (_r(1, 3, 5, 5),)),
+        Case("conv-transposed-len1", lambda x: aten.convolution(x, WT, None, [2], [1], [1], True, [1], 1), (_r(1, 3, 5, 5),)),
     ],
     aten.avg_pool2d.default: [
         Case("avg2d-kernel-len1-rest-omitted", lambda x: aten.avg_pool2d(x, [2]), (_r(1, 2, 6, 6),)),
@@ -69,22 +75,28 @@ CASES: dict = {
     aten.max_pool2d_with_indices.default: [
         Case("max2d-kernel-len1-rest-omitted", lambda x: aten.max_pool2d_with_indices(x, [2])[0], (_r(1, 2, 6, 6),)),
         Case("max2d-all-len1", lambda x: aten.max_pool2d_with_indices(x, [3], [2], [1], [1])[0], (_r(1, 2, 7, 7),)),
-        Case("max2d-dilation-len1-indices", lambda x: aten.max_pool2d_with_indices(x, [2], [1], [0], [2]),
-             (_r(1, 2, 6, 6),)),
+        Case("max2d-dilation-len1-indices", lambda x: aten.max_pool2d_with_indices(x, [2], [1], [0], [2]), (_r(1, 2, 6, 6),)),
     ],
     aten.max_pool3d_with_indices.default: [
-        Case("max3d-kernel-len1-rest-omitted", lambda x: aten.max_pool3d_with_indices(x, [2])[0],
-             (_r(1, 2, 4, 4, 4),)),
+        Case("max3d-kernel-len1-rest-omitted", lambda x: aten.max_pool3d_with_indices(x, [2])[0], (_r(1, 2, 4, 4, 4),)),
         Case("max3d-all-len1", lambda x: aten.max_pool3d_with_indices(x, [3], [2], [1], [1])[0], (_r(1, 2, 5, 5, 5),)),
     ],
     # adaptive pools and upsampling: output_size must have one entry per spatial dim (no short form)
     aten.adaptive_max_pool2d.default: [
-        Case("adaptive-max2d", lambda x: aten.adaptive_max_pool2d(x, [2, 3])[0], (_r(1, 2, 6, 6),),
-             (aten.adaptive_max_pool2d.default,)),
+        Case(
+            "adaptive-max2d",
+            lambda x: aten.adaptive_max_pool2d(x, [2, 3])[0],
+            (_r(1, 2, 6, 6),),
+            (aten.adaptive_max_pool2d.default,),
+        ),
     ],
     aten.adaptive_max_pool3d.default: [
-        Case("adaptive-max3d", lambda x: aten.adaptive_max_pool3d(x, [2, 2, 1])[0], (_r(1, 2, 4, 4, 4),),
-             (aten.adaptive_max_pool3d.default,)),
+        Case(
+            "adaptive-max3d",
+            lambda x: aten.adaptive_max_pool3d(x, [2, 2, 1])[0],
+            (_r(1, 2, 4, 4, 4),),
+            (aten.adaptive_max_pool3d.default,),
+        ),
     ],
     aten._adaptive_avg_pool2d.default: [
         Case("adaptive-avg2d", lambda x: aten._adaptive_avg_pool2d(x, [3, 2]), (_r(1, 2, 6, 6),)),
@@ -93,27 +105,33 @@ CASES: dict = {
         Case("adaptive-avg3d", lambda x: aten._adaptive_avg_pool3d(x, [2, 1, 2]), (_r(1, 2, 4, 4, 4),)),
     ],
     aten.upsample_nearest2d.default: [
-        Case("nearest2d-scales-omitted", lambda x: aten.upsample_nearest2d(x, [6, 8]), (_r(1, 2, 3, 4),),
-             (aten.upsample_nearest2d.default,)),
+        Case(
+            "nearest2d-scales-omitted",
+            lambda x: aten.upsample_nearest2d(x, [6, 8]),
+            (_r(1, 2, 3, 4),),
+            (aten.upsample_nearest2d.default,),
+        ),
     ],
     aten.upsample_nearest2d.vec: [
         Case("nearest2d-vec-scales", lambda x: aten.upsample_nearest2d.vec(x, None, [2.0, 2.0]), (_r(1, 2, 3, 4),)),
         Case("nearest2d-vec-size", lambda x: aten.upsample_nearest2d.vec(x, [6, 8], None), (_r(1, 2, 3, 4),)),
     ],
     aten._upsample_nearest_exact2d.default: [
-        Case("nearest-exact2d-scales-omitted", lambda x: aten._upsample_nearest_exact2d(x, [5, 6]), (_r(1, 2, 3, 4),),
-             (aten._upsample_nearest_exact2d.default,)),
+        Case(
+            "nearest-exact2d-scales-omitted",
+            lambda x: aten._upsample_nearest_exact2d(x, [5, 6]),
+            (_r(1, 2, 3, 4),),
+            (aten._upsample_nearest_exact2d.default,),
+        ),
     ],
     aten._upsample_nearest_exact2d.vec: [
-        Case("nearest-exact2d-vec-size", lambda x: aten._upsample_nearest_exact2d.vec(x, [5, 6], None),
-             (_r(1, 2, 3, 4),)),
+        Case("nearest-exact2d-vec-size", lambda x: aten._upsample_nearest_exact2d.vec(x, [5, 6], None), (_r(1, 2, 3, 4),)),
     ],
     aten.upsample_bilinear2d.default: [
         Case("bilinear2d-scales-omitted", lambda x: aten.upsample_bilinear2d(x, [6, 8], False), (_r(1, 2, 3, 4),)),
     ],
     aten.upsample_bilinear2d.vec: [
-        Case("bilinear2d-vec-scales", lambda x: aten.upsample_bilinear2d.vec(x, None, True, [2.0, 2.0]),
-             (_r(1, 2, 3, 4),)),
+        Case("bilinear2d-vec-scales", lambda x: aten.upsample_bilinear2d.vec(x, None, True, [2.0, 2.0]), (_r(1, 2, 3, 4),)),
     ],
     # reductions: dims omitted / None / [] (every axis), negative dims
     aten.amax.default: [
@@ -206,8 +224,9 @@ CASES: dict = {
     aten.ones.default: [Case("ones-len1-broadcast", lambda x: x + aten.ones([1]), (_r(3),))],
     aten.empty.memory_format: [Case("empty-filled", lambda x: x + aten.empty.memory_format([3]).fill_(1.0), (_r(3),))],
     # int (not int-list) dims, here for the negative forms: unfold, topk
-    aten.unfold_copy.default: [Case("unfold-negative-dim", lambda x: aten.unfold_copy(x, -1, 2, 1), (_r(3, 5),),
-                                    (aten.unfold.default,))],
+    aten.unfold_copy.default: [
+        Case("unfold-negative-dim", lambda x: aten.unfold_copy(x, -1, 2, 1), (_r(3, 5),), (aten.unfold.default,))
+    ],
     aten.topk.default: [
         Case("topk-dim-omitted", lambda x: aten.topk(x, 2), (_r(3, 5),)),
         Case("topk-negative-dim", lambda x: aten.topk(x, 1, -2, False), (_r(3, 5),)),
@@ -259,8 +278,9 @@ def _device_matches_eager(case: Case, edge, precision: str) -> None:
     ep = edge.exported_program()
     gm = ep.graph_module
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == executorch_call_delegate]
-    others = [n for n in gm.graph.nodes if n.op == "call_function" and n not in calls
-              and getattr(n.target, "__name__", "") != "getitem"]
+    others = [
+        n for n in gm.graph.nodes if n.op == "call_function" and n not in calls and getattr(n.target, "__name__", "") != "getitem"
+    ]
     if len(calls) != 1 or others:
         return
     user = {name: i for i, name in enumerate(ep.graph_signature.user_inputs)}

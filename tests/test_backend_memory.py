@@ -1,5 +1,6 @@
 """MPSBackend hands preprocess a copy of the partition's program that shares its weight tensors
 (no second float32 copy of the weights during lowering), and preprocess never writes into them."""
+
 from __future__ import annotations
 
 import torch

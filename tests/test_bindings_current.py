@@ -1,4 +1,5 @@
 """The committed flatbuffer bindings are exactly what scripts/generate_bindings.py produces."""
+
 from __future__ import annotations
 
 import pathlib
@@ -10,14 +11,21 @@ COMMITTED = ROOT / "serialization" / "generated"
 
 
 def _files(folder: pathlib.Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def test_generated_bindings_are_current(tmp_path):
     out = tmp_path / "generated"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_bindings.py"), "--out", str(out)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "generate_bindings.py"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     fresh, committed = _files(out), _files(COMMITTED)
     differing = sorted(name for name in fresh.keys() & committed.keys() if fresh[name] != committed[name])
     only_fresh = sorted(fresh.keys() - committed.keys())
@@ -25,4 +33,5 @@ def test_generated_bindings_are_current(tmp_path):
     assert not (differing or only_fresh or only_committed), (
         "serialization/generated/ is stale; run `python scripts/generate_bindings.py`.\n"
         f"differing: {differing}\nmissing from serialization/generated: {only_fresh}\n"
-        f"not produced by the script: {only_committed}")
+        f"not produced by the script: {only_committed}"
+    )

@@ -1,4 +1,5 @@
 """The mps-backend command line."""
+
 from __future__ import annotations
 
 import shutil
@@ -22,8 +23,15 @@ def test_export_prints_summary_and_verifies(demo_pte, capsys):
     out = demo_pte.parent / "again.pte"
     assert main(["export", "--fp32", "--verify", "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    for needle in ("precision        float32", "MPS delegates    1", "nodes delegated  ", "constant bytes",
-                   ".pte size", "verify: max abs error", "OK"):
+    for needle in (
+        "precision        float32",
+        "MPS delegates    1",
+        "nodes delegated  ",
+        "constant bytes",
+        ".pte size",
+        "verify: max abs error",
+        "OK",
+    ):
         assert needle in text, text
     assert out.stat().st_size > 0
 
@@ -62,7 +70,7 @@ def test_inspect_reports_a_malformed_blob(demo_pte, tmp_path, capsys):
     data = demo_pte.read_bytes()
     blob_start = data.find(b"MP00") - 4
     broken = bytearray(data)
-    broken[blob_start + 4:blob_start + 8] = b"XX00"  # break the MP00 magic inside the delegate
+    broken[blob_start + 4 : blob_start + 8] = b"XX00"  # break the MP00 magic inside the delegate
     path = tmp_path / "broken.pte"
     path.write_bytes(bytes(broken))
     assert main(["inspect", str(path)]) == 2

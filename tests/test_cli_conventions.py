@@ -1,6 +1,7 @@
 """Conventions ExecuTorch users know: the XNNPACK aot_compiler / old MPS example-script flags, output
 names, ETRecords, bundled programs (.bpte), mixed-backend programs, and old scripts importing
 executorch.backends.apple.mps (mps_backend.compat)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -47,11 +48,18 @@ def test_etrecord_goes_beside_the_output_or_where_named(tmp_path, monkeypatch):
     assert named.is_file()
 
 
-@pytest.mark.parametrize("spec, stem", [
-    ("demo", "demo"), ("torchvision:resnet18", "resnet18"), ("executorch:llama-kv", "llama-kv"),
-    ("models/my net.py:make", "my_net"), ("hf:./ckpt/SmolLM2-135M", "SmolLM2-135M"),
-    ("llama:weights/consolidated.00.pth", "consolidated.00"), ("old/model.ff", "model"),
-])
+@pytest.mark.parametrize(
+    "spec, stem",
+    [
+        ("demo", "demo"),
+        ("torchvision:resnet18", "resnet18"),
+        ("executorch:llama-kv", "llama-kv"),
+        ("models/my net.py:make", "my_net"),
+        ("hf:./ckpt/SmolLM2-135M", "SmolLM2-135M"),
+        ("llama:weights/consolidated.00.pth", "consolidated.00"),
+        ("old/model.ff", "model"),
+    ],
+)
 def test_default_output_name_of_every_model_spec(spec, stem):
     import argparse
 
@@ -67,8 +75,17 @@ def test_model_help_lists_every_spec_form(capsys):
     with pytest.raises(SystemExit):
         main(["export", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    for form in ("demo", "torchvision:NAME", "executorch:NAME", "torch:transformer_encoder", "path/file.py:factory",
-                 ".ff/.ptl", "hf:FOLDER", "llama:CHECKPOINT.pth", "-m MODEL, --model MODEL, --model_name MODEL"):
+    for form in (
+        "demo",
+        "torchvision:NAME",
+        "executorch:NAME",
+        "torch:transformer_encoder",
+        "path/file.py:factory",
+        ".ff/.ptl",
+        "hf:FOLDER",
+        "llama:CHECKPOINT.pth",
+        "-m MODEL, --model MODEL, --model_name MODEL",
+    ):
         assert form in help_text, form
 
 
@@ -151,8 +168,9 @@ def test_old_script_runs_unchanged_through_compat(tmp_path):
     script = tmp_path / "old_export.py"
     script.write_text(OLD_SCRIPT)
     out = tmp_path / "old.pte"
-    r = subprocess.run([sys.executable, "-m", "mps_backend.compat", str(script), str(out)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "mps_backend.compat", str(script), str(out)], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr
     assert "whole-program LoweredBackendModule" in r.stdout
     from mps_backend.serialization.pte import delegate_blobs

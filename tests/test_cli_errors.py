@@ -1,5 +1,6 @@
 """The command line ends bad input in one line and an exit status, never a traceback, and writes
 exactly the files it names."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,4 +1,5 @@
 """mps-backend debug: the float16-vs-float32 gap per edge node points at the op that loses precision."""
+
 from __future__ import annotations
 
 import torch

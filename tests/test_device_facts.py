@@ -1,12 +1,13 @@
 """Device facts live in one module (serialization/device_facts.py) and every layer uses it."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from mps_backend.serialization import device_facts, reader
-from mps_backend.serialization.model import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization import device_facts, reader
+from mps_backend.serialization.model import Node
 
 
 def test_builder_refuses_node_kinds_the_runtime_cannot_dispatch():

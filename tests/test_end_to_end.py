@@ -1,4 +1,5 @@
 """Whole .pte files through the emulated MPS runtime against eager PyTorch (verification level 4)."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,16 +2,17 @@
 (profiling time marked as emulated, the node's output as intermediate output) under the delegate debug
 identifiers the ahead-of-time side maps to source nodes, so the Inspector's ``calculate_numeric_gap``
 gives one row per operator inside the delegate."""
+
 from __future__ import annotations
 
 import torch
 from executorch.devtools import Inspector
-from mps_backend.serialization.pte import delegate_blobs
 from torch import nn
 
 from mps_backend.export import export_model
 from mps_backend.runtime.emulator import EMULATED_EVENT_METADATA, run_with_etdump
 from mps_backend.runtime.interpreter import Interpreter
+from mps_backend.serialization.pte import delegate_blobs
 from mps_backend.tools.cli import main
 
 
@@ -51,8 +52,7 @@ def test_one_event_per_mps_node_with_emulated_time_and_output(tmp_path):
     torch.testing.assert_close(outputs[0], model(x), rtol=1e-5, atol=1e-6)
     (blob,) = [d.blob for d in delegate_blobs(result.pte)]
     n_nodes = len(Interpreter(blob).graph.nodes)
-    inner = [e for block in inspector.event_blocks for e in block.events
-             if e.is_delegated_op and e.name != "DELEGATE_CALL"]
+    inner = [e for block in inspector.event_blocks for e in block.events if e.is_delegated_op and e.name != "DELEGATE_CALL"]
     assert len(inner) == n_nodes  # every MPS node logged once, under its index
     assert sorted(int(e.delegate_debug_identifier) for e in inner) == list(range(n_nodes))
     assert all(e.delegate_debug_metadatas == [EMULATED_EVENT_METADATA] for e in inner)
@@ -60,8 +60,7 @@ def test_one_event_per_mps_node_with_emulated_time_and_output(tmp_path):
     assert all(e.debug_data for e in inner)  # each with its intermediate output
     # the source operators all have an event that carries their result
     mapped = {op for e in inner for op in e.op_types}
-    assert {"aten.linear.default", "aten.add.Tensor", "aten.sub.Tensor", "aten.hardswish.default",
-            "aten.tanh.default"} <= mapped
+    assert {"aten.linear.default", "aten.add.Tensor", "aten.sub.Tensor", "aten.hardswish.default", "aten.tanh.default"} <= mapped
 
 
 def test_numeric_gap_has_a_row_per_operator_inside_the_delegate(tmp_path):
@@ -94,8 +93,7 @@ def test_run_command_writes_etdump_and_prints_the_gap_table(tmp_path, capsys):
     pte.write_bytes(result.pte)
     result.etrecord.save(str(record))
     etdump, debug = tmp_path / "out.etdp", tmp_path / "out.bin"
-    assert main(["run", str(pte), "--etrecord", str(record), "--etdump", str(etdump),
-                 "--debug-buffer", str(debug)]) == 0
+    assert main(["run", str(pte), "--etrecord", str(record), "--etdump", str(etdump), "--debug-buffer", str(debug)]) == 0
     out = capsys.readouterr().out
     assert etdump.stat().st_size > 0 and debug.stat().st_size > 0
     rows = [line.split() for line in out.splitlines() if line.startswith(("linear", "relu"))]
@@ -105,7 +103,6 @@ def test_run_command_writes_etdump_and_prints_the_gap_table(tmp_path, capsys):
 
 def test_interpreter_observer_sees_each_node_and_its_output():
     from mps_backend.serialization.model import DataType  # noqa: PLC0415
-
     from tests.runtime.helpers import GraphSpec  # noqa: PLC0415
 
     g = GraphSpec()
@@ -127,8 +124,7 @@ def test_interpreter_observer_sees_each_node_and_its_output():
 
     (y,) = Interpreter(g.blob()).run_with_report([x], Observer())[0]
     assert y.tolist() == [1.0, 2.0]
-    assert seen == [("begin", 0, "MPSNeg"), ("end", 0, [[-1.0, 2.0]]),
-                    ("begin", 1, "MPSAbs"), ("end", 1, [[1.0, 2.0]])]
+    assert seen == [("begin", 0, "MPSNeg"), ("end", 0, [[-1.0, 2.0]]), ("begin", 1, "MPSAbs"), ("end", 1, [[1.0, 2.0]])]
 
 
 def test_numeric_gap_pairs_multi_node_ops_and_multi_output_nodes(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """export_program and the partitioner drop constants no node reads (they would stay in the .pte as
 CPU constants), and constants with equal contents are stored once: through mps_backend's helpers and
 through executorch's own calls alike."""
+
 from __future__ import annotations
 
 import pytest
@@ -159,10 +160,9 @@ def test_equal_constants_are_stored_once(fp16):
 def test_plain_path_stores_equal_constants_once(entry, fp16):
     """Content-identical buffers (four equal masks) through executorch's own calls, no mps_backend
     helper: the delegate blob holds the mask once, and the .pte is weights + one mask."""
+    from mps_backend.export import verify
     from mps_backend.serialization import read_blob
     from mps_backend.serialization.pte import delegate_blobs
-
-    from mps_backend.export import verify
 
     model, x = _SameMasks().eval(), torch.randn(64, 64)
     pte = _plain_pte(model, [x], entry, fp16=fp16)

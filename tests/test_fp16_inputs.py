@@ -1,6 +1,7 @@
 """fp16 mode reads float32 user inputs in float32 where float16 rounding would flip a result: floor and
 ceil, and the indices of max pools (ties between values float16 cannot tell apart). Everything else
 computes in float16 as before (the boundary cast still feeds it): trunc and round among them."""
+
 from __future__ import annotations
 
 import torch

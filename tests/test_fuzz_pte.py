@@ -1,6 +1,7 @@
 """Fuzzing the .pte entry points (check, inspect's listing, program_input_specs, run_pte) with every
 mutant in a worker process under an address-space limit: only success or a typed error of the project;
 a worker that dies (signal, abort, memory limit) or an untyped exception fails. `make fuzz` runs 100,000."""
+
 from __future__ import annotations
 
 from pathlib import Path

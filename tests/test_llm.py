@@ -14,6 +14,7 @@ Phi-3 with fused projections, Gemma 2's soft-capping and GELU tanh):
   in float16 over the same tokens). Tokens may then still differ where two logits are closer than
   the float16 rounding of the device's op order, so the fp16 test compares logits, not tokens.
 """
+
 from __future__ import annotations
 
 import collections
@@ -24,13 +25,13 @@ import sys
 
 import pytest
 import torch
-from mps_backend.serialization import read_blob
-from mps_backend.serialization.pte import delegate_blobs
 
 from mps_backend.llm import CheckpointError, GenerationStats, export_llm, generate_ids
 from mps_backend.llm.export import load_checkpoint
 from mps_backend.progress import Progress
 from mps_backend.runtime import constant_method_values
+from mps_backend.serialization import read_blob
+from mps_backend.serialization.pte import delegate_blobs
 from tests.llm_helpers import ARCHS, eager_greedy, eager_model, save_checkpoint, save_llama_checkpoint, train_tokenizer
 
 PROMPT = [5, 17, 9, 40, 3]
@@ -93,7 +94,7 @@ def test_fp16_logits_close_to_eager_fp16(tmp_path, tokenizer, arch):
     # eager float16 over the same sequence in one pass (no cache): logits at each generated position
     model = eager_model(folder, torch.float16)
     with torch.no_grad():
-        ref = model(input_ids=torch.tensor([PROMPT + got[:-1]])).logits[0, len(PROMPT) - 1:].float()
+        ref = model(input_ids=torch.tensor([PROMPT + got[:-1]])).logits[0, len(PROMPT) - 1 :].float()
     dev = torch.stack(stats.logits).float()
     assert dev.shape == ref.shape
     err = ((dev - ref).abs().max() / ref.abs().max()).item()
@@ -144,8 +145,7 @@ def test_executorch_llama_checkpoint(tmp_path):
     assert result.delegates == 1 and not result.report.on_cpu, result.summary()
     got = generate_ids(result.path, PROMPT, 16)
     # eager: executorch's llama with its own KV cache, the checkpoint loaded the plain way
-    model = construct_transformer(ModelArgs(**p, use_kv_cache=True, max_seq_len=MAX_SEQ_LEN,
-                                            max_context_len=MAX_SEQ_LEN)).eval()
+    model = construct_transformer(ModelArgs(**p, use_kv_cache=True, max_seq_len=MAX_SEQ_LEN, max_context_len=MAX_SEQ_LEN)).eval()
     model.load_state_dict(torch.load(ckpt), strict=False)
     ids, out = list(PROMPT), []
     with torch.no_grad():
@@ -206,8 +206,9 @@ class _Terminal(io.StringIO):
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "mps_backend.tools.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "mps_backend.tools.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 def test_cli_export_and_generate(tmp_path, tokenizer):
@@ -226,8 +227,18 @@ def test_cli_export_and_generate(tmp_path, tokenizer):
     assert r.stdout.rstrip("\n") == expected
     assert "tokens/s" in r.stderr and "emulated" in r.stderr
     # executorch's own C++ runner over the same .pte gives the same text
-    r2 = _cli("generate", out, "--tokenizer", folder / "tokenizer.json", "--prompt", prompt,
-              "--max-new-tokens", 12, "--runner", "executorch")
+    r2 = _cli(
+        "generate",
+        out,
+        "--tokenizer",
+        folder / "tokenizer.json",
+        "--prompt",
+        prompt,
+        "--max-new-tokens",
+        12,
+        "--runner",
+        "executorch",
+    )
     assert r2.returncode == 0, r2.stderr
     assert r2.stdout.splitlines()[-1] == expected
 
@@ -253,14 +264,12 @@ def test_quantized_llm(tmp_path, tokenizer, scheme):
     # quantized weights are stored at their width: 1 or 0.5 byte per weight plus one (at most 4-byte)
     # scale per group; what stays float (embedding, an lm_head the int4 layout cannot take) at 4 bytes
     from mps_backend.operators.quant import int4_layout_fits
-
     from mps_backend.quantize import quantize_model, resolve_group_size
 
     group = resolve_group_size(scheme, None)
     linears = [m.weight for m in eager_model(folder, torch.float32).modules() if isinstance(m, torch.nn.Linear)]
     quantized = [w for w in linears if scheme == "int8" or int4_layout_fits(*w.shape)]
-    packed = sum(w.numel() * (1 if scheme == "int8" else 0.5) + (w.numel() // (group or w.shape[1])) * 4
-                 for w in quantized)
+    packed = sum(w.numel() * (1 if scheme == "int8" else 0.5) + (w.numel() // (group or w.shape[1])) * 4 for w in quantized)
     floats = result.weight_bytes - sum(w.numel() * 4 for w in quantized)
     assert result.pte_bytes <= (packed + floats) * 1.01 + 65536, (result.pte_bytes, packed, floats)
     # logits against the same model quantized eagerly
@@ -269,7 +278,7 @@ def test_quantized_llm(tmp_path, tokenizer, scheme):
     stats = GenerationStats(logits=[])
     got = generate_ids(result.path, PROMPT, 8, stats=stats)
     with torch.no_grad():
-        ref = model(input_ids=torch.tensor([PROMPT + got[:-1]])).logits[0, len(PROMPT) - 1:]
+        ref = model(input_ids=torch.tensor([PROMPT + got[:-1]])).logits[0, len(PROMPT) - 1 :]
     err = ((torch.stack(stats.logits) - ref).abs().max() / ref.abs().max()).item()
     assert err <= (1e-5 if scheme == "int8" else 2e-3), err
 
@@ -330,7 +339,6 @@ def test_cli_quantized_export(tmp_path, tokenizer, scheme, capsys):
     like every linear here, fits the device's int4 layout N % 8 == 0, K % 32 == 0) is stored at its
     width, 1 or 0.5 byte per weight, with one float16 scale per channel (int8) or per 32 columns (int4)."""
     from mps_backend.operators.quant import int4_layout_fits
-
     from mps_backend.tools.cli import main
 
     folder = save_checkpoint(tmp_path / "ckpt", "qwen2", tokenizer=tokenizer, config={"vocab_size": 128})

@@ -1,5 +1,6 @@
 """PyTorch Mobile flatbuffer modules (PTMF): generated bindings, the validating reader cross-checked
 against torch on modules saved here, `mps-backend inspect`, and the migration to MPS."""
+
 from __future__ import annotations
 
 import enum
@@ -15,18 +16,17 @@ from typing import Dict, List, Tuple
 
 import pytest
 import torch
+from torch import nn
+
 from mps_backend.serialization import mobile
 from mps_backend.serialization.generated import schema_info
 from mps_backend.serialization.mobile import MobileFormatError, read_mobile_module
-from torch import nn
-
 from mps_backend.tools import cli, legacy
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "serialization" / "generated" / "mobile"
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning",
-                                        "ignore::UserWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning")
 
 # ----------------------------------------------------------------------------------------------
 # Modules saved by the tests
@@ -143,8 +143,9 @@ class Saved:
     shapes: list[tuple[int, ...]]
 
 
-def _save(folder: pathlib.Path, name: str, eager: nn.Module, shapes, how: str = "flatbuffer",
-          record_shapes: bool = False) -> Saved:
+def _save(
+    folder: pathlib.Path, name: str, eager: nn.Module, shapes, how: str = "flatbuffer", record_shapes: bool = False
+) -> Saved:
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -176,8 +177,7 @@ def saved(tmp_path_factory) -> dict[str, Saved]:
 
 def _get(saved, name) -> Saved:
     if name not in saved:
-        pytest.skip(f"torch {torch.__version__} has no quantized engine here "
-                    f"({torch.backends.quantized.supported_engines})")
+        pytest.skip(f"torch {torch.__version__} has no quantized engine here ({torch.backends.quantized.supported_engines})")
     return saved[name]
 
 
@@ -272,8 +272,9 @@ def test_lite_interpreter_loads_what_we_read(saved, name):
     s = _get(saved, name)
     lite = torch.jit.mobile._load_for_lite_interpreter(str(s.path))
     m = read_mobile_module(s.data)
-    assert torch.jit.mobile._export_operator_list(lite) == {op.name if not op.overload_name else
-                                                           op.qualified_name for op in _all_ops(m)}
+    assert torch.jit.mobile._export_operator_list(lite) == {
+        op.name if not op.overload_name else op.qualified_name for op in _all_ops(m)
+    }
     for fn in m.method_functions:
         if not fn.name.startswith("__"):
             assert lite.find_method(fn.name), fn.name
@@ -311,8 +312,7 @@ def test_bytecode_matches_the_zip_format(saved, name):
     for fn in m.functions:
         z = zipped[fn.qualified_name]
         assert [(i.op, i.x, i.n) for i in fn.instructions] == [tuple(t) for t in z["instructions"]]
-        assert [(o.name, o.overload_name, o.num_args_serialized) for o in fn.operators] == \
-            [tuple(t) for t in z["operators"]]
+        assert [(o.name, o.overload_name, o.num_args_serialized) for o in fn.operators] == [tuple(t) for t in z["operators"]]
         assert fn.type_annotations == list(z["types"])
         assert fn.register_size == z["register_size"]
         assert len(fn.constants) == len(z["constants"])
@@ -321,8 +321,16 @@ def test_bytecode_matches_the_zip_format(saved, name):
                 assert m.ivalues[index].value == expected
 
 
-_TORCH_DTYPES = {"Float": torch.float32, "Long": torch.int64, "Double": torch.float64, "Half": torch.float16,
-                 "QInt8": torch.qint8, "QUInt8": torch.quint8, "Bool": torch.bool, "Int": torch.int32}
+_TORCH_DTYPES = {
+    "Float": torch.float32,
+    "Long": torch.int64,
+    "Double": torch.float64,
+    "Half": torch.float16,
+    "QInt8": torch.qint8,
+    "QUInt8": torch.quint8,
+    "Bool": torch.bool,
+    "Int": torch.int32,
+}
 
 
 def _tensor(m: mobile.MobileModule, meta: mobile.TensorMetadata) -> torch.Tensor:
@@ -399,8 +407,10 @@ def test_every_ivalue_kind_decodes(saved):
     assert all(e.type_name.endswith("Color") for e in enums)
     assert {"tensors.0", "tensors.1", "lin.weight", "lin.bias"} == set(m.named_tensors())
     fns = {fn.name: fn for fn in m.method_functions}
-    assert [(a.name, a.type) for a in fns["forward"].schema.arguments][1:] == \
-        [("x", "Tensor"), ("color", fns["forward"].schema.arguments[2].type)]
+    assert [(a.name, a.type) for a in fns["forward"].schema.arguments][1:] == [
+        ("x", "Tensor"),
+        ("color", fns["forward"].schema.arguments[2].type),
+    ]
     default = m.ivalues[fns["forward"].schema.arguments[2].default_value]
     assert default.kind == "EnumValue" and m.ivalues[default.value.value].value == Color.RED.value
 
@@ -408,8 +418,7 @@ def test_every_ivalue_kind_decodes(saved):
 def test_extra_files_are_bytes(tmp_path):
     scripted = torch.jit.script(nn.Linear(2, 2))
     path = tmp_path / "extra.ff"
-    torch.jit.save_jit_module_to_flatbuffer(scripted, str(path), _extra_files={"blob": b"\xff\x00\x01",
-                                                                              "text": "héllo"})
+    torch.jit.save_jit_module_to_flatbuffer(scripted, str(path), _extra_files={"blob": b"\xff\x00\x01", "text": "héllo"})
     m = read_mobile_module(path.read_bytes())
     assert m.extra_files == {"blob": b"\xff\x00\x01", "text": "héllo".encode()}
 
@@ -488,19 +497,19 @@ def _corruptions(data: bytes) -> dict[str, tuple[bytes, str]]:
     op_slot = next(k for k in range(fn.InstructionsLength()) if fn.Instructions(k).Op() == 0)
     return {
         "bad opcode": (_patch(data, inst0, "<b", 99), "opcode 99 is not a torch OpCode"),
-        "operator index": (_patch(data, fn.Instructions(op_slot)._tab.Pos + 4, "<i", 1000),
-                           "operator 1000 out of range"),
+        "operator index": (_patch(data, fn.Instructions(op_slot)._tab.Pos + 4, "<i", 1000), "operator 1000 out of range"),
         "tensor extent": (_patch(data, sizes, "<i", 10_000), "reaches"),
         "storage index": (_patch(data, _field_pos(tensor._tab, 4), "<I", 77), "storage_location_index 77"),
         "scalar type": (_patch(data, _field_pos(tensor._tab, 6), "<b", 120), "scalar_type 120"),
         "identifier": (data[:4] + b"XXXX" + data[8:], "identifier"),
-        "truncated": (data[:len(data) // 2], "outside the flatbuffer"),
+        "truncated": (data[: len(data) // 2], "outside the flatbuffer"),
         "empty": (b"", "too short"),
     }
 
 
-@pytest.mark.parametrize("case", ["bad opcode", "operator index", "tensor extent", "storage index",
-                                  "scalar type", "identifier", "truncated", "empty"])
+@pytest.mark.parametrize(
+    "case", ["bad opcode", "operator index", "tensor extent", "storage index", "scalar type", "identifier", "truncated", "empty"]
+)
 def test_targeted_corruptions_raise_typed_errors(saved, case):
     data, message = _corruptions(saved["convnet"].data)[case]
     with pytest.raises(MobileFormatError, match=message):
@@ -519,14 +528,33 @@ def test_reader_rejects_non_bytes():
 
 def test_op_coverage_classification():
     registry = {"aten::relu", "aten::mean.dim", "aten::add.Tensor", "aten::convolution"}
-    cov = legacy.op_coverage(["aten::relu", "aten::mean.dim", "aten::conv2d", "aten::add.Scalar", "aten::relu_",
-                              "aten::add_.Tensor", "aten::size", "aten::sub.int", "prim::TupleUnpack",
-                              "quantized::linear"], registry)
+    cov = legacy.op_coverage(
+        [
+            "aten::relu",
+            "aten::mean.dim",
+            "aten::conv2d",
+            "aten::add.Scalar",
+            "aten::relu_",
+            "aten::add_.Tensor",
+            "aten::size",
+            "aten::sub.int",
+            "prim::TupleUnpack",
+            "quantized::linear",
+        ],
+        registry,
+    )
     assert {k: v.status for k, v in cov.items()} == {
-        "aten::relu": "lowered", "aten::mean.dim": "lowered", "aten::conv2d": "composite",
-        "aten::relu_": "inplace", "aten::add_.Tensor": "inplace",
-        "aten::add.Scalar": "other-overload", "aten::size": "builtin", "aten::sub.int": "builtin",
-        "prim::TupleUnpack": "builtin", "quantized::linear": "none"}
+        "aten::relu": "lowered",
+        "aten::mean.dim": "lowered",
+        "aten::conv2d": "composite",
+        "aten::relu_": "inplace",
+        "aten::add_.Tensor": "inplace",
+        "aten::add.Scalar": "other-overload",
+        "aten::size": "builtin",
+        "aten::sub.int": "builtin",
+        "prim::TupleUnpack": "builtin",
+        "quantized::linear": "none",
+    }
     assert "aten::add.Tensor" in cov["aten::add.Scalar"].detail
 
 
@@ -539,8 +567,10 @@ def test_inspect_cli(saved, capsys):
     assert "aten::conv2d" in out and "composite" in out
     assert "aten::relu" in out and "MPS lowering" in out
     lines = dict(line.split(None, 1) for line in out.split("== parameters")[1].splitlines()[1:])
-    assert lines == {key: f"Float{list(t.shape)}" if t.dtype == torch.float32 else f"Long{list(t.shape)}"
-                     for key, t in s.eager.state_dict().items()}
+    assert lines == {
+        key: f"Float{list(t.shape)}" if t.dtype == torch.float32 else f"Long{list(t.shape)}"
+        for key, t in s.eager.state_dict().items()
+    }
 
 
 def test_inspect_cli_ptl_multi_method_and_malformed(saved, tmp_path, capsys):
@@ -572,12 +602,15 @@ def test_parse_input_shape():
     assert json.loads(extra[legacy.INPUT_SHAPES_FILE]) == [[1, 2], {"shape": [3], "dtype": "int64"}]
 
 
-@pytest.mark.parametrize("name,args", [
-    ("convnet", ["--input-shape", "1,3,16,16"]),
-    ("mlp", ["--input-shape", "2,16", "--fp32"]),
-    ("multi", []),  # shapes from the extra file
-    ("quantized", ["--input-shape", "1,3,8,8", "--fp32"]),
-])
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("convnet", ["--input-shape", "1,3,16,16"]),
+        ("mlp", ["--input-shape", "2,16", "--fp32"]),
+        ("multi", []),  # shapes from the extra file
+        ("quantized", ["--input-shape", "1,3,8,8", "--fp32"]),
+    ],
+)
 def test_export_migrates_and_verifies(saved, tmp_path, capsys, name, args):
     s = _get(saved, name)
     out = tmp_path / f"{name}.pte"
@@ -620,8 +653,7 @@ def test_export_errors(saved, tmp_path):
 def test_export_error_when_the_converter_fails(tmp_path):
     if not _quantized_engine():
         pytest.skip("no quantized engine")
-    dynamic = torch.ao.quantization.quantize_dynamic(nn.Sequential(nn.Linear(8, 4)).eval(), {nn.Linear},
-                                                     dtype=torch.qint8)
+    dynamic = torch.ao.quantization.quantize_dynamic(nn.Sequential(nn.Linear(8, 4)).eval(), {nn.Linear}, dtype=torch.qint8)
     path = tmp_path / "dynamic.ff"
     torch.jit.save_jit_module_to_flatbuffer(torch.jit.script(dynamic), str(path))
     with pytest.raises(SystemExit, match="TS2EPConverter could not convert"):

@@ -9,6 +9,7 @@ small values into union type tags and instruction opcodes (located with the flat
 decoder has no timeouts: its work is bounded by the file size, checked here per mutant by counting
 function calls (deterministic; a clock would measure the machine's load).
 """
+
 from __future__ import annotations
 
 import enum
@@ -20,13 +21,13 @@ from typing import Dict, List, Tuple
 
 import pytest
 import torch
+from torch import nn
+
 from mps_backend.serialization.mobile import (
     MobileFormatError,
     MobileModule,
     read_mobile_module,
 )
-from torch import nn
-
 from mps_backend.tools import legacy
 from tests.work_count import CallCount
 
@@ -37,8 +38,7 @@ MAX_CALLS_PER_BYTE = 4
 FIXED_CALLS = 1000  # setting up the reader, whatever the size
 INTERESTING_U32 = (0, 1, 2, 4, 8, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0xFFFFFFFC, 0xFFFF, 0x10000)
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning",
-                                        "ignore::UserWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning")
 
 
 class Net(nn.Module):
@@ -154,20 +154,20 @@ def mutate(rng: random.Random, data: bytes, tags: list[int]) -> tuple[str, bytes
             b[rng.randrange(len(b))] ^= rng.randint(1, 255)
         return "flip", bytes(b)
     if kind == 1:
-        return "truncate", bytes(b[:rng.randrange(len(b))])
+        return "truncate", bytes(b[: rng.randrange(len(b))])
     if kind == 2:
         return "extend", bytes(b + bytes(rng.randrange(256) for _ in range(rng.randint(1, 64))))
     if kind in (3, 4):
         for _ in range(rng.randint(1, 3)):
             pos = rng.randrange(0, len(b) - 3) & ~3
-            value = rng.choice(INTERESTING_U32) if rng.random() < 0.5 else rng.randrange(2 ** 32)
+            value = rng.choice(INTERESTING_U32) if rng.random() < 0.5 else rng.randrange(2**32)
             if rng.random() < 0.3:  # a plausible in-buffer offset
                 value = rng.randrange(len(b))
-            b[pos:pos + 4] = value.to_bytes(4, "little")
+            b[pos : pos + 4] = value.to_bytes(4, "little")
         return "u32 write", bytes(b)
     if kind == 5:
         pos = rng.randrange(0, len(b) - 1) & ~1
-        b[pos:pos + 2] = rng.randrange(2 ** 16).to_bytes(2, "little")
+        b[pos : pos + 2] = rng.randrange(2**16).to_bytes(2, "little")
         return "u16 write", bytes(b)
     if kind == 6 and tags:
         for _ in range(rng.randint(1, 2)):
@@ -206,21 +206,22 @@ def test_fuzz_mobile_reader(tmp_path):
             assert str(e), "a MobileFormatError must say what is wrong"
             outcome["MobileFormatError"] += 1
         except Exception as e:  # noqa: BLE001 - the point of the test
-            pytest.fail(f"mutant {i} of {name} ({kind}, {len(mutant)} bytes): {type(e).__name__}: {e}\n"
-                        f"hex: {mutant.hex()}")
+            pytest.fail(f"mutant {i} of {name} ({kind}, {len(mutant)} bytes): {type(e).__name__}: {e}\nhex: {mutant.hex()}")
         else:
             outcome["valid"] += 1
             try:
                 with work:
                     _use(module, registry)
             except Exception as e:  # noqa: BLE001
-                pytest.fail(f"mutant {i} of {name} ({kind}) decoded but describing it failed: "
-                            f"{type(e).__name__}: {e}\nhex: {mutant.hex()}")
-        assert work.calls <= FIXED_CALLS + MAX_CALLS_PER_BYTE * len(mutant), \
+                pytest.fail(
+                    f"mutant {i} of {name} ({kind}) decoded but describing it failed: "
+                    f"{type(e).__name__}: {e}\nhex: {mutant.hex()}"
+                )
+        assert work.calls <= FIXED_CALLS + MAX_CALLS_PER_BYTE * len(mutant), (
             f"mutant {i} of {name} ({kind}, {len(mutant)} bytes) made {work.calls} calls"
+        )
         worst = max(worst, work.calls / max(len(mutant), 1))
     total = time.perf_counter() - start_all
     # not vacuous: many mutants rejected, some (e.g. in tensor bytes or source text) still valid
     assert outcome["MobileFormatError"] > MUTANTS // 4 and outcome["valid"] > MUTANTS // 100, outcome
-    print(f"{MUTANTS} mutants of {len(base)} modules in {total:.1f}s: {outcome}, "
-          f"at most {worst:.2f} calls per byte")
+    print(f"{MUTANTS} mutants of {len(base)} modules in {total:.1f}s: {outcome}, at most {worst:.2f} calls per byte")

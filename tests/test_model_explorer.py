@@ -1,18 +1,19 @@
 """Model Explorer: through the .pte adapter's Python API (the JSON the server sends the browser), MPS
 delegates expand into their MPS node graph with node kinds, shapes, dtypes, constants and source ops."""
+
 from __future__ import annotations
 
 import json
 
 import torch
 from model_explorer.utils import convert_adapter_response
-from mps_backend.serialization import read_blob
-from mps_backend.serialization.pte import delegate_blobs
 from torch import nn
 
 from mps_backend.export import export_model
 from mps_backend.model_explorer import BACKEND_ID
 from mps_backend.model_explorer.main import MPSPTEAdapter
+from mps_backend.serialization import read_blob
+from mps_backend.serialization.pte import delegate_blobs
 
 
 def _model():

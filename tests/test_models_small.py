@@ -14,15 +14,16 @@ Tolerances (max |device - eager| / max |eager|):
   lowering gives errors of order 1, so 1e-2 keeps a 10x margin without hiding one. The fp16 eager
   reference runs in float32 on the inputs rounded to float16 (what the device's boundary cast sees).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-from mps_backend.serialization.pte import delegate_blobs
 
 from mps_backend.export import export_model
 from mps_backend.runtime import run_pte
 from mps_backend.runtime.interpreter import execute
+from mps_backend.serialization.pte import delegate_blobs
 
 TOL = {False: 1e-5, True: 1e-2}
 
@@ -46,8 +47,11 @@ def small_encoder():
 MODELS = {"llama": small_llama, "transformer_encoder": small_encoder}
 
 
-@pytest.fixture(scope="module", params=[(name, fp16) for name in MODELS for fp16 in (False, True)],
-                ids=[f"{name}-{'fp16' if fp16 else 'fp32'}" for name in MODELS for fp16 in (False, True)])
+@pytest.fixture(
+    scope="module",
+    params=[(name, fp16) for name in MODELS for fp16 in (False, True)],
+    ids=[f"{name}-{'fp16' if fp16 else 'fp32'}" for name in MODELS for fp16 in (False, True)],
+)
 def exported(request):
     name, use_fp16 = request.param
     model, inputs = MODELS[name]()

@@ -1,5 +1,6 @@
 """No bloat: how many MPS nodes an edge node lowers to, for the ops that need more than one (the
 model-zoo target "MPS nodes <= edge nodes of the partition" rests on these)."""
+
 from __future__ import annotations
 
 import pytest
@@ -71,8 +72,9 @@ def test_negative_index_fix_up_is_shared_by_the_ops_reading_one_index():
 
 @pytest.mark.parametrize("use_fp16", [False, True])
 def test_float_clamp_is_one_hardtanh_and_floor_then_cast_one_cast(use_fp16):
-    e = _expansion(lambda x: (x.clamp(-1.0, 2.0) + x.clamp(min=0.5), torch.floor(x).to(torch.int64)),
-                   torch.randn(8), use_fp16=use_fp16)
+    e = _expansion(
+        lambda x: (x.clamp(-1.0, 2.0) + x.clamp(min=0.5), torch.floor(x).to(torch.int64)), torch.randn(8), use_fp16=use_fp16
+    )
     assert e["aten::clamp"] == (2, 2)
     assert e["dim_order_ops::_to_dim_order_copy"] == (1, 1)  # no truncation of a floored value
 
@@ -89,7 +91,7 @@ def test_outer_product_indexing_shares_row_gathers_and_trusts_clamps():
 
 
 def test_bilinear_upsampling_is_one_node_per_resized_axis():
-    up = lambda size: (lambda x: F.interpolate(x, size=size, mode="bilinear"))  # noqa: E731
+    up = lambda size: lambda x: F.interpolate(x, size=size, mode="bilinear")  # noqa: E731
     assert _expansion(up((28, 28)), torch.randn(1, 3, 1, 1))["aten::upsample_bilinear2d.vec"] == (1, 1)
     assert _expansion(up((4, 9)), torch.randn(1, 3, 4, 5))["aten::upsample_bilinear2d.vec"] == (1, 1)
     assert _expansion(up((16, 20)), torch.randn(1, 3, 4, 5))["aten::upsample_bilinear2d.vec"] == (1, 2)
@@ -99,9 +101,11 @@ def test_bilinear_upsampling_is_one_node_per_resized_axis():
 def test_batch_norm_after_convolution_is_folded_into_it(use_fp16):
     from tests.ops.rows_conv import ConvBN
 
-    for conv, x in ((torch.nn.Conv2d(3, 8, 3), torch.randn(1, 3, 6, 6)),
-                    (torch.nn.Conv2d(4, 4, 3, groups=4, bias=False), torch.randn(1, 4, 6, 6)),
-                    (torch.nn.Conv1d(3, 5, 3), torch.randn(2, 3, 9))):
+    for conv, x in (
+        (torch.nn.Conv2d(3, 8, 3), torch.randn(1, 3, 6, 6)),
+        (torch.nn.Conv2d(4, 4, 3, groups=4, bias=False), torch.randn(1, 4, 6, 6)),
+        (torch.nn.Conv1d(3, 5, 3), torch.randn(2, 3, 9)),
+    ):
         e = _expansion(None, x, use_fp16=use_fp16, module=ConvBN(conv))
         assert e["aten::convolution"] == (1, 1), conv
         assert e["aten::_native_batch_norm_legit_no_training"] == (1, 0), conv
@@ -135,13 +139,14 @@ def test_folded_batch_norm_leaves_only_the_folded_constants_in_the_blob():
     """Folded: the blob holds the conv's new weight and bias only (the original weight, bias and the
     four batch norm vectors are gone), and the debug handle of the conv node names both fx nodes."""
     from executorch.exir.lowered_backend_module import get_lowered_submodules
-    from mps_backend.serialization.reader import read_blob
 
+    from mps_backend.serialization.reader import read_blob
     from tests.ops.rows_conv import ConvBN
 
     model = ConvBN(torch.nn.Conv2d(3, 8, 3))
-    edge = to_edge_transform_and_lower(torch.export.export(model, (torch.randn(1, 3, 6, 6),)),
-                                       partitioner=[MPSPartitioner(use_fp16=False)])
+    edge = to_edge_transform_and_lower(
+        torch.export.export(model, (torch.randn(1, 3, 6, 6),)), partitioner=[MPSPartitioner(use_fp16=False)]
+    )
     (lowered,) = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)]
     g = read_blob(lowered.processed_bytes).graph
     sizes = sorted(g.values[i].constant_buffer_size for i in g.constant_ids)

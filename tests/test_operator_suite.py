@@ -14,6 +14,7 @@ the same values as the full run. Regenerate the list with::
 
     python -m mps_backend.tools.run_suite --write-expected-pass tests/data/operator_suite_expected_pass.txt
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,8 @@ KNOWN_FAILURES: dict[str, str] = {}
 MIN_PASS_RATE = 1.0
 
 pytestmark = pytest.mark.skipif(
-    not (run_suite.suite_dir() / "operators").is_dir(),
-    reason="the executorch wheel has no backends/test/suite/operators")
+    not (run_suite.suite_dir() / "operators").is_dir(), reason="the executorch wheel has no backends/test/suite/operators"
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,7 @@ def subset_run() -> run_suite.SuiteRun:
     previous = os.environ.get(WHOLE_PROGRAM_ENV)
     os.environ[WHOLE_PROGRAM_ENV] = "1"  # every case also lowered whole, as old export scripts do
     try:
-        return run_suite.run(run_suite.operator_files(SUBSET), ("mps",), seed=run_suite.DEFAULT_SEED,
-                             log=None)
+        return run_suite.run(run_suite.operator_files(SUBSET), ("mps",), seed=run_suite.DEFAULT_SEED, log=None)
     finally:
         if previous is None:
             del os.environ[WHOLE_PROGRAM_ENV]
@@ -106,8 +106,7 @@ def test_mps_flow_is_selected(subset_run):
 
 
 def test_no_case_took_the_process_down(subset_run):
-    crashed = [run_suite.case_id(t, s) for t, s in subset_run.subtests()
-               if s.get("Failure Class") in ("crash", "timeout")]
+    crashed = [run_suite.case_id(t, s) for t, s in subset_run.subtests() if s.get("Failure Class") in ("crash", "timeout")]
     assert not crashed and subset_run.restarts == 0, crashed
 
 
@@ -130,8 +129,11 @@ def test_expected_cases_still_pass_delegated(subset_run):
 
 
 def test_every_failure_is_a_known_bug(subset_run):
-    failures = {run_suite.case_id(t, s): s.get("Failure Class") for t, s in subset_run.subtests()
-                if s.get("Failure Class") not in (*run_suite.PASS_CLASSES, "skip")}
+    failures = {
+        run_suite.case_id(t, s): s.get("Failure Class")
+        for t, s in subset_run.subtests()
+        if s.get("Failure Class") not in (*run_suite.PASS_CLASSES, "skip")
+    }
     new = {case: cls for case, cls in failures.items() if KNOWN_FAILURES.get(case) != cls}
     assert not new, f"new failures (not in KNOWN_FAILURES): {new}"
 
@@ -140,7 +142,8 @@ def test_pass_rate(subset_run):
     total = run_suite.totals(subset_run, "mps")
     assert total.pass_rate >= MIN_PASS_RATE, (
         f"pass rate {total.pass_rate:.3f} < {MIN_PASS_RATE} ({total.passed}/{total.passed + total.failed}); "
-        f"failures: {dict(total.reasons)}")
+        f"failures: {dict(total.reasons)}"
+    )
 
 
 class _Add(torch.nn.Module):
@@ -155,8 +158,7 @@ def _run_case(name: str):
     from mps_backend.tools import suite_flow
 
     inputs = (torch.randn(2, 10), torch.randn(2, 10))
-    record = run_test(_Add(), inputs, suite_flow.MPS_TEST_FLOW, name, name, 0, None,
-                      generate_random_test_inputs=False)
+    record = run_test(_Add(), inputs, suite_flow.MPS_TEST_FLOW, name, name, 0, None, generate_random_test_inputs=False)
     return suite_flow.classify(record.result, record.error), record
 
 
@@ -174,8 +176,10 @@ def test_failures_are_classified(monkeypatch):
     assert cls == "preprocess_crash", record.error
 
     with monkeypatch.context() as m:
+
         def abort(blob, inputs, mode="faithful", **kw):
             raise DeviceError("unsupported", 0, "add")
+
         m.setattr(interpreter, "execute", abort)
         cls, record = _run_case("device")
     assert cls == "device_error", record.error
@@ -183,29 +187,34 @@ def test_failures_are_classified(monkeypatch):
 
     with monkeypatch.context() as m:
         real = interpreter.execute
-        m.setattr(interpreter, "execute", lambda blob, inputs, mode="faithful", **kw:
-                  [t + 1 for t in real(blob, inputs, mode=mode, **kw)])
+        m.setattr(
+            interpreter,
+            "execute",
+            lambda blob, inputs, mode="faithful", **kw: [t + 1 for t in real(blob, inputs, mode=mode, **kw)],
+        )
         cls, record = _run_case("mismatch")
     assert cls == "mismatch", record.error
 
 
-_CRASHER = '''
+_CRASHER = """
 import os
 
 
 def pytest_runtest_call(item):
     if item.nodeid.endswith("::test_view_dtype[mps-float32]"):
         os.abort()
-'''
+"""
 
 
 def test_runner_survives_a_native_crash(tmp_path, monkeypatch):
     (tmp_path / "mps_suite_crasher.py").write_text(_CRASHER)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path),
-                                                                   os.environ.get("PYTHONPATH")])))
-    result = run_suite.run(run_suite.operator_files(["view"]), ("mps",), log=None,
-                           extra_pytest_args=["-p", "mps_suite_crasher",
-                                              "-k", "test_view_dtype or test_view_inferred"])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    result = run_suite.run(
+        run_suite.operator_files(["view"]),
+        ("mps",),
+        log=None,
+        extra_pytest_args=["-p", "mps_suite_crasher", "-k", "test_view_dtype or test_view_inferred"],
+    )
     classes = result.case_classes()
     assert classes.pop("test_view.py::test_view_dtype[mps-float32]") == "crash"
     assert result.restarts == 1  # pytest restarted once, without the crashed test ...

@@ -1,4 +1,5 @@
 """MPSPartitioner / MPSBackend end to end on the demo model and small programs."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,9 +7,9 @@ import torch
 from executorch.exir import to_edge, to_edge_transform_and_lower
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.lowered_backend_module import get_lowered_submodules
-from mps_backend.serialization import DataType, read_blob
 
 from mps_backend import MPSBackend, MPSPartitioner
+from mps_backend.serialization import DataType, read_blob
 from mps_backend.tools.demo import demo_model
 
 
@@ -19,8 +20,11 @@ def lower(model, inputs, partitioner=None, via="transform_and_lower"):
         edge = to_edge(ep).to_backend(partitioner)
     else:
         edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
-    blobs = [m.processed_bytes for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)
-             if m.backend_id == "MPSBackend"]
+    blobs = [
+        m.processed_bytes
+        for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)
+        if m.backend_id == "MPSBackend"
+    ]
     return edge, partitioner, blobs
 
 
@@ -36,9 +40,11 @@ def test_demo_is_one_delegate_with_nothing_on_cpu(demo, use_fp16):
     assert len(blobs) == 1 and report.partitions == 1
     assert report.on_cpu == [], str(report)
     assert len(report.delegated) > 40
-    cpu_ops = [n for n in edge.exported_program().graph.nodes
-               if n.op == "call_function" and "executorch_call_delegate" not in str(n.target)
-               and n.target.__name__ != "getitem"]
+    cpu_ops = [
+        n
+        for n in edge.exported_program().graph.nodes
+        if n.op == "call_function" and "executorch_call_delegate" not in str(n.target) and n.target.__name__ != "getitem"
+    ]
     assert cpu_ops == []
 
 
@@ -247,8 +253,9 @@ def test_fp16_casts_the_device_may_not_represent_are_named():
     assert any("float32 -> torch.int32" in n and "integer minimum" in n for n in notes), notes
     assert "float16 range" in str(part.report())
     part32 = MPSPartitioner(use_fp16=False)
-    to_edge_transform_and_lower(torch.export.export(_Casts().eval(), (torch.randn(3), torch.arange(3, dtype=torch.int32))),
-                                partitioner=[part32])
+    to_edge_transform_and_lower(
+        torch.export.export(_Casts().eval(), (torch.randn(3), torch.arange(3, dtype=torch.int32))), partitioner=[part32]
+    )
     assert part32.report().fp16_notes == []
 
 

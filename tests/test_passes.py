@@ -1,5 +1,6 @@
 """The lowering passes (mps_backend.passes), each on its own: what it rewrites, what it leaves, and that the
 rewritten graph still computes the model (run eagerly, a CHANNEL_AFFINE annotation applied as its map)."""
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,7 @@ class _Eager(torch.fx.Interpreter):
 
 def _run(ep, *inputs: torch.Tensor) -> torch.Tensor:
     user = iter(inputs)
-    args = [t if (t := constant_tensor(ep, n)) is not None else next(user)
-            for n in ep.graph.nodes if n.op == "placeholder"]
+    args = [t if (t := constant_tensor(ep, n)) is not None else next(user) for n in ep.graph.nodes if n.op == "placeholder"]
     out = _Eager(ep.graph_module).run(*args)
     return out[0] if isinstance(out, (list, tuple)) else out
 
@@ -61,6 +61,7 @@ def _conv_bn(also_conv: bool = False) -> nn.Module:
         def forward(self, x):
             y = self.conv(x)
             return self.bn(y) + y if also_conv else self.bn(y)
+
     return M()
 
 
@@ -138,8 +139,8 @@ def test_rescales_that_are_not_exact_stay():
     x = torch.randn(8)
     assert fold_power_of_two_rescales(_delegated(_Rescale(3, 2), x), use_fp16=False) == 0
     # 2**-20 / 2**10 = 2**-30: a normal float32, below float16's normal range
-    assert fold_power_of_two_rescales(_delegated(_Rescale(2.0 ** -20, 1024), x), use_fp16=False) == 1
-    assert fold_power_of_two_rescales(_delegated(_Rescale(2.0 ** -20, 1024), x), use_fp16=True) == 0
+    assert fold_power_of_two_rescales(_delegated(_Rescale(2.0**-20, 1024), x), use_fp16=False) == 1
+    assert fold_power_of_two_rescales(_delegated(_Rescale(2.0**-20, 1024), x), use_fp16=True) == 0
 
 
 class _Linears(nn.Module):
@@ -172,22 +173,23 @@ def test_linear_weights_are_stored_transposed_without_a_copy():
         assert all(target_of(u) is aten.linear.default and u.args[1] is p for u in p.users)
     shared = next(p for p in permutes if len(p.users) == 2)  # both uses of the shared weight read one permute
     assert shared is not None
-    (tied,) = [n for n in ep.graph.nodes if n.op == "placeholder" and before[n.name] is not None
-               and tuple(before[n.name].shape) == (10, 8)]
+    (tied,) = [
+        n
+        for n in ep.graph.nodes
+        if n.op == "placeholder" and before[n.name] is not None and tuple(before[n.name].shape) == (10, 8)
+    ]
     assert constant_tensor(ep, tied) is before[tied.name]  # untouched
     with torch.no_grad():
         torch.testing.assert_close(_run(ep, x, ids), model(x, ids), rtol=1e-6, atol=1e-6)
 
 
 def test_linear_weights_leave_no_permute_on_the_device():
+    from mps_backend.runtime import run_pte
     from mps_backend.serialization import read_blob
     from mps_backend.serialization.pte import delegate_blobs
 
-    from mps_backend.runtime import run_pte
-
     model, x, ids = _Linears().eval(), torch.randn(2, 3, 8), torch.tensor([[1, 2, 3], [4, 5, 6]])
-    edge = to_edge_transform_and_lower(torch.export.export(model, (x, ids)),
-                                       partitioner=[MPSPartitioner(use_fp16=False)])
+    edge = to_edge_transform_and_lower(torch.export.export(model, (x, ids)), partitioner=[MPSPartitioner(use_fp16=False)])
     pte = edge.to_executorch().buffer
     (blob,) = [d.blob for d in delegate_blobs(pte)]
     ops = [n.op for n in read_blob(blob).graph.nodes]

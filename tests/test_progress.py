@@ -1,4 +1,5 @@
 """Progress display: summary lines everywhere, live bars on a terminal only."""
+
 from __future__ import annotations
 
 import io

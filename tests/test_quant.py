@@ -16,6 +16,7 @@ Tolerances (max |device - reference| / max |reference|):
 - against the float (unquantized) model: the quantization error itself, int4 ~8e-2, int8 ~5e-3:
   ``FLOAT_INT4 = 0.2``, ``FLOAT_INT8 = 2e-2``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,12 +26,12 @@ import pytest
 import torch
 from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.lowered_backend_module import get_lowered_submodules
-from mps_backend.operators.quant import pack_int4
-from mps_backend.serialization import DataType, read_blob
 
 from mps_backend import MPSPartitioner
+from mps_backend.operators.quant import pack_int4
 from mps_backend.quantize import quantize_model
 from mps_backend.runtime.interpreter import execute, unpack_int4
+from mps_backend.serialization import DataType, read_blob
 
 INT8_FP32, INT4_FP32, EXACT, FP16 = 1e-5, 1e-3, 1e-5, 5e-3
 FLOAT_INT4, FLOAT_INT8 = 0.2, 2e-2
@@ -42,8 +43,11 @@ def lower(model, inputs, use_fp16=False):
     part = MPSPartitioner(use_fp16=use_fp16)
     ep = torch.export.export(model.eval(), tuple(inputs), strict=False)
     edge = to_edge_transform_and_lower(ep, partitioner=[part])
-    blobs = [m.processed_bytes for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)
-             if m.backend_id == "MPSBackend"]
+    blobs = [
+        m.processed_bytes
+        for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)
+        if m.backend_id == "MPSBackend"
+    ]
     return edge, part.report(), blobs
 
 
@@ -54,8 +58,9 @@ def rel(got, want) -> float:
 
 def constants(graph):
     """[(datatype, dims, bytes)] of the blob's constants."""
-    return [(graph.values[c].datatype, list(graph.values[c].dims), graph.values[c].constant_buffer_size)
-            for c in graph.constant_ids]
+    return [
+        (graph.values[c].datatype, list(graph.values[c].dims), graph.values[c].constant_buffer_size) for c in graph.constant_ids
+    ]
 
 
 def linear_pair(n, k, scheme, group, asymmetric, seed=0):
@@ -139,6 +144,7 @@ def test_int4_per_channel_is_one_group():
 
 # ---- int8 -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("asymmetric", [False, True], ids=["sym", "asym"])
 @pytest.mark.parametrize("group", [None, 32, 64], ids=["per-channel", "g32", "g64"])
 def test_int8_linear_fp32(group, asymmetric):
@@ -164,6 +170,7 @@ def test_int8_linear_fp32(group, asymmetric):
 
 # ---- packing ----------------------------------------------------------------------------------
 
+
 def test_nibble_layout():
     q = torch.tensor([[0, 1, -1, 7, -8, 3, 5, -2], [2, -3, 4, -4, 6, -7, -5, 1]], dtype=torch.int8)
     packed = pack_int4(q)
@@ -181,10 +188,11 @@ def test_blob_holds_the_packed_weight():
     _, _, blobs = lower(qmodel, (x,))
     blob = read_blob(blobs[0])
     (vid,) = [c for c in blob.graph.constant_ids if blob.graph.values[c].datatype == DataType.int4]
-    assert bytes(blob.constant_bytes(vid))[:32 * 32] == pack_int4(qmodel[0].weight.qdata).numpy().tobytes()
+    assert bytes(blob.constant_bytes(vid))[: 32 * 32] == pack_int4(qmodel[0].weight.qdata).numpy().tobytes()
 
 
 # ---- what stays on CPU ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n,k,group,why", [(12, 64, 32, "N % 8"), (16, 48, 16, "K % 32"), (20, 80, 16, "N % 8")])
 def test_int4_shapes_the_device_cannot_pack_stay_on_cpu(n, k, group, why):
@@ -246,13 +254,17 @@ def test_per_token_ops_stay_on_cpu():
     x = torch.randn(3, 16)
     edge, report, _ = lower(PerToken(), (x,))
     cpu = {c.target for c in report.on_cpu}
-    assert {"quantized_decomposed::choose_qparams_per_token_asymmetric", "quantized_decomposed::quantize_per_token",
-            "quantized_decomposed::dequantize_per_token"} <= cpu
+    assert {
+        "quantized_decomposed::choose_qparams_per_token_asymmetric",
+        "quantized_decomposed::quantize_per_token",
+        "quantized_decomposed::dequantize_per_token",
+    } <= cpu
     left = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
     assert sum("per_token" in t for t in left) == 3
 
 
 # ---- quantized_decomposed.dequantize_per_channel_group ----------------------------------------
+
 
 class GroupDequantLinear(torch.nn.Module):
     def __init__(self, q, scales, zeros, qmin, qmax, group):
@@ -263,13 +275,15 @@ class GroupDequantLinear(torch.nn.Module):
         self.qmin, self.qmax, self.group = qmin, qmax, group
 
     def forward(self, x):
-        w = qd.dequantize_per_channel_group(self.q, self.scales, self.zeros, self.qmin, self.qmax, torch.int8,
-                                            self.group, torch.float32)
+        w = qd.dequantize_per_channel_group(
+            self.q, self.scales, self.zeros, self.qmin, self.qmax, torch.int8, self.group, torch.float32
+        )
         return torch.nn.functional.linear(x, w)
 
 
-@pytest.mark.parametrize("qmin,qmax,zero", [(-8, 7, None), (-8, 7, "rand"), (0, 15, "rand")],
-                         ids=["int4-no-zp", "int4-zp", "uint4-range"])
+@pytest.mark.parametrize(
+    "qmin,qmax,zero", [(-8, 7, None), (-8, 7, "rand"), (0, 15, "rand")], ids=["int4-no-zp", "int4-zp", "uint4-range"]
+)
 def test_quantized_decomposed_group(qmin, qmax, zero):
     gen = torch.Generator().manual_seed(3)
     n, k, group = 32, 128, 32
@@ -313,8 +327,9 @@ class AffineDequant(torch.nn.Module):
         self.out_dtype = out_dtype
 
     def forward(self, x):
-        w = torch.ops.torchao.dequantize_affine(self.q, [1, 32], self.scale, self.zero, torch.int8, -8, 7,
-                                                output_dtype=self.out_dtype)
+        w = torch.ops.torchao.dequantize_affine(
+            self.q, [1, 32], self.scale, self.zero, torch.int8, -8, 7, output_dtype=self.out_dtype
+        )
         return torch.nn.functional.linear(x, w.float())
 
 
@@ -339,6 +354,7 @@ def test_affine_output_and_zero_point_dtypes(out_dtype, zero_dtype):
 
 # ---- shared weights ---------------------------------------------------------------------------
 
+
 class Twice(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -357,8 +373,10 @@ def test_shared_quantized_weight(scheme):
     ep = edge.exported_program()
     assert report.on_cpu == [] and len(blobs) == 1, str(report)
     g = read_blob(blobs[0]).graph
-    n_dq = sum("dequantize_affine" in str(n.target) for n in
-               next(m for _, m, _ in get_lowered_submodules(ep.graph_module)).original_module.graph.nodes)
+    n_dq = sum(
+        "dequantize_affine" in str(n.target)
+        for n in next(m for _, m, _ in get_lowered_submodules(ep.graph_module)).original_module.graph.nodes
+    )
     assert n_dq == 2  # one weight placeholder read by two dequantize nodes
     weights = [c for c in constants(g) if c[1] == [64, 64]]
     assert weights == [(DataType.int4, [64, 64], 64 * 32)] if scheme == "int4" else [(DataType.int8, [64, 64], 64 * 64)]
@@ -367,6 +385,7 @@ def test_shared_quantized_weight(scheme):
 
 
 # ---- embedding --------------------------------------------------------------------------------
+
 
 class Embed(torch.nn.Module):
     def __init__(self):
@@ -398,6 +417,7 @@ def test_embedding_weight_only(scheme):
 
 # ---- llama ------------------------------------------------------------------------------------
 
+
 def _llama(**kw):
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
@@ -425,8 +445,9 @@ def _quant_nodes_delegated(report):
 
 def _require_full_delegation(report):
     if report.on_cpu:
-        pytest.xfail("ops other teams are still making lowerable stay on CPU: "
-                     + ", ".join(sorted({c.target for c in report.on_cpu})))
+        pytest.xfail(
+            "ops other teams are still making lowerable stay on CPU: " + ", ".join(sorted({c.target for c in report.on_cpu}))
+        )
 
 
 def test_small_llama_int4():
@@ -459,9 +480,11 @@ def test_full_llama_int4_pte_size():
     _quant_nodes_delegated(result.report)
     quant, rest = expected_constant_bytes(model, 32)
     expected = quant + rest
-    print(f"\n.pte {len(result.pte):,} bytes; int4 weights + scales {quant:,} + rest {rest:,} = {expected:,} "
-          f"({len(result.pte) / expected - 1:+.3%}); delegates {result.delegates}; "
-          f"{len(result.report.delegated)}/{result.report.total} nodes delegated")
+    print(
+        f"\n.pte {len(result.pte):,} bytes; int4 weights + scales {quant:,} + rest {rest:,} = {expected:,} "
+        f"({len(result.pte) / expected - 1:+.3%}); delegates {result.delegates}; "
+        f"{len(result.report.delegated)}/{result.report.total} nodes delegated"
+    )
     (got,) = run_pte(result.pte, [tokens])
     with torch.no_grad():
         err = rel(got, model(tokens))
@@ -486,27 +509,27 @@ def test_quantize_model_skips_layers_the_group_does_not_divide():
 
 # ---- CLI --------------------------------------------------------------------------------------
 
-FACTORY = '''
+FACTORY = """
 import torch
 
 def make():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
     return model, (torch.randn(2, 64),)
-'''
+"""
 
 
-@pytest.mark.parametrize("scheme,extra,group_text", [("int4", [], "group size 32"),
-                                                     ("int8", [], "per channel"),
-                                                     ("int8", ["--group-size", "32"], "group size 32")])
+@pytest.mark.parametrize(
+    "scheme,extra,group_text",
+    [("int4", [], "group size 32"), ("int8", [], "per channel"), ("int8", ["--group-size", "32"], "group size 32")],
+)
 def test_cli_export_quantize(tmp_path, capsys, scheme, extra, group_text):
     from mps_backend.tools.cli import main
 
     src = tmp_path / "factory.py"
     src.write_text(FACTORY)
     out = tmp_path / "q.pte"
-    assert main(["export", "--model", f"{src}:make", "--quantize", scheme, *extra, "--fp32", "--verify",
-                 "-o", str(out)]) == 0
+    assert main(["export", "--model", f"{src}:make", "--quantize", scheme, *extra, "--fp32", "--verify", "-o", str(out)]) == 0
     cap = capsys.readouterr()
     assert f"[quantize] {scheme} weight-only, {group_text}" in cap.err
     assert "MPS delegates    1" in cap.out and "verify: max abs error" in cap.out and "OK" in cap.out

@@ -5,16 +5,17 @@ matching header), random u32/u16 writes into the flatbuffer area. Any other exce
 decoder has no timeouts: its work is bounded by the blob size, checked here per blob by counting
 function calls (deterministic; a clock would measure the machine's load).
 """
+
 from __future__ import annotations
 
 import random
 
 import numpy as np
 import pytest
+
 from mps_backend.serialization import MPSFormatError, read_blob, write_blob
 from mps_backend.serialization.model import Blob, DataType, Graph, Node, Tensor
 from mps_backend.serialization.pte import delegate_blobs
-
 from tests.work_count import CallCount
 
 F32, F16, I32 = DataType.float32, DataType.float16, DataType.int32
@@ -41,8 +42,12 @@ def writer_blobs() -> list[bytes]:
     ]
     rich = Graph(nodes=nodes, values=values, input_ids=[0, 1], constant_ids=[2, 3], output_ids=[10, 11])
     consts = {2: np.arange(4, dtype=np.float32), 3: np.ones(3, dtype=np.float16)}
-    tiny = Graph(nodes=[Node("MPSSigmoid", {"input1_id": 0, "output_id": 1})],
-                 values=[Tensor(F32, [3]), Tensor(F32, [3])], input_ids=[0], output_ids=[1])
+    tiny = Graph(
+        nodes=[Node("MPSSigmoid", {"input1_id": 0, "output_id": 1})],
+        values=[Tensor(F32, [3]), Tensor(F32, [3])],
+        input_ids=[0],
+        output_ids=[1],
+    )
     return [write_blob(rich, consts), write_blob(tiny, {})]
 
 
@@ -59,7 +64,7 @@ def mutate(rng: random.Random, blob: bytes) -> tuple[str, bytes]:
             b[rng.randrange(24, fb_end)] ^= rng.randint(1, 255)
         return "flip flatbuffer", bytes(b)
     if kind == 2:
-        return "truncate", bytes(b[:rng.randrange(len(b))])
+        return "truncate", bytes(b[: rng.randrange(len(b))])
     if kind == 3:
         b += bytes(rng.randrange(256) for _ in range(rng.randint(1, 64)))
         if rng.random() < 0.5:  # keep "segment ends the blob" true so decoding goes deeper
@@ -69,13 +74,13 @@ def mutate(rng: random.Random, blob: bytes) -> tuple[str, bytes]:
     if kind in (4, 5):
         for _ in range(rng.randint(1, 3)):
             pos = rng.randrange(24, fb_end - 3) & ~3
-            value = rng.choice(INTERESTING_U32) if rng.random() < 0.5 else rng.randrange(2 ** 32)
+            value = rng.choice(INTERESTING_U32) if rng.random() < 0.5 else rng.randrange(2**32)
             if rng.random() < 0.3:  # a plausible in-buffer offset
                 value = rng.randrange(fb_end - 24)
-            b[pos:pos + 4] = value.to_bytes(4, "little")
+            b[pos : pos + 4] = value.to_bytes(4, "little")
         return "u32 write", bytes(b)
     pos = rng.randrange(24, fb_end - 1) & ~1
-    b[pos:pos + 2] = rng.randrange(2 ** 16).to_bytes(2, "little")
+    b[pos : pos + 2] = rng.randrange(2**16).to_bytes(2, "little")
     return "u16 write", bytes(b)
 
 
@@ -95,10 +100,10 @@ def fuzz(bases: list[bytes], seed: int, count: int) -> dict[str, int]:
             assert str(e), "an MPSFormatError must say what is wrong"
             outcome["MPSFormatError"] += 1
         except Exception as e:  # noqa: BLE001 - the point of the test
-            pytest.fail(f"seed {seed} mutant {i} ({kind}, {len(data)} bytes): "
-                        f"{type(e).__name__}: {e}\nblob hex: {data.hex()}")
-        assert work.calls <= FIXED_CALLS + MAX_CALLS_PER_BYTE * len(data), \
+            pytest.fail(f"seed {seed} mutant {i} ({kind}, {len(data)} bytes): {type(e).__name__}: {e}\nblob hex: {data.hex()}")
+        assert work.calls <= FIXED_CALLS + MAX_CALLS_PER_BYTE * len(data), (
             f"seed {seed} mutant {i} ({kind}, {len(data)} bytes) made {work.calls} calls"
+        )
     # not vacuous: many mutants rejected, some (e.g. in constant bytes) still valid
     assert outcome["MPSFormatError"] > count // 4 and outcome["valid"] > count // 100, outcome
     return outcome

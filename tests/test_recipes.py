@@ -1,5 +1,6 @@
 """executorch.export recipes for MPS (mps_backend.recipes): registered on import, each recipe exports a
 program that runs (MPS delegates emulated) and matches eager."""
+
 from __future__ import annotations
 
 import copy
@@ -8,16 +9,18 @@ import sys
 
 import pytest
 import torch
-from mps_backend.serialization.pte import delegate_blobs
 
 from mps_backend.recipes import MPSRecipeType
 from mps_backend.runtime import load_emulator, run_pte
+from mps_backend.serialization.pte import delegate_blobs
 
 
 def test_import_mps_backend_registers_the_provider():
-    code = ("import mps_backend; from executorch.export import recipe_registry; "
-            "print(recipe_registry.list_backends()); "
-            "print(sorted(r.value for r in recipe_registry.get_supported_recipes('mps')))")
+    code = (
+        "import mps_backend; from executorch.export import recipe_registry; "
+        "print(recipe_registry.list_backends()); "
+        "print(sorted(r.value for r in recipe_registry.get_supported_recipes('mps')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     backends, recipes = out.stdout.strip().splitlines()[-2:]
@@ -27,14 +30,16 @@ def test_import_mps_backend_registers_the_provider():
 
 def test_session_runs_mps_delegates_without_loading_the_emulator_by_hand():
     """A fresh process, the README's recipe lines only: run_method runs the MPS delegate (emulated)."""
-    code = ("import torch, mps_backend\n"
-            "from executorch.export import ExportRecipe, export\n"
-            "from mps_backend.recipes import MPSRecipeType\n"
-            "torch.manual_seed(0)\n"
-            "model, x = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval(), torch.randn(2, 8)\n"
-            "session = export(model, [(x,)], ExportRecipe.get_recipe(MPSRecipeType.FP32))\n"
-            "got = session.run_method('forward', (x,))[0]\n"
-            "print('max error', float((got - model(x)).abs().max()))\n")
+    code = (
+        "import torch, mps_backend\n"
+        "from executorch.export import ExportRecipe, export\n"
+        "from mps_backend.recipes import MPSRecipeType\n"
+        "torch.manual_seed(0)\n"
+        "model, x = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval(), torch.randn(2, 8)\n"
+        "session = export(model, [(x,)], ExportRecipe.get_recipe(MPSRecipeType.FP32))\n"
+        "got = session.run_method('forward', (x,))[0]\n"
+        "print('max error', float((got - model(x)).abs().max()))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert float(out.stdout.split("max error")[-1]) <= 1e-6
@@ -73,6 +78,7 @@ def test_xnnpack_fallback_takes_what_mps_leaves_on_cpu():
 
     load_emulator()
     torch.manual_seed(0)
+
     class ChannelsLast(torch.nn.Module):  # a dim-order change: MPS keeps it on CPU (dim_order [0, 2, 3, 1]), XNNPACK's
         def forward(self, x):
             return x.to(memory_format=torch.channels_last)

@@ -1,4 +1,5 @@
 """Export-time check that the app's executorch runtime has a kernel for every operator left on CPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -63,12 +64,14 @@ def test_delegated_programs_pass_on_every_release():
 
 def test_cli_target_runtime(tmp_path, capsys, monkeypatch):
     script = tmp_path / "m.py"
-    script.write_text("import torch\nfrom torch import nn\n"
-                      "class M(nn.Module):\n"
-                      "    def forward(self, x, g):\n"
-                      "        return nn.functional.grid_sample(x, g, align_corners=False) * 2.0\n"
-                      "def make():\n"
-                      "    return M().eval(), (torch.randn(1, 2, 8, 8), torch.rand(1, 4, 4, 2) * 2 - 1)\n")
+    script.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class M(nn.Module):\n"
+        "    def forward(self, x, g):\n"
+        "        return nn.functional.grid_sample(x, g, align_corners=False) * 2.0\n"
+        "def make():\n"
+        "    return M().eval(), (torch.randn(1, 2, 8, 8), torch.rand(1, 4, 4, 2) * 2 - 1)\n"
+    )
     out = tmp_path / "m.pte"
     assert main(["export", "-m", f"{script}:make", "--fp32", "-o", str(out)]) == 2
     err = capsys.readouterr().err

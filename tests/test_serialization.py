@@ -1,5 +1,6 @@
 """MP00 serialization: header, alignment, write->read round trip, differential check of the writer
 against the flatc accessors, upstream wire compatibility, and the reader's rejections."""
+
 from __future__ import annotations
 
 import importlib
@@ -9,6 +10,7 @@ import struct
 import flatbuffers
 import numpy as np
 import pytest
+
 from mps_backend.serialization import MPSFormatError, read_blob, write_blob
 from mps_backend.serialization.generated.mpsgraph import MPSCat as fb_cat
 from mps_backend.serialization.generated.mpsgraph import MPSGraph as fb_graph
@@ -31,8 +33,16 @@ from mps_backend.serialization.reader import absent_fields
 from mps_backend.serialization.writer import build_flatbuffer
 
 F16, F32, I64, BOOL, INT4 = DataType.float16, DataType.float32, DataType.int64, DataType.bool, DataType.int4
-UPSTREAM = ["cnn_fp16.pte", "cnn_fp32.pte", "conv1d_fp16.pte", "conv1d_fp32.pte",
-            "mlp_fp16.pte", "mlp_fp32.pte", "ops_fp16.pte", "ops_fp32.pte"]
+UPSTREAM = [
+    "cnn_fp16.pte",
+    "cnn_fp32.pte",
+    "conv1d_fp16.pte",
+    "conv1d_fp32.pte",
+    "mlp_fp16.pte",
+    "mlp_fp32.pte",
+    "ops_fp16.pte",
+    "ops_fp32.pte",
+]
 GEN = "mps_backend.serialization.generated.mpsgraph."
 
 
@@ -48,16 +58,39 @@ def node(op: str, min_max: tuple[float, float] | None = None, **fields) -> Node:
 def rich_graph() -> tuple[Graph, dict[int, object]]:
     """Many union members: strings (GELU, Div with and without mode), int vectors, longs, bools,
     enums, min_max, -1 ids where allowed, id rebinding, constants of several dtypes incl. int4."""
-    values = [Tensor(F32, [2, 4]), Tensor(F32, [2, 4]), Tensor(I64, [3]),          # 0-2 inputs
-              Tensor(F32, [4]), Tensor(F16, [3]), Tensor(INT4, [4, 6]),            # 3-5 constants
-              Tensor(BOOL, [5]), Tensor(F32, [2, 2, 1, 1])]                        # 6-7 constants
+    values = [
+        Tensor(F32, [2, 4]),
+        Tensor(F32, [2, 4]),
+        Tensor(I64, [3]),  # 0-2 inputs
+        Tensor(F32, [4]),
+        Tensor(F16, [3]),
+        Tensor(INT4, [4, 6]),  # 3-5 constants
+        Tensor(BOOL, [5]),
+        Tensor(F32, [2, 2, 1, 1]),
+    ]  # 6-7 constants
     values += [Tensor(F32, [2, 4]) for _ in range(8, 32)]
-    consts = {3: np.arange(4, dtype=np.float32), 4: np.array([1, 2, 3], dtype=np.float16),
-              5: bytes(range(12)), 6: np.array([1, 0, 1, 1, 0], dtype=bool),
-              7: np.ones((2, 2, 1, 1), dtype=np.float32)}
-    pool = dict(kernel_height=2, kernel_width=2, stride_height=2, stride_width=2, padding_left=0,
-                padding_right=1, padding_top=0, padding_bottom=1, dilation_height=1, dilation_width=1,
-                ceil_mode=True, count_include_pad=False, divisor_override=0)
+    consts = {
+        3: np.arange(4, dtype=np.float32),
+        4: np.array([1, 2, 3], dtype=np.float16),
+        5: bytes(range(12)),
+        6: np.array([1, 0, 1, 1, 0], dtype=bool),
+        7: np.ones((2, 2, 1, 1), dtype=np.float32),
+    }
+    pool = dict(
+        kernel_height=2,
+        kernel_width=2,
+        stride_height=2,
+        stride_width=2,
+        padding_left=0,
+        padding_right=1,
+        padding_top=0,
+        padding_bottom=1,
+        dilation_height=1,
+        dilation_width=1,
+        ceil_mode=True,
+        count_include_pad=False,
+        divisor_override=0,
+    )
     nodes = [
         node("MPSAdd", input1_id=0, input2_id=1, output_id=10, alpha=0.5),
         node("MPSGELU", input1_id=10, output_id=11, approximate="tanh"),
@@ -66,37 +99,84 @@ def rich_graph() -> tuple[Graph, dict[int, object]]:
         node("MPSMean", input1_id=13, output_id=14, num_dims=1, dims=[1], keep_dims=True),
         node("MPSClamp", (-1.5, 2.0), input1_id=13, output_id=15),
         node("MPSView", input1_id=0, output_id=16, num_dims=4, shape=[1, 2, 2, 2]),
-        node("MPSConv2D", input1_id=16, input2_id=7, input3_id=-1, output_id=17, stride_x=1, stride_y=2,
-             dilation_x=1, dilation_y=1, groups=1, padding_left=0, padding_right=0, padding_top=1,
-             padding_bottom=1),
+        node(
+            "MPSConv2D",
+            input1_id=16,
+            input2_id=7,
+            input3_id=-1,
+            output_id=17,
+            stride_x=1,
+            stride_y=2,
+            dilation_x=1,
+            dilation_y=1,
+            groups=1,
+            padding_left=0,
+            padding_right=0,
+            padding_top=1,
+            padding_bottom=1,
+        ),
         node("MPSCat", input_ids=[0, 1], output_id=18, dim=0),
         node("MPSSplitWithSizes", input1_id=18, output_ids=[19, 20], split_sizes=[2, 2], dim=0),
-        node("MPSSlice", input1_id=19, output_id=21, dim=1, start=0, end=2 ** 40, step=1),
+        node("MPSSlice", input1_id=19, output_id=21, dim=1, start=0, end=2**40, step=1),
         node("MPSSoftmax", input1_id=21, output_id=22, dim=-1, half_to_float=False),
         node("MPSCast", input1_id=22, output_id=22, dtype=F16),
         node("MPSIndexTensor", input1_id=0, indices_id=[-1, 2], output_id=23),
         node("MPSArange", output_id=24, start=0.0, end=4.0, step=1.0, dtype=F32),
-        node("MPSDequantizePerChannelGroup", input1_id=5, output_id=25, scales_id=3, zero_points_id=-1,
-             quant_min=-8, quant_max=7, dtype=INT4, group_size=3, output_dtype=F16),
-        node("MPSBatchNorm", input_id=16, mean_id=3, var_id=3, weight_id=3, bias_id=3, momentum=0.25,
-             epsilon=2.0 ** -10, output2_id=27, output1_id=26, output3_id=28),
+        node(
+            "MPSDequantizePerChannelGroup",
+            input1_id=5,
+            output_id=25,
+            scales_id=3,
+            zero_points_id=-1,
+            quant_min=-8,
+            quant_max=7,
+            dtype=INT4,
+            group_size=3,
+            output_dtype=F16,
+        ),
+        node(
+            "MPSBatchNorm",
+            input_id=16,
+            mean_id=3,
+            var_id=3,
+            weight_id=3,
+            bias_id=3,
+            momentum=0.25,
+            epsilon=2.0**-10,
+            output2_id=27,
+            output1_id=26,
+            output3_id=28,
+        ),
         node("MPSWhere", input1_id=6, input2_id=3, input3_id=3, output_id=29),
         node("MPSAvgPool2D", input1_id=16, output1_id=30, output2_id=-1, **pool),
         node("MPSMaxPool2DWithIndices", input1_id=16, output1_id=31, output2_id=8, **pool),
         node("MPSPermute", input1_id=31, output_id=9, num_dims=2, perm=[1, 0]),
         node("MPSReLU", input1_id=9, input2_id=-1, output_id=9),
     ]
-    graph = Graph(nodes=nodes, values=values, input_ids=[0, 1, 2], constant_ids=[3, 4, 5, 6, 7],
-                  output_ids=[14, 15, 17, 20, 22, 23, 24, 25, 26, 27, 29, 30, 8, 9])
+    graph = Graph(
+        nodes=nodes,
+        values=values,
+        input_ids=[0, 1, 2],
+        constant_ids=[3, 4, 5, 6, 7],
+        output_ids=[14, 15, 17, 20, 22, 23, 24, 25, 26, 27, 29, 30, 8, 9],
+    )
     return graph, consts
 
 
 def small_graph() -> tuple[Graph, dict[int, object]]:
     """x + y, times a constant: the base of the hand-made violations."""
-    values = [Tensor(F32, [2, 2]), Tensor(F32, [2, 2]), Tensor(F32, [2, 2]), Tensor(F32, [2, 2]),
-              Tensor(F32, [2, 2]), Tensor(F32, [2, 2])]
-    nodes = [node("MPSAdd", input1_id=0, input2_id=1, output_id=3, alpha=1.0),
-             node("MPSMul", input1_id=3, input2_id=2, output_id=4)]
+    values = [
+        Tensor(F32, [2, 2]),
+        Tensor(F32, [2, 2]),
+        Tensor(F32, [2, 2]),
+        Tensor(F32, [2, 2]),
+        Tensor(F32, [2, 2]),
+        Tensor(F32, [2, 2]),
+    ]
+    nodes = [
+        node("MPSAdd", input1_id=0, input2_id=1, output_id=3, alpha=1.0),
+        node("MPSMul", input1_id=3, input2_id=2, output_id=4),
+    ]
     graph = Graph(nodes=nodes, values=values, input_ids=[0, 1], constant_ids=[2], output_ids=[4])
     return graph, {2: np.arange(4, dtype=np.float32)}
 
@@ -106,11 +186,11 @@ def assemble(graph: Graph, segment: bytes) -> bytes:
     fb = build_flatbuffer(graph)
     offset = _align(len(fb) + Header.SIZE)
     size = _align(len(segment))
-    return (Header(offset, size).to_bytes() + fb + bytes(offset - Header.SIZE - len(fb))
-            + segment + bytes(size - len(segment)))
+    return Header(offset, size).to_bytes() + fb + bytes(offset - Header.SIZE - len(fb)) + segment + bytes(size - len(segment))
 
 
 # --------------------------------------------------------------------------- decoding via flatc accessors
+
 
 def _camel(name: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in name.split("_"))
@@ -143,26 +223,33 @@ def decode_with_bindings(blob: bytes) -> Graph:
         tab = n.MpsnodeUnion()
         member.Init(tab.Bytes, tab.Pos)
         mm = n.MinMax()
-        nodes.append(Node(op, _member_fields_via_bindings(member, table),
-                          None if mm is None else (mm.MinValue(), mm.MaxValue())))
+        nodes.append(Node(op, _member_fields_via_bindings(member, table), None if mm is None else (mm.MinValue(), mm.MaxValue())))
     values = []
     for i in range(g.MpsValuesLength()):
         t = g.MpsValues(i)
         assert t.NumDims() == t.DimsLength()
-        values.append(Tensor(DataType(t.Datatype()), [t.Dims(j) for j in range(t.DimsLength())],
-                             t.ConstantBufferSize(), t.SegmentOffset()))
+        values.append(
+            Tensor(DataType(t.Datatype()), [t.Dims(j) for j in range(t.DimsLength())], t.ConstantBufferSize(), t.SegmentOffset())
+        )
     seg = g.ConstantSegment()
 
     def ids(acc: str) -> list[int]:
         return [getattr(g, acc)(j) for j in range(getattr(g, acc + "Length")())]
 
-    return Graph(nodes=nodes, values=values, input_ids=ids("InputIds"), output_ids=ids("OutputIds"),
-                 constant_ids=ids("ConstantIds"), graph_type=g.GraphType(),
-                 version=None if g.Version() is None else g.Version().decode(),
-                 constant_segment=(0, 0) if seg is None else (seg.Offset(), seg.Size()))
+    return Graph(
+        nodes=nodes,
+        values=values,
+        input_ids=ids("InputIds"),
+        output_ids=ids("OutputIds"),
+        constant_ids=ids("ConstantIds"),
+        graph_type=g.GraphType(),
+        version=None if g.Version() is None else g.Version().decode(),
+        constant_segment=(0, 0) if seg is None else (seg.Offset(), seg.Size()),
+    )
 
 
 # --------------------------------------------------------------------------- writer: layout and round trip
+
 
 def test_header_bytes_exact():
     graph, consts = small_graph()
@@ -170,9 +257,9 @@ def test_header_bytes_exact():
     fb = build_flatbuffer(graph)  # graph now carries the constant layout the writer chose
     offset = _align(24 + len(fb))
     assert blob[:24] == (b"\0\0\0\0MP00" + offset.to_bytes(8, "little") + (16).to_bytes(8, "little"))
-    assert blob[24:24 + len(fb)] == fb
+    assert blob[24 : 24 + len(fb)] == fb
     assert blob[28:32] == b"MP00"
-    assert blob[24 + len(fb):offset] == bytes(offset - 24 - len(fb))
+    assert blob[24 + len(fb) : offset] == bytes(offset - 24 - len(fb))
     assert len(blob) == offset + 16
     assert blob[offset:] == np.arange(4, dtype=np.float32).tobytes()
 
@@ -187,7 +274,7 @@ def test_segment_and_constants_aligned_and_padding_zero():
     for vid in graph.constant_ids:
         t = graph.values[vid]
         assert t.segment_offset % 16 == 0 and (header.segment_offset + t.segment_offset) % 16 == 0
-        covered[t.segment_offset:t.segment_offset + t.constant_buffer_size] = True
+        covered[t.segment_offset : t.segment_offset + t.constant_buffer_size] = True
     segment = np.frombuffer(blob, dtype=np.uint8, offset=header.segment_offset)
     assert not segment[~covered].any(), "padding between/after constants must be zero"
 
@@ -207,14 +294,22 @@ def test_round_trip(make):
         expected = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
         assert bytes(back.constant_bytes(vid)) == expected
     # every field is written explicitly (format contract 4); a None string is the one way to omit
-    expected_absent = [f"node {i} ({n.op}): {UNION_MEMBERS[n.op]}.{k}" for i, n in enumerate(graph.nodes)
-                       for k, v in n.fields.items() if v is None]
+    expected_absent = [
+        f"node {i} ({n.op}): {UNION_MEMBERS[n.op]}.{k}"
+        for i, n in enumerate(graph.nodes)
+        for k, v in n.fields.items()
+        if v is None
+    ]
     assert absent_fields(blob) == expected_absent
 
 
 def test_round_trip_without_constants():
-    graph = Graph(nodes=[node("MPSTanh", input1_id=0, output_id=1)],
-                  values=[Tensor(F32, []), Tensor(F32, [])], input_ids=[0], output_ids=[1])
+    graph = Graph(
+        nodes=[node("MPSTanh", input1_id=0, output_id=1)],
+        values=[Tensor(F32, []), Tensor(F32, [])],
+        input_ids=[0],
+        output_ids=[1],
+    )
     blob = write_blob(graph, {})
     back = read_blob(blob)
     assert back.header.segment_size == 0 and back.header.segment_offset == len(blob)
@@ -237,6 +332,7 @@ def test_writer_matches_flatc_accessors(make):
 
 
 # --------------------------------------------------------------------------- upstream wire compatibility
+
 
 @pytest.mark.parametrize("name", UPSTREAM)
 def test_upstream_fixture_decodes(upstream_pte_dir, name):
@@ -261,7 +357,7 @@ def test_pte_inline_and_segment_storage_agree(upstream_pte_dir):
 
     def location(pte: bytes) -> DataLocation:
         header = _get_extended_header(pte)
-        program = _flatbuffer_to_program(pte[:header.program_size] if header else pte)
+        program = _flatbuffer_to_program(pte[: header.program_size] if header else pte)
         return program.execution_plan[0].delegates[0].processed.location
 
     segmented = (upstream_pte_dir / "mlp_fp32.pte").read_bytes()
@@ -274,6 +370,7 @@ def test_pte_inline_and_segment_storage_agree(upstream_pte_dir):
 
 def test_a_mapped_pte_is_read_in_place(upstream_pte_dir, tmp_path):
     from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+
     from mps_backend.serialization.pte import map_file
 
     segmented = (upstream_pte_dir / "mlp_fp32.pte").read_bytes()
@@ -303,13 +400,14 @@ def test_pte_rejects_non_pte(data):
 
 # --------------------------------------------------------------------------- reader rejections
 
+
 def _union_type_pos(blob: bytes, index: int) -> int:
     n = fb_graph.MPSGraph.GetRootAs(blob, Header.SIZE).MpsNodes(index)
     return n._tab.Pos + n._tab.Offset(4)
 
 
 def _patched(blob: bytes, pos: int, data: bytes) -> bytes:
-    return blob[:pos] + data + blob[pos + len(data):]
+    return blob[:pos] + data + blob[pos + len(data) :]
 
 
 def _small_blob(**change) -> bytes:
@@ -345,60 +443,132 @@ BAD_BLOBS = {
     "bad flatbuffer identifier": (lambda: _patched(_small_blob(), 28, b"MP01"), r"identifier at bytes 28-31"),
     "truncated": (lambda: _small_blob()[:-1], r"does not end the"),
     "too short": (lambda: _small_blob()[:30], r"too short"),
-    "segment misaligned": (lambda: _patched(_small_blob(), 8, struct.pack("<Q", len(_small_blob()) - 8)),
-                           r"not 16-byte aligned"),
+    "segment misaligned": (lambda: _patched(_small_blob(), 8, struct.pack("<Q", len(_small_blob()) - 8)), r"not 16-byte aligned"),
     "input_ids not 0..n-1": (lambda: _small_blob(input_ids=[1, 0]), r"input_ids \[1, 0\] are not 0..n-1"),
     "input id out of range": (lambda: _small_blob(input_ids=[0, 1, 9]), r"input_ids\[2\] = 9 out of range"),
-    "constant out of segment": (lambda: _constant_blob(16, 16),
-                                r"constant value 2: bytes \[16, 32\) outside"),
+    "constant out of segment": (lambda: _constant_blob(16, 16), r"constant value 2: bytes \[16, 32\) outside"),
     "zero-size constant": (lambda: _constant_blob(0, 0), r"constant value 2: constant_buffer_size is 0"),
-    "constant size mismatch": (lambda: _constant_blob(8, 0),
-                               r"constant_buffer_size 8 but float32 \[2, 2\] takes 16"),
+    "constant size mismatch": (lambda: _constant_blob(8, 0), r"constant_buffer_size 8 but float32 \[2, 2\] takes 16"),
     "use before define": (_swapped_nodes, r"node 0 \(MPSMul\): input1_id 3 is used before it is defined"),
     "output never defined": (lambda: _small_blob(output_ids=[4, 5]), r"output_ids\[1\] = 5 is never defined"),
-    "unknown union type": (lambda: _patched(_small_blob(), _union_type_pos(_small_blob(), 1), b"\xfa"),
-                           r"node 1: union type 250 \(unknown\)"),
-    "NONE union type": (lambda: _patched(_small_blob(), _union_type_pos(_small_blob(), 0), b"\x00"),
-                        r"node 0: union type 0 \(NONE\)"),
+    "unknown union type": (
+        lambda: _patched(_small_blob(), _union_type_pos(_small_blob(), 1), b"\xfa"),
+        r"node 1: union type 250 \(unknown\)",
+    ),
+    "NONE union type": (
+        lambda: _patched(_small_blob(), _union_type_pos(_small_blob(), 0), b"\x00"),
+        r"node 0: union type 0 \(NONE\)",
+    ),
     "metal_kernel graph": (lambda: _small_blob(graph_type=1), r"graph_type 1 \(metal_kernel\)"),
-    "not dispatched": (lambda: _with_node(node("MPSMin", input1_id=0, input2_id=1, output_id=5)),
-                       r"node 2 \(MPSMin\): the runtime has no kernel"),
+    "not dispatched": (
+        lambda: _with_node(node("MPSMin", input1_id=0, input2_id=1, output_id=5)),
+        r"node 2 \(MPSMin\): the runtime has no kernel",
+    ),
     "conv bias id out of range": (
-        lambda: _with_node(node("MPSConv2D", input1_id=0, input2_id=2, input3_id=57, output_id=5, stride_x=1,
-                                stride_y=1, dilation_x=1, dilation_y=1, groups=1, padding_left=0,
-                                padding_right=0, padding_top=0, padding_bottom=0)),
-        r"node 2 \(MPSConv2D\): input3_id 57 out of range \(6 values\)"),
+        lambda: _with_node(
+            node(
+                "MPSConv2D",
+                input1_id=0,
+                input2_id=2,
+                input3_id=57,
+                output_id=5,
+                stride_x=1,
+                stride_y=1,
+                dilation_x=1,
+                dilation_y=1,
+                groups=1,
+                padding_left=0,
+                padding_right=0,
+                padding_top=0,
+                padding_bottom=0,
+            )
+        ),
+        r"node 2 \(MPSConv2D\): input3_id 57 out of range \(6 values\)",
+    ),
     "batch norm without weight": (
-        lambda: _with_node(node("MPSBatchNorm", input_id=0, mean_id=2, var_id=2, weight_id=-1, bias_id=2,
-                                momentum=0.1, epsilon=0.5, output2_id=-1, output1_id=5, output3_id=-1)),
-        r"node 2 \(MPSBatchNorm\): weight_id -1 out of range"),
+        lambda: _with_node(
+            node(
+                "MPSBatchNorm",
+                input_id=0,
+                mean_id=2,
+                var_id=2,
+                weight_id=-1,
+                bias_id=2,
+                momentum=0.1,
+                epsilon=0.5,
+                output2_id=-1,
+                output1_id=5,
+                output3_id=-1,
+            )
+        ),
+        r"node 2 \(MPSBatchNorm\): weight_id -1 out of range",
+    ),
     "index tensor with undefined index": (
         lambda: _with_node(node("MPSIndexTensor", input1_id=0, indices_id=[-1, 5], output_id=6), 1),
-        r"node 2 \(MPSIndexTensor\): indices_id\[1\] 5 is used before it is defined"),
+        r"node 2 \(MPSIndexTensor\): indices_id\[1\] 5 is used before it is defined",
+    ),
     "max pool without indices": (
-        lambda: _with_node(node("MPSMaxPool2DWithIndices", input1_id=0, kernel_height=1, kernel_width=1,
-                                stride_height=1, stride_width=1, padding_left=0, padding_right=0,
-                                padding_top=0, padding_bottom=0, dilation_height=1, dilation_width=1,
-                                ceil_mode=False, count_include_pad=False, divisor_override=0, output1_id=5,
-                                output2_id=-1)),
-        r"output2_id -1 out of range"),
+        lambda: _with_node(
+            node(
+                "MPSMaxPool2DWithIndices",
+                input1_id=0,
+                kernel_height=1,
+                kernel_width=1,
+                stride_height=1,
+                stride_width=1,
+                padding_left=0,
+                padding_right=0,
+                padding_top=0,
+                padding_bottom=0,
+                dilation_height=1,
+                dilation_width=1,
+                ceil_mode=False,
+                count_include_pad=False,
+                divisor_override=0,
+                output1_id=5,
+                output2_id=-1,
+            )
+        ),
+        r"output2_id -1 out of range",
+    ),
     "gelu without approximate": (
         lambda: _with_node(node("MPSGELU", input1_id=0, output_id=5, approximate=None)),
-        r"node 2 \(MPSGELU\): approximate missing"),
+        r"node 2 \(MPSGELU\): approximate missing",
+    ),
     "clamp without bounds as output": (
-        lambda: _small_blob(nodes=small_graph()[0].nodes + [node("MPSClamp", input1_id=4, output_id=5)],
-                            output_ids=[5]),
-        r"output_ids\[0\] = 5 is never defined"),
+        lambda: _small_blob(nodes=small_graph()[0].nodes + [node("MPSClamp", input1_id=4, output_id=5)], output_ids=[5]),
+        r"output_ids\[0\] = 5 is never defined",
+    ),
     "batch norm output3 as output": (
-        lambda: _small_blob(nodes=small_graph()[0].nodes + [
-            node("MPSBatchNorm", input_id=0, mean_id=2, var_id=2, weight_id=2, bias_id=2, momentum=0.1,
-                 epsilon=0.5, output2_id=3, output1_id=4, output3_id=5)], output_ids=[5]),
-        r"output_ids\[0\] = 5 is never defined"),
-    "negative dimension": (lambda: _small_blob(values=[Tensor(F32, [-1, 2])] + small_graph()[0].values[1:]),
-                           r"value 0: negative dimension"),
+        lambda: _small_blob(
+            nodes=small_graph()[0].nodes
+            + [
+                node(
+                    "MPSBatchNorm",
+                    input_id=0,
+                    mean_id=2,
+                    var_id=2,
+                    weight_id=2,
+                    bias_id=2,
+                    momentum=0.1,
+                    epsilon=0.5,
+                    output2_id=3,
+                    output1_id=4,
+                    output3_id=5,
+                )
+            ],
+            output_ids=[5],
+        ),
+        r"output_ids\[0\] = 5 is never defined",
+    ),
+    "negative dimension": (
+        lambda: _small_blob(values=[Tensor(F32, [-1, 2])] + small_graph()[0].values[1:]),
+        r"value 0: negative dimension",
+    ),
     "input dtype not on device": (
         lambda: _small_blob(values=[Tensor(DataType.uint8, [2, 2])] + small_graph()[0].values[1:]),
-        r"input value 0: dtype uint8 is not supported"),
+        r"input value 0: dtype uint8 is not supported",
+    ),
 }
 
 

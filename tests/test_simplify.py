@@ -1,15 +1,16 @@
 """simplify: reshape chains collapse into one MPSView, dead nodes and unread constants leave the
 graph, and the device model computes the same outputs before and after."""
+
 from __future__ import annotations
 
 import copy
 
 import torch
-from mps_backend.serialization.reader import read_blob
-from mps_backend.serialization.writer import write_blob
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.runtime.interpreter import execute
+from mps_backend.serialization.reader import read_blob
+from mps_backend.serialization.writer import write_blob
 from mps_backend.simplify import simplify
 
 
@@ -44,8 +45,13 @@ def test_reshape_chain_dead_nodes_and_unread_constants():
     before = write_blob(copy.deepcopy(b.graph), dict(b.constants))
     stats = simplify(b)
     # v2<-v1<-u rewired; u, v1, mul, exp dead
-    assert stats == {"permutes composed": 0, "reshapes rewired": 2, "negations folded": 0, "duplicates merged": 0,
-                     "nodes removed": 4}
+    assert stats == {
+        "permutes composed": 0,
+        "reshapes rewired": 2,
+        "negations folded": 0,
+        "duplicates merged": 0,
+        "nodes removed": 4,
+    }
     ops = [n.op for n in b.graph.nodes]
     assert ops == ["MPSView", "MPSAdd", "MPSReLU", "MPSView"]
     assert b.graph.nodes[0].fields["input1_id"] == b.graph.input_ids[0]  # view [4, 6] straight from x
@@ -82,8 +88,13 @@ def test_expand_and_squeeze_consumers_are_not_rewired():
     s = b.emit_value("MPSSqueeze", torch.float32, [3], input1_id=v, dims=[0])
     e = b.emit_value("MPSExpand", torch.float32, [2, 3], input1_id=v, num_dims=2, shape=[2, 3])
     b.graph.output_ids = [s, e]
-    assert simplify(b) == {"permutes composed": 0, "reshapes rewired": 0, "negations folded": 0, "duplicates merged": 0,
-                           "nodes removed": 0}
+    assert simplify(b) == {
+        "permutes composed": 0,
+        "reshapes rewired": 0,
+        "negations folded": 0,
+        "duplicates merged": 0,
+        "nodes removed": 0,
+    }
     assert b.graph.nodes[1].fields["input1_id"] == v and b.graph.nodes[2].fields["input1_id"] == v
 
 
@@ -148,6 +159,5 @@ def test_duplicate_nodes_and_small_constants_merge():
     assert b.graph.nodes[3].fields["input1_id"] == s1 and b.graph.nodes[4].fields["input1_id"] == s1
     assert one_b not in b.graph.constant_ids and {one_a, two} <= set(b.graph.constant_ids)
     x_in = torch.randn(2, 3)
-    for got, want in zip(execute(read_blob(write_blob(b.graph, b.constants)), [x_in]),
-                         execute(read_blob(before), [x_in])):
+    for got, want in zip(execute(read_blob(write_blob(b.graph, b.constants)), [x_in]), execute(read_blob(before), [x_in])):
         assert torch.equal(got, want)

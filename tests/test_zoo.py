@@ -10,6 +10,7 @@ docs/model-zoo.md.
 Targets known to be missed because of an operator lowering are listed in ``KNOWN_MISSES`` with the
 cause; they are strict xfails, so the fix shows up as an XPASS failure that asks to remove the entry.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,15 +27,16 @@ CASES = {
     **{spec.split(":", 1)[1]: (spec, None) for spec, e in zoo.ZOO.items() if not e.slow},
     "llama-tiny": ("executorch:llama", lambda: models.llama(kv_cache=False, prompt=8, **TINY_LLAMA)),
     "llama-kv-tiny": ("executorch:llama-kv", lambda: models.llama(kv_cache=True, **TINY_LLAMA)),
-    "transformer_encoder-tiny": ("torch:transformer_encoder",
-                                 lambda: models.transformer_encoder(d_model=64, nhead=4, num_layers=2, seq=16)),
+    "transformer_encoder-tiny": (
+        "torch:transformer_encoder",
+        lambda: models.transformer_encoder(d_model=64, nhead=4, num_layers=2, seq=16),
+    ),
 }
 SLOW = [spec for spec, e in zoo.ZOO.items() if e.slow]
 CRITERIA = ("delegation", "accuracy", "size", "nodes")
 
 #: (case or zoo spec, criterion, "fp32"/"fp16"/None for both) -> cause
-KNOWN_MISSES = {
-}
+KNOWN_MISSES = {}
 
 
 def _known(case: str, criterion: str, precision: str) -> str | None:
@@ -48,8 +50,7 @@ def _params(cases):
             for criterion in CRITERIA:
                 cause = _known(case, criterion, precision)
                 marks = [pytest.mark.xfail(strict=True, reason=cause)] if cause else []
-                out.append(pytest.param(case, precision, criterion, marks=marks,
-                                        id=f"{case}-{precision}-{criterion}"))
+                out.append(pytest.param(case, precision, criterion, marks=marks, id=f"{case}-{precision}-{criterion}"))
     return out
 
 
@@ -79,22 +80,31 @@ def assert_target(r: zoo.ZooResult, criterion: str, expected_cpu: tuple[str, ...
         # device model vs eager on the real .pte: fp32 1e-3 of the output scale, fp16 max(3e-2, 2 x the
         # error of eager PyTorch run in float16) (zoo.TOLERANCE)
         assert r.scale > 0, "eager output is all zeros: the comparison would show nothing"
-        assert r.relative <= r.tolerance, (f"{r.precision}: max abs error {r.max_abs:.3g}, scale {r.scale:.3g}, "
-                                           f"eager float16 error {r.half_error:.3g}")
+        assert r.relative <= r.tolerance, (
+            f"{r.precision}: max abs error {r.max_abs:.3g}, scale {r.scale:.3g}, eager float16 error {r.half_error:.3g}"
+        )
     elif criterion == "size":
         # every weight once: .pte <= 1.01 x weight bytes at the precision + 64 KiB program/flatbuffer
         assert r.pte_bytes <= r.size_limit, f".pte {r.pte_bytes:,} B, weights {r.weight_bytes:,} B"
         assert r.constant_bytes <= r.weight_bytes * 1.01 + 16 * 1024, (r.constant_bytes, r.weight_bytes)
     elif criterion == "nodes":
         # no bloat: at most one MPS node per edge node of the partition, plus fp16's boundary casts
-        assert r.mps_nodes <= r.delegated + r.casts, (f"{r.mps_nodes} MPS nodes for {r.delegated} edge nodes "
-                                                      f"+ {r.casts} casts: {r.expansion}")
+        assert r.mps_nodes <= r.delegated + r.casts, (
+            f"{r.mps_nodes} MPS nodes for {r.delegated} edge nodes + {r.casts} casts: {r.expansion}"
+        )
 
 
 def test_zoo_table_is_consistent():
     assert SLOW and all(e.slow == (spec in SLOW) for spec, e in zoo.ZOO.items())
-    for name in ("torchvision:resnet18", "executorch:llama", "executorch:llama-kv", "torch:transformer_encoder",
-                 "executorch:efficient_sam", "torchvision:deeplabv3_resnet50", "executorch:lstm"):
+    for name in (
+        "torchvision:resnet18",
+        "executorch:llama",
+        "executorch:llama-kv",
+        "torch:transformer_encoder",
+        "executorch:efficient_sam",
+        "torchvision:deeplabv3_resnet50",
+        "executorch:lstm",
+    ):
         assert name in zoo.ZOO
     assert zoo.resolve("resnet18") == "torchvision:resnet18" and zoo.resolve("llama-kv") == "executorch:llama-kv"
 
@@ -126,9 +136,19 @@ def test_cli_zoo_lists_the_table(capsys):
 
 
 def test_render_lists_notes_leftovers_and_misses():
-    r = zoo.ZooResult("torchvision:mobilenet_v3_large", "fp32", delegates=1, delegated=186, total=186,
-                      mps_nodes=236, pte_bytes=100, weight_bytes=100, max_abs=1e-6, scale=1.0,
-                      expansion={"aten::hardswish": (21, 63)})
+    r = zoo.ZooResult(
+        "torchvision:mobilenet_v3_large",
+        "fp32",
+        delegates=1,
+        delegated=186,
+        total=186,
+        mps_nodes=236,
+        pte_bytes=100,
+        weight_bytes=100,
+        max_abs=1e-6,
+        scale=1.0,
+        expansion={"aten::hardswish": (21, 63)},
+    )
     md = zoo.render({(r.spec, "fp32"): r}, ["fp32"])
     assert "| `torchvision:mobilenet_v3_large` |" in md and "`aten::hardswish` 21 → 63" in md
     assert "236 MPS nodes > 186 edge nodes" in md

@@ -1,6 +1,7 @@
 """Deterministic work measurement for tests: the number of Python and C function calls made while a
 block runs (``sys.setprofile``). Unlike a clock it does not depend on machine load, so a test can
 bound the work an input causes (linear in its size, constant per node) without timing anything."""
+
 from __future__ import annotations
 
 import sys

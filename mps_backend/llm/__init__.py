@@ -8,6 +8,7 @@ generation with it on the emulated runtime.
 
 Needs the ``llm`` extra (transformers): ``pip install 'mps-backend[llm]'``.
 """
+
 from __future__ import annotations
 
 from mps_backend._lazy import lazy_attributes

@@ -12,6 +12,7 @@ of the model. bfloat16 has no MPS support, so a bfloat16 checkpoint becomes floa
 A weight that does not fit float16 (|x| > 65504) is an error naming the tensor, or is clamped to
 ±65504 when asked (``clamp_fp16=True``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,7 +28,6 @@ from mps_backend.passes import FP16_MAX, largest_magnitude
 
 #: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
 TESTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
-
 
 
 class CheckpointError(ValueError):
@@ -91,9 +91,11 @@ def check_fp16_range(model: torch.nn.Module, *, clamp: bool = False) -> int:
             bad.append(f"{name} ({n} values)")
     if bad:
         raise CheckpointError(
-            "weights outside the float16 range (|x| > 65504) in " + ", ".join(bad[:5])
+            "weights outside the float16 range (|x| > 65504) in "
+            + ", ".join(bad[:5])
             + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-            + ": export with --dtype fp32, or --clamp-fp16 to clamp them to ±65504")
+            + ": export with --dtype fp32, or --clamp-fp16 to clamp them to ±65504"
+        )
     return clamped
 
 
@@ -115,9 +117,18 @@ def _parameters_on_meta() -> Iterator[None]:
         torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                       "U8": torch.uint8, "BOOL": torch.bool}
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 def _safetensors_index(path: pathlib.Path) -> tuple[int, dict[str, tuple[torch.dtype, list[int], int, int]]]:
@@ -145,8 +156,9 @@ def _safetensors_index(path: pathlib.Path) -> tuple[int, dict[str, tuple[torch.d
     return 8 + n, entries
 
 
-def _read_tensor(f: Any, path: pathlib.Path, name: str, dtype: torch.dtype, shape: list[int], start: int,
-                 end: int) -> torch.Tensor:
+def _read_tensor(
+    f: Any, path: pathlib.Path, name: str, dtype: torch.dtype, shape: list[int], start: int, end: int
+) -> torch.Tensor:
     t = torch.empty(shape, dtype=dtype)
     nbytes = t.numel() * t.element_size()
     if nbytes != end - start:
@@ -161,15 +173,16 @@ def _read_tensor(f: Any, path: pathlib.Path, name: str, dtype: torch.dtype, shap
     return t
 
 
-def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool,
-                  bar: Any = None) -> int:
+def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool, bar: Any = None) -> int:
     """Read the checkpoint's tensors one at a time with plain file reads (no memory map: its pages
     would count as resident memory next to the converted weights), convert each to ``dtype`` and
     put it in place of the meta parameter. Returns how many values were clamped to float16."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise CheckpointError(f"{folder}: no *.safetensors weights (other formats: convert with transformers' "
-                              "save_pretrained(..., safe_serialization=True))")
+        raise CheckpointError(
+            f"{folder}: no *.safetensors weights (other formats: convert with transformers' "
+            "save_pretrained(..., safe_serialization=True))"
+        )
     names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     loaded: set[str] = set()
     clamped = 0
@@ -192,7 +205,8 @@ def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dty
                                 raise CheckpointError(
                                     f"weights outside the float16 range (|x| > 65504) in {name} "
                                     f"({int(over.sum())} values): export with --dtype fp32, or --clamp-fp16 "
-                                    "to clamp them to ±65504")
+                                    "to clamp them to ±65504"
+                                )
                             clamped += int(over.sum())
                             converted.clamp_(-FP16_MAX, FP16_MAX)
                         t = converted
@@ -203,8 +217,10 @@ def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dty
     model.tie_weights()
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
-        raise CheckpointError(f"{folder}: the checkpoint has no weights for {', '.join(missing[:5])}"
-                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+        raise CheckpointError(
+            f"{folder}: the checkpoint has no weights for {', '.join(missing[:5])}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        )
     return clamped
 
 
@@ -226,12 +242,14 @@ def _dtype_of_checkpoint(config: Any) -> torch.dtype | None:
 
 def _hf_weight_bytes(folder: pathlib.Path) -> int:
     """Bytes of the tensors in the checkpoint's safetensors files."""
-    return sum(end - start for f in sorted(folder.glob("*.safetensors"))
-               for _, _, start, end in _safetensors_index(f)[1].values())
+    return sum(
+        end - start for f in sorted(folder.glob("*.safetensors")) for _, _, start, end in _safetensors_index(f)[1].values()
+    )
 
 
-def load_hf(folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool = False,
-            bar: Callable[[int], Any] | None = None) -> LoadedLM:
+def load_hf(
+    folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool = False, bar: Callable[[int], Any] | None = None
+) -> LoadedLM:
     """A transformers causal LM from a local checkpoint folder, weights in ``dtype``. ``bar(total)``
     makes a progress bar (``update(nbytes)``, ``close()``) for the bytes read."""
     folder = pathlib.Path(folder)
@@ -269,15 +287,32 @@ def load_hf(folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool 
     bos = gen.get("bos_token_id", getattr(config, "bos_token_id", None))
     eos = _ids(gen.get("eos_token_id", getattr(config, "eos_token_id", None)))
     tok = folder / "tokenizer.json"
-    return LoadedLM(model=model, kind="hf", model_type=model_type, n_layers=int(text.num_hidden_layers),
-                    vocab_size=int(text.vocab_size), max_positions=int(getattr(text, "max_position_embeddings", 0) or 0),
-                    bos_id=None if bos is None else int(_ids(bos)[0]), eos_ids=eos, dtype=dtype, source_dtype=source,
-                    weight_bytes=weight_bytes, tokenizer_path=tok if tok.is_file() else None,
-                    notes=notes)
+    return LoadedLM(
+        model=model,
+        kind="hf",
+        model_type=model_type,
+        n_layers=int(text.num_hidden_layers),
+        vocab_size=int(text.vocab_size),
+        max_positions=int(getattr(text, "max_position_embeddings", 0) or 0),
+        bos_id=None if bos is None else int(_ids(bos)[0]),
+        eos_ids=eos,
+        dtype=dtype,
+        source_dtype=source,
+        weight_bytes=weight_bytes,
+        tokenizer_path=tok if tok.is_file() else None,
+        notes=notes,
+    )
 
 
-def load_llama(checkpoint: str | pathlib.Path, params: str | pathlib.Path | None, dtype: torch.dtype,
-               max_seq_len: int, *, clamp_fp16: bool = False, bar: Callable[[int], Any] | None = None) -> LoadedLM:
+def load_llama(
+    checkpoint: str | pathlib.Path,
+    params: str | pathlib.Path | None,
+    dtype: torch.dtype,
+    max_seq_len: int,
+    *,
+    clamp_fp16: bool = False,
+    bar: Callable[[int], Any] | None = None,
+) -> LoadedLM:
     """executorch's example llama with its KV cache, weights from a Meta-format ``.pth`` (memory
     mapped). ``bar(total)`` makes a progress bar (``update(nbytes)``, ``close()``) for the checkpoint
     bytes converted to ``dtype`` (a tensor already in ``dtype`` stays mapped and counts at once)."""
@@ -292,8 +327,13 @@ def load_llama(checkpoint: str | pathlib.Path, params: str | pathlib.Path | None
 
     p = _read_json(params)
     known = set(ModelArgs.__dataclass_fields__)
-    args = ModelArgs(**{k: v for k, v in p.items() if k in known}, use_kv_cache=True,
-                     max_seq_len=max_seq_len, max_context_len=max_seq_len, generate_full_logits=False)
+    args = ModelArgs(
+        **{k: v for k, v in p.items() if k in known},
+        use_kv_cache=True,
+        max_seq_len=max_seq_len,
+        max_context_len=max_seq_len,
+        generate_full_logits=False,
+    )
     state = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
     if "model" in state and isinstance(state["model"], dict):
         state = state["model"]
@@ -329,12 +369,24 @@ def load_llama(checkpoint: str | pathlib.Path, params: str | pathlib.Path | None
         clamped = check_fp16_range(model, clamp=clamp_fp16)
         if clamped:
             notes.append(f"{clamped} weight values beyond ±65504 clamped to the float16 range")
-    tok = next((f for f in (checkpoint.with_name("tokenizer.model"), checkpoint.with_name("tokenizer.json"))
-                if f.is_file()), None)
-    return LoadedLM(model=model, kind="llama", model_type="llama", n_layers=args.n_layers, vocab_size=args.vocab_size,
-                    max_positions=0, bos_id=p.get("bos_id"), eos_ids=_ids(p.get("eos_ids", p.get("eos_id"))),
-                    dtype=dtype, source_dtype=next(iter(sources)) if len(sources) == 1 else None,
-                    weight_bytes=weight_bytes, tokenizer_path=tok, notes=notes)
+    tok = next(
+        (f for f in (checkpoint.with_name("tokenizer.model"), checkpoint.with_name("tokenizer.json")) if f.is_file()), None
+    )
+    return LoadedLM(
+        model=model,
+        kind="llama",
+        model_type="llama",
+        n_layers=args.n_layers,
+        vocab_size=args.vocab_size,
+        max_positions=0,
+        bos_id=p.get("bos_id"),
+        eos_ids=_ids(p.get("eos_ids", p.get("eos_id"))),
+        dtype=dtype,
+        source_dtype=next(iter(sources)) if len(sources) == 1 else None,
+        weight_bytes=weight_bytes,
+        tokenizer_path=tok,
+        notes=notes,
+    )
 
 
 def _derived_llama_buffer(name: str) -> bool:

@@ -19,6 +19,7 @@ the query at position ``p`` when ``k <= p`` (and, for a sliding-window layer of 
 - :class:`ExecutorchLlamaDecoder` wraps executorch's example llama (``use_kv_cache=True``), whose
   own KV cache already has this shape.
 """
+
 from __future__ import annotations
 
 import torch
@@ -102,9 +103,13 @@ class HFDecoder(torch.nn.Module):
         return masks
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=tokens, attention_mask=self._masks(input_pos),
-                         position_ids=input_pos.view(1, -1), past_key_values=_StaticCache(self, input_pos),
-                         use_cache=True)
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=self._masks(input_pos),
+            position_ids=input_pos.view(1, -1),
+            past_key_values=_StaticCache(self, input_pos),
+            use_cache=True,
+        )
         return out.logits[:, -1, :].float()
 
 

@@ -8,6 +8,7 @@ What the ``.pte`` holds (see :mod:`mps_backend.llm.decoder`): ``forward(tokens [
 [1]) -> float32 logits [1, vocab]`` with the KV cache as mutable buffers, delegated to MPS as one
 partition, plus the constant methods executorch's LLM runner reads (:data:`METADATA_METHODS`).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,17 @@ from mps_backend.runtime_compat import DEFAULT_TARGET
 
 #: the constant methods executorch's LLM runner (``extension/llm/runner``) reads, as executorch's
 #: own llama export writes them
-METADATA_METHODS = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_n_layers", "get_bos_id",
-                    "get_eos_ids", "use_kv_cache", "use_sdpa_with_kv_cache", "enable_dynamic_shape")
+METADATA_METHODS = (
+    "get_max_seq_len",
+    "get_max_context_len",
+    "get_vocab_size",
+    "get_n_layers",
+    "get_bos_id",
+    "get_eos_ids",
+    "use_kv_cache",
+    "use_sdpa_with_kv_cache",
+    "enable_dynamic_shape",
+)
 
 #: default KV-cache length (capped by the model's ``max_position_embeddings``)
 DEFAULT_MAX_SEQ_LEN = 2048
@@ -54,7 +64,8 @@ class LLMExportResult:
         r = self.report
         lines = [
             f"model            {self.model_type} ({self.precision}"
-            + (f", {self.quantize} weight-only" if self.quantize else "") + ")",
+            + (f", {self.quantize} weight-only" if self.quantize else "")
+            + ")",
             f"max_seq_len      {self.max_seq_len} (static shapes: decode step tokens [1, 1], input_pos [1])",
             f"MPS delegates    {self.delegates}",
             f"nodes delegated  {len(r.delegated)}/{r.total}",
@@ -75,8 +86,15 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
     return kind, path
 
 
-def load_checkpoint(spec: str, dtype: str = "fp16", *, params: str | None = None, max_seq_len: int | None = None,
-                    clamp_fp16: bool = False, progress: Progress | None = None) -> LoadedLM:
+def load_checkpoint(
+    spec: str,
+    dtype: str = "fp16",
+    *,
+    params: str | None = None,
+    max_seq_len: int | None = None,
+    clamp_fp16: bool = False,
+    progress: Progress | None = None,
+) -> LoadedLM:
     """Load ``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` in the export precision (no export)."""
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown dtype {dtype!r}: use fp16 or fp32")
@@ -85,8 +103,7 @@ def load_checkpoint(spec: str, dtype: str = "fp16", *, params: str | None = None
         bar = (lambda total: progress.bytes_bar("read weights", total)) if progress is not None else None
         return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar)
     bar = (lambda total: progress.bytes_bar("convert weights", total)) if progress is not None else None
-    return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16,
-                      bar=bar)
+    return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16, bar=bar)
 
 
 def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str | None]:
@@ -95,8 +112,10 @@ def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str |
         if requested < 2:
             raise CheckpointError(f"--max-seq-len must be at least 2, got {requested}")
         if lm.max_positions and requested > lm.max_positions:
-            return requested, (f"max_seq_len {requested} exceeds the model's max_position_embeddings "
-                               f"{lm.max_positions}: quality past that length is the model's own")
+            return requested, (
+                f"max_seq_len {requested} exceeds the model's max_position_embeddings "
+                f"{lm.max_positions}: quality past that length is the model's own"
+            )
         return requested, None
     if lm.max_positions:
         return min(DEFAULT_MAX_SEQ_LEN, lm.max_positions), None
@@ -147,10 +166,20 @@ def write_atomically(path: pathlib.Path, write) -> int:
     return path.stat().st_size
 
 
-def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", quantize: str | None = None,
-               group_size: int | None = None, max_seq_len: int | None = None, params: str | None = None,
-               clamp_fp16: bool = False, progress: bool | Progress = False,
-               target_runtime: str | None = DEFAULT_TARGET, allow_missing_kernels: bool = False) -> LLMExportResult:
+def export_llm(
+    model: str,
+    output: str | os.PathLike,
+    *,
+    dtype: str = "fp16",
+    quantize: str | None = None,
+    group_size: int | None = None,
+    max_seq_len: int | None = None,
+    params: str | None = None,
+    clamp_fp16: bool = False,
+    progress: bool | Progress = False,
+    target_runtime: str | None = DEFAULT_TARGET,
+    allow_missing_kernels: bool = False,
+) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` with ``params``)
     to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
 
@@ -162,14 +191,14 @@ def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", qu
 
     from mps_backend.export import drop_unused_constants  # noqa: PLC0415
     from mps_backend.runtime_compat import check_program  # noqa: PLC0415
+
     out = pathlib.Path(output)
     kind, source = parse_model_spec(model)
     if out.resolve() == pathlib.Path(source).resolve():
         raise CheckpointError(f"output {out} is the input checkpoint")
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     with prog.stage("load checkpoint", ticker=False):
-        lm = load_checkpoint(model, dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16,
-                             progress=prog)
+        lm = load_checkpoint(model, dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16, progress=prog)
     notes = list(lm.notes)
     seq_len, note = resolve_max_seq_len(lm, max_seq_len)
     if note:
@@ -189,8 +218,9 @@ def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", qu
             ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
         del decoder
         with prog.stage("lower to MPS"):
-            edge = to_edge_transform_and_lower(ep, partitioner=[partitioner], constant_methods=meta,
-                                                  compile_config=edge_compile_config())
+            edge = to_edge_transform_and_lower(
+                ep, partitioner=[partitioner], constant_methods=meta, compile_config=edge_compile_config()
+            )
         del ep
         delegates = _count_mps_delegates(edge)
         with prog.stage("to_executorch"):
@@ -201,14 +231,25 @@ def export_llm(model: str, output: str | os.PathLike, *, dtype: str = "fp16", qu
         bar = prog.bytes_bar("write", 0)
         size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
         bar.close()
-    return LLMExportResult(path=out, model_type=model_type, precision="float16" if dtype == "fp16" else "float32",
-                           max_seq_len=seq_len, report=partitioner.report(), delegates=delegates, pte_bytes=size,
-                           weight_bytes=weight_bytes, metadata=meta, quantize=quantize, seconds=dict(prog.seconds),
-                           notes=notes)
+    return LLMExportResult(
+        path=out,
+        model_type=model_type,
+        precision="float16" if dtype == "fp16" else "float32",
+        max_seq_len=seq_len,
+        report=partitioner.report(),
+        delegates=delegates,
+        pte_bytes=size,
+        weight_bytes=weight_bytes,
+        metadata=meta,
+        quantize=quantize,
+        seconds=dict(prog.seconds),
+        notes=notes,
+    )
 
 
 def _count_mps_delegates(edge) -> int:
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
 
-    return sum(1 for _, lowered, _ in get_lowered_submodules(edge.exported_program().graph_module)
-               if lowered.backend_id == "MPSBackend")
+    return sum(
+        1 for _, lowered, _ in get_lowered_submodules(edge.exported_program().graph_module) if lowered.backend_id == "MPSBackend"
+    )

@@ -15,6 +15,7 @@ Two runners, the same methods and the same tokens:
 
 Speeds printed are of the emulation on this machine's CPU, not of a device.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -74,9 +75,11 @@ class GenerationStats:
         return n / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     def __str__(self) -> str:
-        return (f"{self.prompt_tokens} prompt tokens, {len(self.generated)} generated ({self.stopped_by}); "
-                f"emulated on this CPU, not a device: prefill {self.prefill_seconds:.2f}s, "
-                f"decode {self.tokens_per_second:.1f} tokens/s")
+        return (
+            f"{self.prompt_tokens} prompt tokens, {len(self.generated)} generated ({self.stopped_by}); "
+            f"emulated on this CPU, not a device: prefill {self.prefill_seconds:.2f}s, "
+            f"decode {self.tokens_per_second:.1f} tokens/s"
+        )
 
 
 def _as_ids(value) -> list[int]:
@@ -96,8 +99,14 @@ def read_metadata(pte: bytes | str | pathlib.Path) -> dict:
     return meta
 
 
-def iter_tokens(pte: bytes | str | pathlib.Path, prompt_ids: list[int], max_new_tokens: int = 32, *,
-                stats: GenerationStats | None = None, mode: str = "faithful") -> Iterator[int]:
+def iter_tokens(
+    pte: bytes | str | pathlib.Path,
+    prompt_ids: list[int],
+    max_new_tokens: int = 32,
+    *,
+    stats: GenerationStats | None = None,
+    mode: str = "faithful",
+) -> Iterator[int]:
     """Greedy continuation of ``prompt_ids`` by the ``.pte``, one id at a time: the loop of
     executorch's LLM runner over the emulated runtime. Stops after an EOS id (yielded),
     ``max_new_tokens`` or at ``get_max_seq_len``."""
@@ -144,15 +153,27 @@ def iter_tokens(pte: bytes | str | pathlib.Path, prompt_ids: list[int], max_new_
             pos += 1
 
 
-def generate_ids(pte: bytes | str | pathlib.Path, prompt_ids: list[int], max_new_tokens: int = 32, *,
-                 stats: GenerationStats | None = None, mode: str = "faithful") -> list[int]:
+def generate_ids(
+    pte: bytes | str | pathlib.Path,
+    prompt_ids: list[int],
+    max_new_tokens: int = 32,
+    *,
+    stats: GenerationStats | None = None,
+    mode: str = "faithful",
+) -> list[int]:
     """The greedy continuation of ``prompt_ids`` as a list (see :func:`iter_tokens`)."""
     return list(iter_tokens(pte, prompt_ids, max_new_tokens, stats=stats, mode=mode))
 
 
-def generate(pte: bytes | str | pathlib.Path, tokenizer: str | pathlib.Path | Tokenizer, prompt: str,
-             max_new_tokens: int = 32, *, stats: GenerationStats | None = None,
-             bos: bool = False) -> Iterator[str]:
+def generate(
+    pte: bytes | str | pathlib.Path,
+    tokenizer: str | pathlib.Path | Tokenizer,
+    prompt: str,
+    max_new_tokens: int = 32,
+    *,
+    stats: GenerationStats | None = None,
+    bos: bool = False,
+) -> Iterator[str]:
     """Stream the greedy continuation of ``prompt`` as text pieces (python runner). ``bos``: put the
     model's BOS id (``get_bos_id``) before the prompt's tokens when the tokenizer did not."""
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
@@ -171,13 +192,14 @@ def generate(pte: bytes | str | pathlib.Path, tokenizer: str | pathlib.Path | To
         # a multi-byte character split across tokens decodes to U+FFFD until it is complete
         if text.endswith("\ufffd") or not text.startswith(done):
             continue
-        piece, done = text[len(done):], text
+        piece, done = text[len(done) :], text
         if piece:
             yield piece
 
 
-def generate_with_executorch_runner(pte: str | pathlib.Path, tokenizer: str | pathlib.Path, prompt: str,
-                                    max_new_tokens: int = 32) -> list[str]:
+def generate_with_executorch_runner(
+    pte: str | pathlib.Path, tokenizer: str | pathlib.Path, prompt: str, max_new_tokens: int = 32
+) -> list[str]:
     """Greedy generation by executorch's C++ ``TextLLMRunner`` (MPS delegates emulated). Returns the
     text pieces its token callback received."""
     from mps_backend.runtime.emulator import load_emulator  # noqa: PLC0415
@@ -190,6 +212,7 @@ def generate_with_executorch_runner(pte: str | pathlib.Path, tokenizer: str | pa
         tok = tok / "tokenizer.json"
     runner = TextLLMRunner(str(pte), str(tok))
     pieces: list[str] = []
-    runner.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False),
-                    token_callback=pieces.append)
+    runner.generate(
+        prompt, GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False), token_callback=pieces.append
+    )
     return pieces

@@ -15,6 +15,7 @@ Graph inputs, outputs and constants (shape, dtype, bytes in the blob) are nodes 
 ETRecord (``settings["etrecord"]`` or the environment variable ``MPS_BACKEND_ETRECORD``), each MPS node
 that computes a source operator's result also shows that operator (``source`` attribute).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,15 +31,15 @@ GRAPH_OUTPUTS = "GraphOutputs"
 
 
 def _tensor_attrs(gb: Any, t: Tensor, vid: int) -> list:
-    attrs = [gb.KeyValue("value_id", str(vid)), gb.KeyValue("shape", str(list(t.dims))),
-             gb.KeyValue("dtype", t.datatype.name)]
+    attrs = [gb.KeyValue("value_id", str(vid)), gb.KeyValue("shape", str(list(t.dims))), gb.KeyValue("dtype", t.datatype.name)]
     if t.constant_buffer_size:
         attrs.append(gb.KeyValue("constant_bytes", str(t.constant_buffer_size)))
     return attrs
 
 
-def delegate_graph(blob: bytes, settings: dict | None = None, *, graph_id: str = BACKEND_ID,
-                   sources: dict[int, list[str]] | None = None) -> Any:
+def delegate_graph(
+    blob: bytes, settings: dict | None = None, *, graph_id: str = BACKEND_ID, sources: dict[int, list[str]] | None = None
+) -> Any:
     """The Model Explorer graph (``model_explorer.graph_builder.Graph``) of one MP00 blob.
 
     ``sources``: MPS node index -> names of the source operators whose result it computes (from an
@@ -54,13 +55,23 @@ def delegate_graph(blob: bytes, settings: dict | None = None, *, graph_id: str =
     meta = lambda vid: gb.MetadataItem(id=str(vid), attrs=_tensor_attrs(gb, g.values[vid], vid))  # noqa: E731
     for vid in g.input_ids:
         producer[vid] = GRAPH_INPUTS
-    nodes.append(gb.GraphNode(id=GRAPH_INPUTS, label="Graph Inputs", namespace=GRAPH_INPUTS,
-                              outputsMetadata=[meta(v) for v in g.input_ids]))
+    nodes.append(
+        gb.GraphNode(
+            id=GRAPH_INPUTS, label="Graph Inputs", namespace=GRAPH_INPUTS, outputsMetadata=[meta(v) for v in g.input_ids]
+        )
+    )
     for vid in g.constant_ids:
         node_id = f"constant_{vid}"
         producer[vid] = node_id
-        nodes.append(gb.GraphNode(id=node_id, label="constant", namespace="constants",
-                                  attrs=_tensor_attrs(gb, g.values[vid], vid), outputsMetadata=[meta(vid)]))
+        nodes.append(
+            gb.GraphNode(
+                id=node_id,
+                label="constant",
+                namespace="constants",
+                attrs=_tensor_attrs(gb, g.values[vid], vid),
+                outputsMetadata=[meta(vid)],
+            )
+        )
     for index, node in enumerate(g.nodes):
         node_id = str(index)
         inputs = node_value_ids(node.fields, outputs=False)
@@ -70,18 +81,36 @@ def delegate_graph(blob: bytes, settings: dict | None = None, *, graph_id: str =
             attrs.append(gb.KeyValue("min_max", str(list(node.min_max))))
         if index in sources:
             attrs.append(gb.KeyValue("source", ", ".join(sources[index])))
-        edges = [gb.IncomingEdge(sourceNodeId=producer.get(v, GRAPH_INPUTS), sourceNodeOutputId=str(v),
-                                 targetNodeInputId=str(v)) for v in inputs if 0 <= v < len(g.values)]
-        nodes.append(gb.GraphNode(id=node_id, label=node.op, namespace="", attrs=attrs, incomingEdges=edges,
-                                  inputsMetadata=[meta(v) for v in inputs if 0 <= v < len(g.values)],
-                                  outputsMetadata=[meta(v) for v in outputs if 0 <= v < len(g.values)]))
+        edges = [
+            gb.IncomingEdge(sourceNodeId=producer.get(v, GRAPH_INPUTS), sourceNodeOutputId=str(v), targetNodeInputId=str(v))
+            for v in inputs
+            if 0 <= v < len(g.values)
+        ]
+        nodes.append(
+            gb.GraphNode(
+                id=node_id,
+                label=node.op,
+                namespace="",
+                attrs=attrs,
+                incomingEdges=edges,
+                inputsMetadata=[meta(v) for v in inputs if 0 <= v < len(g.values)],
+                outputsMetadata=[meta(v) for v in outputs if 0 <= v < len(g.values)],
+            )
+        )
         for v in outputs:
             producer[v] = node_id
-    nodes.append(gb.GraphNode(
-        id=GRAPH_OUTPUTS, label="Graph Outputs", namespace=GRAPH_OUTPUTS,
-        incomingEdges=[gb.IncomingEdge(sourceNodeId=producer.get(v, GRAPH_INPUTS), sourceNodeOutputId=str(v),
-                                       targetNodeInputId=str(v)) for v in g.output_ids],
-        inputsMetadata=[meta(v) for v in g.output_ids]))
+    nodes.append(
+        gb.GraphNode(
+            id=GRAPH_OUTPUTS,
+            label="Graph Outputs",
+            namespace=GRAPH_OUTPUTS,
+            incomingEdges=[
+                gb.IncomingEdge(sourceNodeId=producer.get(v, GRAPH_INPUTS), sourceNodeOutputId=str(v), targetNodeInputId=str(v))
+                for v in g.output_ids
+            ],
+            inputsMetadata=[meta(v) for v in g.output_ids],
+        )
+    )
     return gb.Graph(id=graph_id, nodes=nodes)
 
 
@@ -102,8 +131,7 @@ def etrecord_sources(etrecord: str | os.PathLike) -> list[dict[int, list[str]]]:
         for entry in per_instruction.values():
             if entry.get("name") != BACKEND_ID:
                 continue
-            out.append({int(k): [names.get(h, str(h)) for h in handles]
-                        for k, handles in entry.get("delegate_map", {}).items()})
+            out.append({int(k): [names.get(h, str(h)) for h in handles] for k, handles in entry.get("delegate_map", {}).items()})
     return out
 
 

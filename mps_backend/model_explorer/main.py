@@ -1,6 +1,7 @@
 """Model Explorer extension entry point (``model-explorer --extensions=mps_backend.model_explorer``):
 the .pte adapter with MPS delegates expanded. Importing this module registers the MPSBackend handler
 with ``pte-adapter-model-explorer`` (a plug-in registration, the only import-time effect)."""
+
 from __future__ import annotations
 
 from model_explorer import Adapter, AdapterMetadata, ModelExplorerGraphs

@@ -16,6 +16,7 @@
 
 ``simplify`` (``mps_backend/simplify.py``) is the clean-up after lowering, on the MPS graph.
 """
+
 from __future__ import annotations
 
 from torch.export import ExportedProgram
@@ -49,7 +50,17 @@ def run_lowering_passes(ep: ExportedProgram, use_fp16: bool) -> dict[str, int]:
 
 
 __all__ = [
-    "CHANNEL_AFFINE", "FP16_MAX", "ChannelAffine", "Float16RangeError", "Float16RangeWarning", "check_fp16_constants",
-    "drop_unused_constants", "fold_conv_epilogues", "fold_power_of_two_rescales", "fp16_overflow", "largest_magnitude",
-    "run_lowering_passes", "transpose_linear_weights",
+    "CHANNEL_AFFINE",
+    "FP16_MAX",
+    "ChannelAffine",
+    "Float16RangeError",
+    "Float16RangeWarning",
+    "check_fp16_constants",
+    "drop_unused_constants",
+    "fold_conv_epilogues",
+    "fold_power_of_two_rescales",
+    "fp16_overflow",
+    "largest_magnitude",
+    "run_lowering_passes",
+    "transpose_linear_weights",
 ]

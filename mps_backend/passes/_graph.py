@@ -1,4 +1,5 @@
 """What the lowering passes read of a program: constant data and op identities."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,8 +33,7 @@ def constant_tensor(ep: ExportedProgram, node: Any) -> torch.Tensor | None:
     """The tensor a placeholder holds when it is a parameter, buffer or lifted constant, else None."""
     if not isinstance(node, Node) or node.op != "placeholder":
         return None
-    for is_kind, get in ((is_param, get_param), (is_buffer, get_buffer),
-                         (is_lifted_tensor_constant, get_lifted_tensor_constant)):
+    for is_kind, get in ((is_param, get_param), (is_buffer, get_buffer), (is_lifted_tensor_constant, get_lifted_tensor_constant)):
         if is_kind(ep, node):
             return get(ep, node)
     return None

@@ -17,6 +17,7 @@ also names the fx nodes it absorbed, for the debug handle map); ``operators/conv
 Against eager PyTorch the folded result differs by rounding only (one rounding of ``W * s`` instead of
 one per output).
 """
+
 from __future__ import annotations
 
 import operator
@@ -60,8 +61,12 @@ def _foldable(ep: ExportedProgram, conv: Node) -> bool:
     w, bias = conv.args[1], conv.args[2]
     weight = _float_constant(ep, w)
     transposed = conv.args[6] if len(conv.args) > 6 else conv.kwargs.get("transposed", False)
-    return (weight is not None and weight.dim() in (3, 4) and not transposed
-            and (bias is None or _float_constant(ep, bias) is not None))
+    return (
+        weight is not None
+        and weight.dim() in (3, 4)
+        and not transposed
+        and (bias is None or _float_constant(ep, bias) is not None)
+    )
 
 
 def _per_channel(ep: ExportedProgram, a: object, c: int, fill: float) -> torch.Tensor | None:
@@ -99,8 +104,9 @@ def fold_conv_epilogues(ep: ExportedProgram) -> int:
                 graph.erase_node(item)
             graph.erase_node(reader)
         elif is_call(reader, aten.hardsigmoid.default):
-            affine = ChannelAffine(torch.full((c,), 1 / 6, dtype=torch.float64),
-                                   torch.full((c,), 0.5, dtype=torch.float64), (reader,))
+            affine = ChannelAffine(
+                torch.full((c,), 1 / 6, dtype=torch.float64), torch.full((c,), 0.5, dtype=torch.float64), (reader,)
+            )
             with graph.inserting_after(reader):
                 clamp = graph.call_function(edge_op(reader, aten.hardtanh.default), (conv, 0.0, 1.0))
             replace_node(reader, clamp)

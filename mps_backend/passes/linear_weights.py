@@ -10,6 +10,7 @@ reads the transposed constant and no permute is left on the device.
 
 A weight read by anything else (an embedding tied to the head, a computed weight) keeps its layout.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,7 +26,8 @@ aten = torch.ops.aten
 def _only_linear_weight(w: Node) -> bool:
     return bool(w.users) and all(
         is_call(u, aten.linear.default) and u.args[1] is w and w not in (u.args[0], *u.args[2:], *u.kwargs.values())
-        for u in w.users)
+        for u in w.users
+    )
 
 
 def transpose_linear_weights(ep: ExportedProgram) -> int:

@@ -1,4 +1,5 @@
 """Program-level passes before partitioning (whole exported programs): unread constants, the float16 range."""
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,7 @@ def drop_unused_constants(ep: torch.export.ExportedProgram) -> torch.export.Expo
     unread = {n.name: n for n in ep.graph.nodes if n.op == "placeholder" and not n.users}
     mutated = set(sig.buffers_to_mutate.values())
     kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
-    drop = [s for s in sig.input_specs
-            if s.kind in kinds and getattr(s.arg, "name", None) in unread and s.target not in mutated]
+    drop = [s for s in sig.input_specs if s.kind in kinds and getattr(s.arg, "name", None) in unread and s.target not in mutated]
     if not drop:
         return ep
     for spec in drop:
@@ -57,8 +57,7 @@ def fp16_overflow(name: str, tensor: torch.Tensor) -> str | None:
     """``"name (k of n values, largest |x| m)"`` when float32 ``tensor`` has finite values beyond
     ±65504 (one reduction; counted only then), else None. One-element constants (a -1e9 fill value)
     are not reported: as ±inf they keep their meaning."""
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.dtype != torch.float32 \
-            or tensor.numel() <= 1:
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.dtype != torch.float32 or tensor.numel() <= 1:
         return None  # tensor subclasses (torchao's quantized weights) hold their own data types
     t = tensor.detach()
     largest = largest_magnitude(t)
@@ -76,5 +75,8 @@ def check_fp16_constants(ep: torch.export.ExportedProgram) -> None:
     if bad:
         raise Float16RangeError(
             "float16 mode: constants with values beyond float16's range (|x| > 65504) would become inf on the "
-            "device: " + ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-            + ". Export in float32 (MPSPartitioner(use_fp16=False), mps-backend export --fp32), or rescale them")
+            "device: "
+            + ", ".join(bad[:5])
+            + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            + ". Export in float32 (MPSPartitioner(use_fp16=False), mps-backend export --fp32), or rescale them"
+        )

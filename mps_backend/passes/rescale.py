@@ -9,6 +9,7 @@ Scalars are Python numbers or one-element constants read through dtype casts (ed
 ``x * 1024``'s scalar into a 0-dim int64 constant cast to x's dtype). The rewritten division is an
 ``aten.mul.Scalar`` (``aten.alias_copy`` for a ratio of 1) carrying the division's metadata.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,9 @@ _DIVS = (aten.div.Tensor, aten.div.Scalar)
 
 
 def power_of_two(c: object) -> bool:
-    return (isinstance(c, (int, float)) and not isinstance(c, bool) and c != 0 and math.isfinite(c)
-            and math.frexp(abs(c))[0] == 0.5)
+    return (
+        isinstance(c, (int, float)) and not isinstance(c, bool) and c != 0 and math.isfinite(c) and math.frexp(abs(c))[0] == 0.5
+    )
 
 
 def scalar_of(ep: ExportedProgram, a: object) -> int | float | None:

@@ -2,6 +2,7 @@
 
 Import-light: the submodules (and torch/executorch) load on first attribute access.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

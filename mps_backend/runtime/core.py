@@ -7,6 +7,7 @@ inputs with ``ctx.get(id)``, computes with torch CPU ops following
 ``ctx.set(id, tensor)``. Where MPSGraph would refuse to build or the runtime would abort,
 the kernel calls ``ctx.fail(reason)`` (raises DeviceError naming the node).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -85,8 +86,10 @@ class KernelContext:
         beyond :func:`max_tensor_bytes`: called by kernels before they allocate from node fields."""
         limit = max_tensor_bytes()
         if numel * itemsize > limit:
-            self.fail(f"{what} needs {numel * itemsize / 2**30:.3g} GiB ({numel} elements), beyond the device "
-                      f"model's {limit / 2**30:.3g} GiB per tensor (MPS_BACKEND_MAX_TENSOR_BYTES)")
+            self.fail(
+                f"{what} needs {numel * itemsize / 2**30:.3g} GiB ({numel} elements), beyond the device "
+                f"model's {limit / 2**30:.3g} GiB per tensor (MPS_BACKEND_MAX_TENSOR_BYTES)"
+            )
 
     def get(self, vid: int) -> torch.Tensor:
         if vid == -1:
@@ -97,8 +100,7 @@ class KernelContext:
         return t
 
     def set(self, vid: int, t: torch.Tensor) -> None:
-        if t.dtype not in (torch.float16, torch.float32, torch.int8, torch.int16, torch.int32, torch.int64,
-                           torch.bool):
+        if t.dtype not in (torch.float16, torch.float32, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool):
             self.fail(f"kernel produced unsupported device dtype {t.dtype} for value {vid}")
         if t.dim() == 0:
             t = t.reshape(1)  # no rank 0 on device

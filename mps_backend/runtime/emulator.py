@@ -25,6 +25,7 @@ where the hash covers the shim source, the compiler command, the wheel location,
 the machine. The compiler is ``$CXX``, else from ``PATH``: ``c++``, ``g++`` or ``clang++`` on Linux,
 ``clang++``, ``c++`` or ``g++`` on macOS (see :func:`_compile_command` for the flags of each).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -79,6 +80,7 @@ class InputMismatchError(ValueError):
 # --------------------------------------------------------------------------------------
 # ABI shared with the shim
 
+
 class _Arg(ctypes.Structure):
     """Mirror of ``struct MpsEmuArg`` in shim/mps_emulator.cpp."""
 
@@ -110,23 +112,25 @@ _Callback = ctypes.CFUNCTYPE(
 EMULATED_EVENT_METADATA = b"emulated on CPU (mps_backend device model)"
 
 #: executorch ScalarType code (same numbering as c10) -> torch dtype
-_SCALAR_TYPES: MappingProxyType[int, torch.dtype] = MappingProxyType({
-    0: torch.uint8,
-    1: torch.int8,
-    2: torch.int16,
-    3: torch.int32,
-    4: torch.int64,
-    5: torch.float16,
-    6: torch.float32,
-    7: torch.float64,
-    9: torch.complex64,
-    10: torch.complex128,
-    11: torch.bool,
-    15: torch.bfloat16,
-    27: torch.uint16,
-    28: torch.uint32,
-    29: torch.uint64,
-})
+_SCALAR_TYPES: MappingProxyType[int, torch.dtype] = MappingProxyType(
+    {
+        0: torch.uint8,
+        1: torch.int8,
+        2: torch.int16,
+        3: torch.int32,
+        4: torch.int64,
+        5: torch.float16,
+        6: torch.float32,
+        7: torch.float64,
+        9: torch.complex64,
+        10: torch.complex128,
+        11: torch.bool,
+        15: torch.bfloat16,
+        27: torch.uint16,
+        28: torch.uint32,
+        29: torch.uint64,
+    }
+)
 
 
 def _torch_dtype(code: int) -> torch.dtype:
@@ -138,6 +142,7 @@ def _torch_dtype(code: int) -> torch.dtype:
 
 # --------------------------------------------------------------------------------------
 # Building the shim
+
 
 def _cache_dir() -> Path:
     explicit = os.environ.get("MPS_BACKEND_CACHE_DIR")
@@ -167,8 +172,10 @@ def _is_macos(platform: str) -> bool:
 
 def _check_platform(platform: str) -> None:
     if platform != "linux" and not _is_macos(platform):
-        raise EmulatorBuildError(f"the MPS emulator cannot build its ExecuTorch backend shim on this platform "
-                                 f"({platform!r}): {_SUPPORTED_PLATFORMS} are supported")
+        raise EmulatorBuildError(
+            f"the MPS emulator cannot build its ExecuTorch backend shim on this platform "
+            f"({platform!r}): {_SUPPORTED_PLATFORMS} are supported"
+        )
 
 
 def _compiler_names(platform: str) -> tuple[str, ...]:
@@ -190,8 +197,11 @@ def _find_compiler(platform: str | None = None) -> str:
         found = shutil.which(name)
         if found is not None:
             return found
-    install = ("`xcode-select --install` (Xcode Command Line Tools)" if _is_macos(platform) else
-               "`apt-get install g++` (Debian/Ubuntu) or `dnf install gcc-c++` (Fedora/RHEL)")
+    install = (
+        "`xcode-select --install` (Xcode Command Line Tools)"
+        if _is_macos(platform)
+        else "`apt-get install g++` (Debian/Ubuntu) or `dnf install gcc-c++` (Fedora/RHEL)"
+    )
     raise EmulatorBuildError(
         "the MPS emulator needs a C++17 compiler to build its ExecuTorch backend shim, and none "
         f"was found (looked for $CXX, {', '.join(names)}). Install one, e.g. {install}, or set CXX."
@@ -224,8 +234,12 @@ _REGISTER_BACKEND = "_ZN10executorch7runtime16register_backendERKNS0_7BackendE"
 
 
 class _DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
 
 
 def _runtime_library() -> Path:
@@ -253,8 +267,9 @@ def _runtime_library() -> Path:
         if not libdl.dladdr(address, ctypes.byref(info)) or not info.dli_fname:
             raise OSError("dladdr found no library")
     except (OSError, AttributeError) as exc:
-        raise EmulatorBuildError(f"cannot find the library that holds executorch's backend registry for "
-                                 f"{module.__file__}: {exc}") from exc
+        raise EmulatorBuildError(
+            f"cannot find the library that holds executorch's backend registry for {module.__file__}: {exc}"
+        ) from exc
     return Path(os.fsdecode(info.dli_fname)).resolve()
 
 
@@ -286,7 +301,8 @@ def _extra_headers(include: Path) -> list[Path]:
             f"this executorch wheel ({_executorch_version()}) ships no {_BACKEND_HEADER} under {include} "
             "(wheels before 1.3 carry only part of the runtime headers): set MPS_BACKEND_ET_HEADERS to the "
             "executorch source tree at the same release, e.g. `git clone --depth 1 --branch v"
-            f"{_executorch_version().split('+')[0]} https://github.com/pytorch/executorch`")
+            f"{_executorch_version().split('+')[0]} https://github.com/pytorch/executorch`"
+        )
     root = Path(named).expanduser().resolve()
     if (root / _BACKEND_HEADER).is_file():
         return [root]
@@ -300,8 +316,10 @@ def _extra_headers(include: Path) -> list[Path]:
             link_parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(root, target_is_directory=True)
         return [link_parent]
-    raise EmulatorBuildError(f"MPS_BACKEND_ET_HEADERS={named}: no {_BACKEND_HEADER} there nor "
-                             f"{_BACKEND_HEADER.relative_to('executorch')} (the root of an executorch source tree)")
+    raise EmulatorBuildError(
+        f"MPS_BACKEND_ET_HEADERS={named}: no {_BACKEND_HEADER} there nor "
+        f"{_BACKEND_HEADER.relative_to('executorch')} (the root of an executorch source tree)"
+    )
 
 
 def _compile_command(compiler: str, source: Path, output: Path, platform: str | None = None) -> list[str]:
@@ -322,9 +340,11 @@ def _compile_command(compiler: str, source: Path, output: Path, platform: str | 
         # what the wheel's executorch-config.cmake puts on its imported targets
         "-DC10_USING_CUSTOM_GENERATED_MACROS",
         "-DET_EVENT_TRACER_ENABLED",
-        "-isystem", str(include),
+        "-isystem",
+        str(include),
         *extra,
-        "-isystem", str(include / "executorch" / "runtime" / "core" / "portable_type" / "c10"),
+        "-isystem",
+        str(include / "executorch" / "runtime" / "core" / "portable_type" / "c10"),
     ]
     common = ["-std=c++17", "-O2", "-fPIC"]
     hidden = ["-fvisibility=hidden", "-fvisibility-inlines-hidden"]
@@ -337,7 +357,8 @@ def _compile_command(compiler: str, source: Path, output: Path, platform: str | 
             # no _GLIBCXX_USE_CXX11_ABI: the macOS wheel's libraries use libc++
             *headers,
             str(source),
-            "-o", str(output),
+            "-o",
+            str(output),
             f"-Wl,-install_name,@rpath/{output.name}",
             str(runtime),
             f"-Wl,-rpath,{runtime.parent}",
@@ -352,7 +373,8 @@ def _compile_command(compiler: str, source: Path, output: Path, platform: str | 
         "-D_GLIBCXX_USE_CXX11_ABI=1",
         *headers,
         str(source),
-        "-o", str(output),
+        "-o",
+        str(output),
         f"-L{runtime.parent}",
         f"-l:{runtime.name}",
         f"-Wl,-rpath,{runtime.parent}",
@@ -404,8 +426,7 @@ def _build_into(target: Path, force: bool) -> Path:
     command = _compile_command(compiler, _SHIM_SOURCE, tmp)
     try:
         try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S,
-                                  check=False)
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise EmulatorBuildError(f"building the MPS emulator shim failed: {exc}") from exc
         if proc.returncode != 0:
@@ -413,8 +434,7 @@ def _build_into(target: Path, force: bool) -> Path:
             if len(output) > 8000:
                 output = output[:8000] + "\n[...]"
             raise EmulatorBuildError(
-                f"building the MPS emulator shim failed (exit code {proc.returncode}).\n"
-                f"command: {' '.join(command)}\n{output}"
+                f"building the MPS emulator shim failed (exit code {proc.returncode}).\ncommand: {' '.join(command)}\n{output}"
             )
         os.chmod(tmp, 0o755)
         digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
@@ -442,23 +462,29 @@ def build_shim(*, force: bool = False) -> Path:
     except OSError as exc:
         fallback = _fallback_cache_dir() / target.name
         if fallback.parent == target.parent:
-            raise EmulatorBuildError(f"cannot write the MPS emulator shim in {target.parent}: {exc}; "
-                                     "set MPS_BACKEND_CACHE_DIR to a writable folder") from exc
-        warnings.warn(f"the MPS emulator cache {target.parent} is not usable ({exc}); building in "
-                      f"{fallback.parent} (set MPS_BACKEND_CACHE_DIR to choose)", stacklevel=2)
+            raise EmulatorBuildError(
+                f"cannot write the MPS emulator shim in {target.parent}: {exc}; set MPS_BACKEND_CACHE_DIR to a writable folder"
+            ) from exc
+        warnings.warn(
+            f"the MPS emulator cache {target.parent} is not usable ({exc}); building in "
+            f"{fallback.parent} (set MPS_BACKEND_CACHE_DIR to choose)",
+            stacklevel=2,
+        )
         try:
             return _build_into(fallback, force)
         except OSError as exc2:
-            raise EmulatorBuildError(f"cannot write the MPS emulator shim in {target.parent} ({exc}) nor in "
-                                     f"{fallback.parent} ({exc2}); set MPS_BACKEND_CACHE_DIR to a writable "
-                                     "folder") from exc2
+            raise EmulatorBuildError(
+                f"cannot write the MPS emulator shim in {target.parent} ({exc}) nor in "
+                f"{fallback.parent} ({exc2}); set MPS_BACKEND_CACHE_DIR to a writable "
+                "folder"
+            ) from exc2
 
 
 # --------------------------------------------------------------------------------------
 # The callback: one delegate call
 
-def _execute_delegate(blob: bytes, inputs: list[torch.Tensor], mode: str,
-                      observer: Any = None) -> list[torch.Tensor]:
+
+def _execute_delegate(blob: bytes, inputs: list[torch.Tensor], mode: str, observer: Any = None) -> list[torch.Tensor]:
     """Run one MP00 blob with the device-model interpreter (imported at call time)."""
     from mps_backend.runtime import interpreter  # noqa: PLC0415
 
@@ -496,9 +522,11 @@ class _NodeTracer:
             arg = _Arg(t.data_ptr(), t.numel() * t.element_size(), sizes, order, t.dim(), code, -1, -1)
             status = self.lib.mps_emu_trace_output(self.trace, index, ctypes.byref(arg))
             if status != 0:
-                raise EmulatorError(f"the event tracer refused the output of MPS node {index} ({node.op}): "
-                                    f"executorch error {status:#x} (a full debug buffer: pass a larger "
-                                    "debug_buffer_size)")
+                raise EmulatorError(
+                    f"the event tracer refused the output of MPS node {index} ({node.op}): "
+                    f"executorch error {status:#x} (a full debug buffer: pass a larger "
+                    "debug_buffer_size)"
+                )
 
 
 def _io_counts(blob: bytes) -> tuple[int, int]:
@@ -560,8 +588,7 @@ def _write_output(arg: _Arg, value: Any, index: int, mode: str) -> None:
         # faithful: the device blits its own dtype's bytes (reinterpretation); else convert.
         value = value.to(dtype)
     order = _dim_order(arg)
-    if mode != "faithful" and order != tuple(range(len(order))) and \
-            value.numel() == torch.Size(_shape(arg)).numel():
+    if mode != "faithful" and order != tuple(range(len(order))) and value.numel() == torch.Size(_shape(arg)).numel():
         value = value.reshape(_shape(arg)).permute(order)
     raw = value.contiguous().reshape(-1).view(torch.uint8)
     if raw.numel() != arg.nbytes:
@@ -598,8 +625,17 @@ class _Emulator:
         finally:
             state.mode = previous
 
-    def _on_execute(self, handle_id: int, blob_ptr: int, blob_len: int, n_args: int,
-                    args: Any, n_evalues: int, method_name: bytes | None, trace: int | None) -> int:
+    def _on_execute(
+        self,
+        handle_id: int,
+        blob_ptr: int,
+        blob_len: int,
+        n_args: int,
+        args: Any,
+        n_evalues: int,
+        method_name: bytes | None,
+        trace: int | None,
+    ) -> int:
         # Nothing may escape: ctypes would print the exception and return 0 (= success).
         try:
             mode = getattr(self.state, "mode", None) or "faithful"
@@ -611,19 +647,18 @@ class _Emulator:
                     f"MPS delegate (handle {handle_id}) got {n_args} tensor arguments "
                     f"({n_evalues} EValues) but its blob has {n_in} input_ids and {n_out} "
                     f"output_ids; the runtime binds the first {n_in} tensors as inputs and the "
-                    f"next {n_out} as outputs: "
-                    + ", ".join(_describe(d) for d in descs)
+                    f"next {n_out} as outputs: " + ", ".join(_describe(d) for d in descs)
                 )
             inputs = [_read_input(d, mode) for d in descs[:n_in]]
             observer = _NodeTracer(self.lib, trace) if trace else None
             try:
                 outputs = _execute_delegate(blob, inputs, mode, observer)
             except ValueError as exc:  # the interpreter refusing the bound tensors: program and blob disagree
-                raise EmulatorError(f"MPS delegate (handle {handle_id}): the program's tensors do not match "
-                                    f"its blob: {exc}") from exc
-            if len(outputs) != n_out:
                 raise EmulatorError(
-                    f"interpreter returned {len(outputs)} outputs, the delegate call has {n_out}")
+                    f"MPS delegate (handle {handle_id}): the program's tensors do not match its blob: {exc}"
+                ) from exc
+            if len(outputs) != n_out:
+                raise EmulatorError(f"interpreter returned {len(outputs)} outputs, the delegate call has {n_out}")
             for k, (desc, value) in enumerate(zip(descs[n_in:], outputs)):
                 _write_output(desc, value, k, mode)
             return 0
@@ -653,8 +688,7 @@ def load_emulator() -> _Emulator:
     try:
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
     except OSError as exc:
-        raise EmulatorError(f"cannot load the MPS emulator shim {path}: {exc}; delete it to rebuild") \
-            from exc
+        raise EmulatorError(f"cannot load the MPS emulator shim {path}: {exc}; delete it to rebuild") from exc
     lib.mps_emu_abi_version.restype = ctypes.c_int32
     lib.mps_emu_arg_size.restype = ctypes.c_int32
     lib.mps_emu_install.argtypes = [_Callback]
@@ -678,14 +712,14 @@ def load_emulator() -> _Emulator:
         )
     if "MPSBackend" not in _C._get_registered_backend_names():
         raise EmulatorError(
-            "the MPS emulator shim registered its backend in a different runtime library than the "
-            f"pybindings use ({_C.__file__})"
+            f"the MPS emulator shim registered its backend in a different runtime library than the pybindings use ({_C.__file__})"
         )
     return emulator
 
 
 # --------------------------------------------------------------------------------------
 # Public entry point
+
 
 def _read_program(pte: bytes | bytearray | memoryview | str | os.PathLike, *, check: bool = True) -> bytes:
     """The program's bytes; with ``check`` (every program handed to the runtime) first checked by
@@ -720,16 +754,17 @@ def _check_inputs(meta: Any, inputs: Sequence[Any], method_name: str) -> None:
         if not isinstance(value, torch.Tensor):
             raise InputMismatchError(
                 f"input {i} of {method_name!r} must be a tensor ({_torch_dtype(info.dtype())} "
-                f"{list(info.sizes())}), got {type(value).__name__}")
+                f"{list(info.sizes())}), got {type(value).__name__}"
+            )
         want = _SCALAR_TYPES.get(info.dtype())
         if value.dtype != want:
-            raise InputMismatchError(
-                f"input {i} of {method_name!r} must have dtype {want}, got {value.dtype}")
+            raise InputMismatchError(f"input {i} of {method_name!r} must have dtype {want}, got {value.dtype}")
         declared = list(info.sizes())
         if list(value.shape) != declared and not _within_bounds(list(value.shape), declared):
             raise InputMismatchError(
                 f"input {i} of {method_name!r} must have shape {declared} (at most, in dimensions exported "
-                f"as dynamic), got {list(value.shape)}")
+                f"as dynamic), got {list(value.shape)}"
+            )
 
 
 def _within_bounds(shape: list[int], declared: list[int]) -> bool:
@@ -774,8 +809,7 @@ class LoadedMethod:
     def _load(self, emulator: Any, method: str) -> None:
         _C = emulator.pybindings
         try:
-            self._program = _C._load_program_from_buffer(
-                self._data, program_verification=_C.Verification.InternalConsistency)
+            self._program = _C._load_program_from_buffer(self._data, program_verification=_C.Verification.InternalConsistency)
         except RuntimeError as exc:
             raise EmulatorError(f"ExecuTorch could not load the program: {exc}") from exc
         names = {self._program.get_method_name(i) for i in range(self._program.num_methods())}
@@ -831,8 +865,7 @@ class LoadedMethod:
                     wanted.append(f"{_SCALAR_TYPES.get(info.dtype())} {list(info.sizes())}")
                 except Exception:  # noqa: BLE001
                     wanted.append("non-tensor")
-            given = [f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
-                     for v in inputs]
+            given = [f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__ for v in inputs]
             raise InputMismatchError(
                 f"ExecuTorch rejected the inputs of {self.name!r} (a shape it cannot take: static dimensions "
                 f"do not resize): expected {wanted}, got {given} ({exc})"
@@ -849,8 +882,9 @@ class LoadedMethod:
         return list(loaded.get_outputs(clone_outputs=True))
 
 
-def run_pte(pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tensor], mode: str = "faithful",
-            *, method: str = "forward") -> list[torch.Tensor]:
+def run_pte(
+    pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tensor], mode: str = "faithful", *, method: str = "forward"
+) -> list[torch.Tensor]:
     """Run ``method`` of an ExecuTorch program once with ExecuTorch's runtime, MPS delegates
     emulated (a fresh load: mutable buffers start from their initial state). See
     :class:`LoadedMethod` for the errors, and to keep a program loaded across calls."""
@@ -871,10 +905,16 @@ def _debug_buffer_estimate(data: bytes) -> int:
     return 2 * total + (16 << 20)
 
 
-def run_with_etdump(pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tensor],
-                    etdump_path: str | os.PathLike, debug_buffer_path: str | os.PathLike | None = None,
-                    *, method: str = "forward", mode: str = "faithful",
-                    debug_buffer_size: int | None = None) -> list[Any]:
+def run_with_etdump(
+    pte: bytes | str | os.PathLike,
+    inputs: Sequence[torch.Tensor],
+    etdump_path: str | os.PathLike,
+    debug_buffer_path: str | os.PathLike | None = None,
+    *,
+    method: str = "forward",
+    mode: str = "faithful",
+    debug_buffer_size: int | None = None,
+) -> list[Any]:
     """Run ``method`` once with ExecuTorch's event tracer on and write its ETDump (and, with
     ``debug_buffer_path``, the debug buffer holding the intermediate outputs).
 
@@ -887,8 +927,11 @@ def run_with_etdump(pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tenso
     """
     data = _read_program(pte)
     inputs = [_prepare(v) for v in inputs]
-    size = debug_buffer_size if debug_buffer_size is not None else (
-        _debug_buffer_estimate(data) if debug_buffer_path is not None else 0)
+    size = (
+        debug_buffer_size
+        if debug_buffer_size is not None
+        else (_debug_buffer_estimate(data) if debug_buffer_path is not None else 0)
+    )
     emulator = load_emulator()
     _C = emulator.pybindings
     with emulator.lock:
@@ -906,14 +949,16 @@ def run_with_etdump(pte: bytes | str | os.PathLike, inputs: Sequence[torch.Tenso
                         raise error from exc
                     raise EmulatorError(f"ExecuTorch failed to execute {method!r}: {exc}") from exc
             module.write_etdump_result_to_file(
-                os.fspath(etdump_path), None if debug_buffer_path is None else os.fspath(debug_buffer_path))
+                os.fspath(etdump_path), None if debug_buffer_path is None else os.fspath(debug_buffer_path)
+            )
         finally:
             del module
     return list(outputs)
 
 
-def verify_bundled(bpte: bytes | str | os.PathLike, method: str = "forward", *, mode: str = "faithful",
-                   rtol: float = 1e-3, atol: float = 1e-3) -> list[bool]:
+def verify_bundled(
+    bpte: bytes | str | os.PathLike, method: str = "forward", *, mode: str = "faithful", rtol: float = 1e-3, atol: float = 1e-3
+) -> list[bool]:
     """Run each test case of a bundled program (``.bpte``) the way an app checks one on the device
     (executorch's bundled-program check: load the bundled inputs, execute, compare with the bundled
     expected outputs), with the MPS delegates emulated. One entry per test case: whether it matched."""
@@ -983,8 +1028,7 @@ def _constant_method_values(_C: Any, data: bytes) -> dict[str, Any]:
     return values
 
 
-def program_input_specs(pte: bytes | str | os.PathLike, *, method: str = "forward"
-                        ) -> list[tuple[tuple[int, ...], torch.dtype]]:
+def program_input_specs(pte: bytes | str | os.PathLike, *, method: str = "forward") -> list[tuple[tuple[int, ...], torch.dtype]]:
     """(shape, dtype) of each tensor input of ``method``, read from the program's metadata (the
     program is verified like :func:`run_pte` does first: a corrupt file is an EmulatorError)."""
     emulator = load_emulator()
@@ -1011,8 +1055,10 @@ def _input_specs(_C: Any, data: bytes, method: str) -> list[tuple[tuple[int, ...
             sizes = tuple(info.sizes())
             nbytes = math.prod(max(int(d), 0) for d in sizes) * dtype.itemsize
             if nbytes > limit:  # a tensor this big is a corrupt program, not an input to make up
-                raise EmulatorError(f"input {i} of {method!r} is declared {list(sizes)} ({nbytes / 2**30:.3g} GiB), "
-                                    f"beyond the {limit / 2**30:.3g} GiB per-tensor budget (MPS_BACKEND_MAX_TENSOR_BYTES)")
+                raise EmulatorError(
+                    f"input {i} of {method!r} is declared {list(sizes)} ({nbytes / 2**30:.3g} GiB), "
+                    f"beyond the {limit / 2**30:.3g} GiB per-tensor budget (MPS_BACKEND_MAX_TENSOR_BYTES)"
+                )
             specs.append((sizes, dtype))
     except (RuntimeError, IndexError) as exc:  # IndexError: an input that is not a tensor
         raise EmulatorError(f"ExecuTorch could not read the inputs of {method!r}: {exc}") from exc

@@ -12,6 +12,7 @@ or element count than the declared output tensor holds (ExecuTorch would see rei
 Device failures (abort, MPSGraph build error, NotImplemented, unset output) raise ``DeviceError``
 naming the node; caller mistakes (input count, shape or dtype) raise ``ValueError``.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,18 +33,41 @@ MODES = ("faithful", "aten")
 
 #: declared dtype -> dtype of the ExecuTorch tensor that holds it (what the device writes into)
 DECLARED_DTYPE: dict[DataType, torch.dtype] = {
-    DataType.float16: torch.float16, DataType.float32: torch.float32, DataType.float64: torch.float64,
-    DataType.bfloat16: torch.bfloat16, DataType.int8: torch.int8, DataType.int16: torch.int16,
-    DataType.int32: torch.int32, DataType.int64: torch.int64, DataType.uint8: torch.uint8,
+    DataType.float16: torch.float16,
+    DataType.float32: torch.float32,
+    DataType.float64: torch.float64,
+    DataType.bfloat16: torch.bfloat16,
+    DataType.int8: torch.int8,
+    DataType.int16: torch.int16,
+    DataType.int32: torch.int32,
+    DataType.int64: torch.int64,
+    DataType.uint8: torch.uint8,
     DataType.bool: torch.bool,
 }
 
-_ITEMSIZE = {DataType.float16: 2, DataType.bfloat16: 2, DataType.float32: 4, DataType.float64: 8,
-             DataType.int8: 1, DataType.uint8: 1, DataType.int16: 2, DataType.int32: 4, DataType.int64: 8,
-             DataType.bool: 1, DataType.int4: 1}
+_ITEMSIZE = {
+    DataType.float16: 2,
+    DataType.bfloat16: 2,
+    DataType.float32: 4,
+    DataType.float64: 8,
+    DataType.int8: 1,
+    DataType.uint8: 1,
+    DataType.int16: 2,
+    DataType.int32: 4,
+    DataType.int64: 8,
+    DataType.bool: 1,
+    DataType.int4: 1,
+}
 
-_NUMPY_DTYPE = {torch.float16: "<f2", torch.float32: "<f4", torch.int8: "i1", torch.int16: "<i2",
-                torch.int32: "<i4", torch.int64: "<i8", torch.bool: "u1"}
+_NUMPY_DTYPE = {
+    torch.float16: "<f2",
+    torch.float32: "<f4",
+    torch.int8: "i1",
+    torch.int16: "<i2",
+    torch.int32: "<i4",
+    torch.int64: "<i8",
+    torch.bool: "u1",
+}
 
 
 @dataclass(frozen=True)
@@ -59,8 +83,9 @@ class OutputInfo:
     @property
     def reinterpreted(self) -> bool:
         """True where the device's bytes do not match the declared output (dtype or element count)."""
-        return (DECLARED_DTYPE.get(self.declared_dtype) != self.device_dtype
-                or math.prod(self.declared_shape) != math.prod(self.device_shape))
+        return DECLARED_DTYPE.get(self.declared_dtype) != self.device_dtype or math.prod(self.declared_shape) != math.prod(
+            self.device_shape
+        )
 
 
 def unpack_int4(raw, shape: Sequence[int]) -> torch.Tensor:
@@ -116,7 +141,7 @@ def _check_ids(graph) -> None:
     for i, node in enumerate(graph.nodes):
         for name, v in node.fields.items():
             if name.endswith("_id") or name.endswith("_ids"):
-                for vid in (v if isinstance(v, (list, tuple)) else [v]):
+                for vid in v if isinstance(v, (list, tuple)) else [v]:
                     if not -1 <= vid < n:
                         raise DeviceError(f"{name} {vid} is outside the value table ({n} values)", i, node.op)
 
@@ -145,11 +170,12 @@ class Interpreter:
         self.blob = _decode(blob)
         g = self.graph = self.blob.graph
         if g.graph_type != OpType.mps_graph:
-            raise DeviceError(f"graph_type {g.graph_type} is not mps_graph: every metal_kernel graph "
-                              "aborts at init ('Metal kernel path not yet implemented')")
+            raise DeviceError(
+                f"graph_type {g.graph_type} is not mps_graph: every metal_kernel graph "
+                "aborts at init ('Metal kernel path not yet implemented')"
+            )
         n = len(g.values)
-        for what, ids in (("input_ids", g.input_ids), ("constant_ids", g.constant_ids),
-                          ("output_ids", g.output_ids)):
+        for what, ids in (("input_ids", g.input_ids), ("constant_ids", g.constant_ids), ("output_ids", g.output_ids)):
             bad = [v for v in ids if not 0 <= v < n]
             if bad:
                 raise DeviceError(f"{what} {bad} outside the value table ({n} values)")
@@ -163,9 +189,11 @@ class Interpreter:
         for vid, t in enumerate(g.values):  # declared sizes first: nothing is allocated for them yet
             nbytes = math.prod(max(int(d), 0) for d in t.dims) * _ITEMSIZE.get(t.datatype, 8)
             if nbytes > limit:
-                raise DeviceError(f"value {vid} is declared {t.datatype.name}{list(t.dims)}: {nbytes / 2**30:.3g} GiB, "
-                                  f"beyond the device model's {limit / 2**30:.3g} GiB per tensor "
-                                  "(MPS_BACKEND_MAX_TENSOR_BYTES)")
+                raise DeviceError(
+                    f"value {vid} is declared {t.datatype.name}{list(t.dims)}: {nbytes / 2**30:.3g} GiB, "
+                    f"beyond the device model's {limit / 2**30:.3g} GiB per tensor "
+                    "(MPS_BACKEND_MAX_TENSOR_BYTES)"
+                )
         self._constants = {vid: load_constant(self.blob, vid) for vid in g.constant_ids}
         self._plan = [(i, node, KERNELS.get(node.op)) for i, node in enumerate(g.nodes)]
 
@@ -177,23 +205,30 @@ class Interpreter:
         values: dict[int, torch.Tensor] = {}
         for vid, decl in self._inputs:
             if vid >= len(inputs):
-                raise ValueError(f"input value id {vid} has no input buffer (the runtime binds buffer i "
-                                 f"to value id i; {len(inputs)} inputs given)")
+                raise ValueError(
+                    f"input value id {vid} has no input buffer (the runtime binds buffer i "
+                    f"to value id i; {len(inputs)} inputs given)"
+                )
             x = inputs[vid]
             if not isinstance(x, torch.Tensor):
                 raise ValueError(f"input {vid} is a {type(x).__name__}, not a torch.Tensor")
             want = device_dtype(decl.datatype)
             if x.dtype != want:
-                raise ValueError(f"input {vid} is {x.dtype} but the device reads {want} "
-                                 f"(declared {decl.datatype.name}); it would reinterpret the bytes")
+                raise ValueError(
+                    f"input {vid} is {x.dtype} but the device reads {want} "
+                    f"(declared {decl.datatype.name}); it would reinterpret the bytes"
+                )
             if tuple(x.shape) not in (tuple(decl.dims), decl.device_shape):
-                raise ValueError(f"input {vid} has shape {list(x.shape)} but the static placeholder is "
-                                 f"{list(decl.dims)} (the device reads exactly that many elements)")
+                raise ValueError(
+                    f"input {vid} has shape {list(x.shape)} but the static placeholder is "
+                    f"{list(decl.dims)} (the device reads exactly that many elements)"
+                )
             values[vid] = x.reshape(decl.device_shape)
         return values
 
-    def run_with_report(self, inputs: Sequence[torch.Tensor], observer: NodeObserver | None = None
-                        ) -> tuple[list[torch.Tensor], list[OutputInfo]]:
+    def run_with_report(
+        self, inputs: Sequence[torch.Tensor], observer: NodeObserver | None = None
+    ) -> tuple[list[torch.Tensor], list[OutputInfo]]:
         """Execute once; returns fresh output tensors (device dtype and shape) and their report.
         ``observer`` (optional) is told when each node starts and what it produced."""
         values = self._bind_inputs(inputs)
@@ -204,8 +239,7 @@ class Interpreter:
         for vid in self.graph.output_ids:
             t = values.get(vid)
             if t is None:
-                raise DeviceError(f"output value {vid} is never set (InvalidState: 'Failed to deserialize "
-                                  "the model')")
+                raise DeviceError(f"output value {vid} is never set (InvalidState: 'Failed to deserialize the model')")
             decl = self.graph.values[vid]
             outputs.append(t.clone(memory_format=torch.contiguous_format))
             report.append(OutputInfo(vid, decl.datatype, tuple(decl.dims), t.dtype, tuple(t.shape)))
@@ -246,8 +280,13 @@ class Interpreter:
         return values
 
 
-def execute(blob: bytes | bytearray | memoryview | Blob, inputs: Sequence[torch.Tensor],
-            mode: str = "faithful", *, return_report: bool = False):
+def execute(
+    blob: bytes | bytearray | memoryview | Blob,
+    inputs: Sequence[torch.Tensor],
+    mode: str = "faithful",
+    *,
+    return_report: bool = False,
+):
     """Run ``blob`` (MP00 bytes, decoded with ``read_blob``, or a ``Blob``) on ``inputs``.
 
     Returns the outputs in ``output_ids`` order, each in the device dtype and shape; with

@@ -23,6 +23,7 @@ with :class:`ProgramFormatError` naming what and where:
 Only the program's tables are decoded (no weights, no delegate payloads): cheap also on multi-GB files.
 The partial schema is ``serialization/program.py``.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,10 +55,24 @@ def _name(fb: FlatBuffer, value: Any, what: str) -> str:
 #: EValue kinds a kernel argument of a schema type may hold (executorch's unboxing asserts on any other:
 #: ``EValue::toInt`` of a Bool aborts the process); a ``T?`` argument may also be Null. Types not listed
 #: are not checked.
-_ACCEPTS = {"Tensor": {"Tensor"}, "int": {"Int"}, "SymInt": {"Int"}, "ScalarType": {"Int"}, "MemoryFormat": {"Int"},
-            "Layout": {"Int"}, "bool": {"Bool"}, "float": {"Double"}, "Scalar": {"Int", "Double", "Bool"},
-            "str": {"String"}, "int[]": {"IntList"}, "SymInt[]": {"IntList"}, "float[]": {"DoubleList"},
-            "bool[]": {"BoolList"}, "Tensor[]": {"TensorList"}, "Tensor?[]": {"OptionalTensorList"}}
+_ACCEPTS = {
+    "Tensor": {"Tensor"},
+    "int": {"Int"},
+    "SymInt": {"Int"},
+    "ScalarType": {"Int"},
+    "MemoryFormat": {"Int"},
+    "Layout": {"Int"},
+    "bool": {"Bool"},
+    "float": {"Double"},
+    "Scalar": {"Int", "Double", "Bool"},
+    "str": {"String"},
+    "int[]": {"IntList"},
+    "SymInt[]": {"IntList"},
+    "float[]": {"DoubleList"},
+    "bool[]": {"BoolList"},
+    "Tensor[]": {"TensorList"},
+    "Tensor?[]": {"OptionalTensorList"},
+}
 
 
 def _argument_kinds(name: str, overload: str) -> list[tuple[str, set[str]]] | None:
@@ -119,8 +134,10 @@ def _check_kernel_calls(fb: FlatBuffer, plan: dict, operators: list[tuple[str, s
                 raise fb.fail(f"{at}: {name} takes {len(expected)} arguments, the call passes {len(args)}")
             for (arg_name, accepted), v in zip(expected, args):
                 if accepted and kind(v) not in accepted:
-                    raise fb.fail(f"{at}: {name} argument {arg_name!r} is value {v}, a {kind(v)} (the kernel "
-                                  f"reads {' or '.join(sorted(accepted))})")
+                    raise fb.fail(
+                        f"{at}: {name} argument {arg_name!r} is value {v}, a {kind(v)} (the kernel "
+                        f"reads {' or '.join(sorted(accepted))})"
+                    )
 
 
 def check_program(data: bytes | bytearray | memoryview) -> None:
@@ -132,8 +149,10 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
     available = tables.segment_bytes
     for i, seg in enumerate(segments):
         if seg["offset"] + seg["size"] > available:
-            raise ProgramFormatError(f"segments[{i}] ({seg['offset']} + {seg['size']} bytes) reaches past the "
-                                     f"{available} bytes of segment data in the file")
+            raise ProgramFormatError(
+                f"segments[{i}] ({seg['offset']} + {seg['size']} bytes) reaches past the "
+                f"{available} bytes of segment data in the file"
+            )
     budget = max_plan_bytes()
     for p, pos in enumerate(program["execution_plan"] or ()):
         plan = fb.table(pos, "ExecutionPlan", f"execution_plan[{p}]")
@@ -162,12 +181,12 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
             ref = fb.table(delegate["processed"], "BackendDelegateDataReference", f"{where} delegates[{d}].processed")
             count = inline if ref["location"] == 0 else len(segments) if ref["location"] == 1 else None
             if count is None:
-                raise fb.fail(f"{where} delegate {d} ({backend}): data location {ref['location']} is neither "
-                              "INLINE nor SEGMENT")
+                raise fb.fail(f"{where} delegate {d} ({backend}): data location {ref['location']} is neither INLINE nor SEGMENT")
             if ref["index"] >= count:
                 kind = "inline data" if ref["location"] == 0 else "segments"
-                raise fb.fail(f"{where} delegate {d} ({backend}): payload index {ref['index']} but the program "
-                              f"has {count} {kind}")
+                raise fb.fail(
+                    f"{where} delegate {d} ({backend}): payload index {ref['index']} but the program has {count} {kind}"
+                )
             for s, s_pos in enumerate(delegate["compile_specs"] or ()):
                 spec = fb.table(s_pos, "CompileSpec", f"{where} delegates[{d}].compile_specs[{s}]")
                 key = _name(fb, spec["key"], f"{where} delegate {d} ({backend}) compile_specs[{s}].key")
@@ -180,4 +199,5 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
         if total > budget:
             raise ProgramFormatError(
                 f"{where}: its memory plan asks for {total / 2**30:.3g} GiB ({list(sizes)} bytes), beyond the "
-                f"{budget / 2**30:.3g} GiB budget (MPS_BACKEND_MAX_PLAN_BYTES)")
+                f"{budget / 2**30:.3g} GiB budget (MPS_BACKEND_MAX_PLAN_BYTES)"
+            )

@@ -1,4 +1,5 @@
 """The ``mps-backend`` command: export | inspect | run | generate | ops | zoo."""
+
 from __future__ import annotations
 
 import argparse
@@ -59,16 +60,27 @@ def cmd_export_llm(args) -> int:
     from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
 
     if args.verify:
-        raise SystemExit("--verify applies to single-step models; for a language model run "
-                         "`mps-backend generate OUT.pte --tokenizer ...` (tests/test_llm.py compares with eager)")
+        raise SystemExit(
+            "--verify applies to single-step models; for a language model run "
+            "`mps-backend generate OUT.pte --tokenizer ...` (tests/test_llm.py compares with eager)"
+        )
     if args.bundled or args.etrecord:
         raise SystemExit("error: --bundled and --etrecord apply to single-step models, not to language models")
     out = _output_path(args, _use_fp16(args))
     try:
-        result = export_llm(args.model, out, dtype="fp16" if _use_fp16(args) else "fp32", quantize=args.quantize,
-                            group_size=args.group_size, max_seq_len=args.max_seq_len, params=args.params,
-                            clamp_fp16=args.clamp_fp16, progress=Progress(enabled=True),
-                            target_runtime=_target_runtime(args), allow_missing_kernels=args.allow_missing_kernels)
+        result = export_llm(
+            args.model,
+            out,
+            dtype="fp16" if _use_fp16(args) else "fp32",
+            quantize=args.quantize,
+            group_size=args.group_size,
+            max_seq_len=args.max_seq_len,
+            params=args.params,
+            clamp_fp16=args.clamp_fp16,
+            progress=Progress(enabled=True),
+            target_runtime=_target_runtime(args),
+            allow_missing_kernels=args.allow_missing_kernels,
+        )
     except (CheckpointError, FileNotFoundError, RuntimeCompatError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -121,8 +133,11 @@ def cmd_export(args) -> int:
         from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
 
         group = resolve_group_size(args.quantize, args.group_size)
-        _say(f"[quantize] {args.quantize} weight-only, " + (f"group size {group}" if group else "per channel")
-             + (" (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else ""))
+        _say(
+            f"[quantize] {args.quantize} weight-only, "
+            + (f"group size {group}" if group else "per channel")
+            + (" (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else "")
+        )
         model = quantize_model(model, args.quantize, group)
     use_fp16 = _use_fp16(args)
     out = _output_path(args, use_fp16)
@@ -132,8 +147,15 @@ def cmd_export(args) -> int:
     from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
 
     try:
-        result = export_model(model, inputs, use_fp16=use_fp16, progress=_say, etrecord=bool(args.etrecord),
-                              target_runtime=_target_runtime(args), allow_missing_kernels=args.allow_missing_kernels)
+        result = export_model(
+            model,
+            inputs,
+            use_fp16=use_fp16,
+            progress=_say,
+            etrecord=bool(args.etrecord),
+            target_runtime=_target_runtime(args),
+            allow_missing_kernels=args.allow_missing_kernels,
+        )
     except RuntimeCompatError as e:
         raise UserError(str(e)) from e
     data = result.pte
@@ -203,8 +225,10 @@ def cmd_inspect(args) -> int:
         return 2
     mps = [d for d in delegates if d.backend_id == "MPSBackend"]
     others = collections.Counter(d.backend_id for d in delegates if d.backend_id != "MPSBackend")
-    print(f"{args.file}: {len(delegates)} delegate(s), {len(mps)} MPS"
-          + "".join(f", {n} {backend}" for backend, n in sorted(others.items())))
+    print(
+        f"{args.file}: {len(delegates)} delegate(s), {len(mps)} MPS"
+        + "".join(f", {n} {backend}" for backend, n in sorted(others.items()))
+    )
     status = 0
     for d in mps:
         print(f"\n== delegate {d.index} (MPSBackend), {len(d.blob):,} bytes")
@@ -216,9 +240,11 @@ def cmd_inspect(args) -> int:
             continue
         g, h = blob.graph, blob.header
         print(f"   header: segment offset {h.segment_offset}, segment size {h.segment_size}")
-        print(f"   graph type {g.graph_type}, version {g.version!r}, {len(g.nodes)} nodes, "
-              f"{len(g.values)} values, {len(g.constant_ids)} constants "
-              f"({sum(g.values[c].constant_buffer_size for c in g.constant_ids):,} bytes)")
+        print(
+            f"   graph type {g.graph_type}, version {g.version!r}, {len(g.nodes)} nodes, "
+            f"{len(g.values)} values, {len(g.constant_ids)} constants "
+            f"({sum(g.values[c].constant_buffer_size for c in g.constant_ids):,} bytes)"
+        )
         for label, ids in (("inputs", g.input_ids), ("outputs", g.output_ids)):
             desc = ", ".join(f"{i}:{g.values[i].datatype.name}{list(g.values[i].dims)}" for i in ids)
             print(f"   {label}: {desc}")
@@ -242,8 +268,10 @@ def cmd_run(args) -> int:
     path = pathlib.Path(args.file)
     if path.is_file() and is_bundled(path.read_bytes()[:8]) and not (args.inputs or args.random):
         if args.etdump or args.etrecord or args.out:
-            raise UserError(f"{path} is a bundled program: run checks it against its own expected outputs; "
-                            "--etdump, --etrecord and --out need --inputs FILE.npz (or --random) to run it")
+            raise UserError(
+                f"{path} is a bundled program: run checks it against its own expected outputs; "
+                "--etdump, --etrecord and --out need --inputs FILE.npz (or --random) to run it"
+            )
         from mps_backend.runtime import verify_bundled  # noqa: PLC0415
 
         results = verify_bundled(path)
@@ -266,8 +294,10 @@ def cmd_run(args) -> int:
         from mps_backend.runtime.emulator import program_input_specs  # noqa: PLC0415
 
         gen = torch.Generator().manual_seed(args.seed)
-        inputs = [torch.randn(shape, generator=gen).to(dtype) if dtype.is_floating_point
-                  else torch.zeros(shape, dtype=dtype) for shape, dtype in program_input_specs(pte)]
+        inputs = [
+            torch.randn(shape, generator=gen).to(dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
+            for shape, dtype in program_input_specs(pte)
+        ]
     tracing = args.etdump or args.etrecord
     if tracing:
         from mps_backend.runtime.emulator import run_with_etdump  # noqa: PLC0415
@@ -275,14 +305,17 @@ def cmd_run(args) -> int:
         etdump = pathlib.Path(args.etdump or pathlib.Path(args.file).with_suffix(".etdp").name)
         debug_buffer = pathlib.Path(args.debug_buffer or etdump.with_suffix(".debug.bin"))
         outputs = run_with_etdump(pte, inputs, etdump, debug_buffer)
-        print(f"wrote {etdump} (ETDump: one event per MPS node, times emulated on this CPU) and "
-              f"{debug_buffer} (intermediate outputs)")
+        print(
+            f"wrote {etdump} (ETDump: one event per MPS node, times emulated on this CPU) and "
+            f"{debug_buffer} (intermediate outputs)"
+        )
     else:
         outputs = run_pte(pte, inputs)
     for i, o in enumerate(outputs):
         f = o.float()
-        print(f"output {i}: {o.dtype} {list(o.shape)} min {f.min().item():.4g} max {f.max().item():.4g} "
-              f"mean {f.mean().item():.4g}")
+        print(
+            f"output {i}: {o.dtype} {list(o.shape)} min {f.min().item():.4g} max {f.max().item():.4g} mean {f.mean().item():.4g}"
+        )
     if args.out:
         with open(args.out, "wb") as f:  # a file object: np.savez would append .npz to a name without it
             np.savez(f, **{f"output_{i}": o.numpy() for i, o in enumerate(outputs)})
@@ -312,8 +345,10 @@ def _numeric_gap_table(etdump, etrecord: str, debug_buffer) -> str:
 
     inspector = Inspector(etdump_path=str(etdump), etrecord=etrecord, debug_buffer_path=str(debug_buffer))
     gaps = inspector.calculate_numeric_gap("MSE")
-    lines = ["per-operator gap, device model vs the ETRecord's reference graph (Inspector.calculate_numeric_gap, MSE):",
-             f"{'ops':<48} {'MSE':>12}"]
+    lines = [
+        "per-operator gap, device model vs the ETRecord's reference graph (Inspector.calculate_numeric_gap, MSE):",
+        f"{'ops':<48} {'MSE':>12}",
+    ]
     for ops, gap in zip(gaps["aot_ops"], gaps["gap"]):
         value = max(float(g) for g in gap) if len(gap) else float("nan")
         lines.append(f"{', '.join(map(str, ops))[:48]:<48} {value:>12.4g}")
@@ -342,11 +377,11 @@ def cmd_ops(args) -> int:
     return 0
 
 
-
 def cmd_zoo(args) -> int:
     from mps_backend.tools import zoo  # noqa: PLC0415
 
     return zoo.main(args.zoo_args)
+
 
 class UserError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2."""
@@ -361,8 +396,17 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
     from mps_backend.serialization import MPSFormatError  # noqa: PLC0415
 
-    return (UserError, CheckpointError, Float16RangeError, EmulatorError, InputMismatchError, MPSFormatError,
-            ProgramFormatError, RuntimeCompatError, OSError)
+    return (
+        UserError,
+        CheckpointError,
+        Float16RangeError,
+        EmulatorError,
+        InputMismatchError,
+        MPSFormatError,
+        ProgramFormatError,
+        RuntimeCompatError,
+        OSError,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,43 +418,96 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mps-backend", description="Lower PyTorch models to the ExecuTorch MPS delegate.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("export", help="export a model (default: the built-in demo) to a .pte")
-    p.add_argument("--target-runtime", "--target_runtime", dest="target_runtime", default=DEFAULT_TARGET,
-                   choices=(*RUNTIME_VERSIONS, "none"),
-                   help="the oldest executorch release the app ships (default: %(default)s, the oldest with the MPS "
-                   "delegate): an operator left on CPU without a kernel there is an error; none: no check")
-    p.add_argument("--allow-missing-kernels", action="store_true",
-                   help="warn instead of failing when the target runtime lacks a CPU kernel the program needs")
-    p.add_argument("-m", "--model", "--model_name", dest="model", default="demo",
-                   help="demo | torchvision:NAME | executorch:NAME | "
-                   "torch:transformer_encoder | path/file.py:factory | legacy PyTorch Mobile flatbuffer path.ff/.ptl | "
-                   "hf:FOLDER (Hugging Face checkpoint: a language model) | llama:CHECKPOINT.pth (with --params)")
-    p.add_argument("--input-shape", action="append", metavar="SHAPE",
-                   help="input shape of a .ff/.ptl model, once per forward input: 1,3,32,32 or 1,16:int64 "
-                   "(default: the file's mps_backend/input_shapes.json extra file)")
+    p.add_argument(
+        "--target-runtime",
+        "--target_runtime",
+        dest="target_runtime",
+        default=DEFAULT_TARGET,
+        choices=(*RUNTIME_VERSIONS, "none"),
+        help="the oldest executorch release the app ships (default: %(default)s, the oldest with the MPS "
+        "delegate): an operator left on CPU without a kernel there is an error; none: no check",
+    )
+    p.add_argument(
+        "--allow-missing-kernels",
+        action="store_true",
+        help="warn instead of failing when the target runtime lacks a CPU kernel the program needs",
+    )
+    p.add_argument(
+        "-m",
+        "--model",
+        "--model_name",
+        dest="model",
+        default="demo",
+        help="demo | torchvision:NAME | executorch:NAME | "
+        "torch:transformer_encoder | path/file.py:factory | legacy PyTorch Mobile flatbuffer path.ff/.ptl | "
+        "hf:FOLDER (Hugging Face checkpoint: a language model) | llama:CHECKPOINT.pth (with --params)",
+    )
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        metavar="SHAPE",
+        help="input shape of a .ff/.ptl model, once per forward input: 1,3,32,32 or 1,16:int64 "
+        "(default: the file's mps_backend/input_shapes.json extra file)",
+    )
     prec = p.add_mutually_exclusive_group()
     prec.add_argument("--fp32", action="store_true", help="keep float32 on the device")
     prec.add_argument("--fp16", action="store_true", help="compute in float16 (default)")
     p.add_argument("--dtype", choices=("fp16", "fp32"), help="the same as --fp16 / --fp32")
-    p.add_argument("--use_fp16", action=argparse.BooleanOptionalAction, default=None,
-                   help="the old MPS example script's flag: --use_fp16 (default) / --no-use_fp16")
-    p.add_argument("--max-seq-len", type=int, default=None,
-                   help="language models: static KV-cache length (default 2048, capped by the model's positions)")
+    p.add_argument(
+        "--use_fp16",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the old MPS example script's flag: --use_fp16 (default) / --no-use_fp16",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="language models: static KV-cache length (default 2048, capped by the model's positions)",
+    )
     p.add_argument("--params", default=None, help="llama:CHECKPOINT.pth: its params.json (default: beside it)")
-    p.add_argument("--clamp-fp16", action="store_true",
-                   help="language models: clamp weights beyond the float16 range to ±65504 instead of failing")
+    p.add_argument(
+        "--clamp-fp16",
+        action="store_true",
+        help="language models: clamp weights beyond the float16 range to ±65504 instead of failing",
+    )
     p.add_argument("--verify", action="store_true", help="run the .pte in the device model and compare with eager")
     p.add_argument("-o", "--output", help="output path (default: <output_dir>/<model>_mps_<fp16|fp32>.pte)")
-    p.add_argument("--output_dir", "--output-dir", dest="output_dir", default=None,
-                   help="folder for the default output name (default: the current folder)")
-    p.add_argument("-b", "--bundled", action="store_true",
-                   help="write a bundled program (.bpte): the program with its example inputs and eager "
-                   "outputs, for executorch's bundled-program check on the device")
-    p.add_argument("--etrecord", "--generate_etrecord", dest="etrecord", nargs="?", const=True, default=None,
-                   metavar="FILE", help="also write executorch's ETRecord (default: <output stem>_etrecord.bin beside it)")
-    p.add_argument("--quantize", choices=("int4", "int8"),
-                   help="weight-only quantization of the linear layers (torchao); int4 needs macOS 15 / iOS 18")
-    p.add_argument("--group-size", type=int, default=None,
-                   help="weights sharing one scale (default: 32 for int4, per output channel for int8; 0 = per channel)")
+    p.add_argument(
+        "--output_dir",
+        "--output-dir",
+        dest="output_dir",
+        default=None,
+        help="folder for the default output name (default: the current folder)",
+    )
+    p.add_argument(
+        "-b",
+        "--bundled",
+        action="store_true",
+        help="write a bundled program (.bpte): the program with its example inputs and eager "
+        "outputs, for executorch's bundled-program check on the device",
+    )
+    p.add_argument(
+        "--etrecord",
+        "--generate_etrecord",
+        dest="etrecord",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="FILE",
+        help="also write executorch's ETRecord (default: <output stem>_etrecord.bin beside it)",
+    )
+    p.add_argument(
+        "--quantize",
+        choices=("int4", "int8"),
+        help="weight-only quantization of the linear layers (torchao); int4 needs macOS 15 / iOS 18",
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="weights sharing one scale (default: 32 for int4, per output channel for int8; 0 = per channel)",
+    )
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("inspect", help="describe the MPS delegates of a .pte (or a PyTorch Mobile .ff)")
     p.add_argument("file")
@@ -423,12 +520,25 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--random", action="store_true", help="random inputs (the default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write outputs to this .npz")
-    p.add_argument("--etdump", metavar="FILE", help="run with executorch's event tracer and write its ETDump: one "
-                   "event per MPS node (times emulated), for executorch.devtools.Inspector")
-    p.add_argument("--debug-buffer", "--debug_buffer", dest="debug_buffer", metavar="FILE",
-                   help="with --etdump: where the intermediate outputs go (default: <etdump>.debug.bin)")
-    p.add_argument("--etrecord", metavar="FILE", help="the export's ETRecord (export --etrecord): run on its "
-                   "example inputs and print the Inspector's per-operator numeric gap table")
+    p.add_argument(
+        "--etdump",
+        metavar="FILE",
+        help="run with executorch's event tracer and write its ETDump: one "
+        "event per MPS node (times emulated), for executorch.devtools.Inspector",
+    )
+    p.add_argument(
+        "--debug-buffer",
+        "--debug_buffer",
+        dest="debug_buffer",
+        metavar="FILE",
+        help="with --etdump: where the intermediate outputs go (default: <etdump>.debug.bin)",
+    )
+    p.add_argument(
+        "--etrecord",
+        metavar="FILE",
+        help="the export's ETRecord (export --etrecord): run on its "
+        "example inputs and print the Inspector's per-operator numeric gap table",
+    )
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("generate", help="greedy generation with a language-model .pte on the emulated runtime")
     p.add_argument("file", help="the .pte (mps-backend export --model hf:...)")
@@ -436,19 +546,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--bos", action="store_true", help="put the model's BOS id before the prompt tokens")
-    p.add_argument("--runner", choices=("python", "executorch"), default="python",
-                   help="python: the runner's loop over the emulated runtime (streams tokens, prints tokens/s); "
-                   "executorch: executorch's C++ TextLLMRunner binding")
+    p.add_argument(
+        "--runner",
+        choices=("python", "executorch"),
+        default="python",
+        help="python: the runner's loop over the emulated runtime (streams tokens, prints tokens/s); "
+        "executorch: executorch's C++ TextLLMRunner binding",
+    )
     p.set_defaults(fn=cmd_generate)
-    p = sub.add_parser("debug", help="per-op float16-vs-float32 gap table of a model on the device model "
-                       "(which layer loses precision)")
+    p = sub.add_parser(
+        "debug", help="per-op float16-vs-float32 gap table of a model on the device model (which layer loses precision)"
+    )
     p.add_argument("-m", "--model", "--model_name", dest="model", default="demo", help="a --model spec as for export")
     p.add_argument("--top", type=int, default=10, help="rows in the summary of the worst nodes")
     p.set_defaults(fn=cmd_debug)
     p = sub.add_parser("ops", help="list the aten targets with an MPS lowering")
     p.set_defaults(fn=cmd_ops)
-    p = sub.add_parser("zoo", add_help=False,
-                       help="export, verify and measure the model zoo (mps_backend/tools/zoo.py; --help for options)")
+    p = sub.add_parser(
+        "zoo", add_help=False, help="export, verify and measure the model zoo (mps_backend/tools/zoo.py; --help for options)"
+    )
     p.add_argument("zoo_args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_zoo)
     args = parser.parse_args(argv)

@@ -10,6 +10,7 @@ weights have rows too: their gap is their rounding to float16.
 
 Needs a program the MPS lowering takes whole (``report`` names the nodes that would stay on CPU).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,8 +58,9 @@ def fp16_gap_table(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> li
     with torch.no_grad():
         edge = to_edge(export_program(model, inputs)).exported_program()
     registry = default_registry()
-    unsupported = [f"{n.name}: {registry.check(n)}" for n in edge.graph.nodes
-                   if n.op == "call_function" and registry.check(n) is not None]
+    unsupported = [
+        f"{n.name}: {registry.check(n)}" for n in edge.graph.nodes if n.op == "call_function" and registry.check(n) is not None
+    ]
     if unsupported:
         raise ValueError("debug needs a program the MPS lowering takes whole; on CPU: " + "; ".join(unsupported[:5]))
     values, ids = {}, {}
@@ -92,8 +94,10 @@ def fp16_gap_table(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> li
 
 
 def format_table(rows: list[GapRow], top: int = 10) -> str:
-    lines = [f"{'gap':>10} {'added':>10}  node (op) shape   — float16 vs float32 on the device model, "
-             "relative to the float32 result's largest magnitude"]
+    lines = [
+        f"{'gap':>10} {'added':>10}  node (op) shape   — float16 vs float32 on the device model, "
+        "relative to the float32 result's largest magnitude"
+    ]
     lines += [str(r) for r in rows]
     worst = sorted(rows, key=lambda r: -r.added)[:top]
     lines.append(f"\nwhere float16 loses the most (largest added gap, top {len(worst)}):")

@@ -1,4 +1,5 @@
 """The built-in demo model: a small convnet, one attention block and an MLP head."""
+
 from __future__ import annotations
 
 import torch

@@ -11,6 +11,7 @@ outcomes: success or one of the project's typed errors. Anything else fails the 
 exception type (reported with the mutant), or the worker dying (a signal, an abort, the memory limit),
 whose mutant is written to ``--crash-dir`` as a regression file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,13 +45,13 @@ def bases() -> dict[str, bytes]:
             return self.b(nn.functional.grid_sample(y, grid, align_corners=False).reshape(1, 8))
 
     torch.manual_seed(0)
-    cnn = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                        nn.Linear(4, 5)).eval()
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5)).eval()
     mlp4 = quantize_model(nn.Sequential(nn.Linear(32, 32), nn.SiLU(), nn.Linear(32, 8)).eval(), "int4", 32)
     return {
         "cnn_fp16": export_model(cnn, [torch.randn(1, 3, 8, 8)]).pte,
-        "island_fp32": export_model(Island().eval(), [torch.randn(1, 8), torch.rand(1, 2, 2, 2) * 2 - 1],
-                                    use_fp16=False, target_runtime="1.1").pte,
+        "island_fp32": export_model(
+            Island().eval(), [torch.randn(1, 8), torch.rand(1, 2, 2, 2) * 2 - 1], use_fp16=False, target_runtime="1.1"
+        ).pte,
         "int4_mlp": export_model(mlp4, [torch.randn(1, 32)]).pte,
     }
 
@@ -64,14 +65,14 @@ def mutate(rng: random.Random, data: bytes) -> tuple[str, bytes]:
             b[rng.randrange(head)] = rng.randrange(256)
         return "byte write", bytes(b)
     if kind == 1:
-        return "truncate", bytes(b[:rng.randrange(len(b))])
+        return "truncate", bytes(b[: rng.randrange(len(b))])
     if kind == 2:
         return "extend", bytes(b + bytes(rng.randrange(256) for _ in range(rng.randint(1, 256))))
     if kind in (3, 4):
         pos = rng.randrange(0, head - 8) & ~3
         size = 8 if kind == 4 else 4
         value = rng.choice((0, 1, 0xFFFFFFFF, 0x7FFFFFFF, 1 << 31, 1 << 33, rng.randrange(1 << (8 * size))))
-        b[pos:pos + size] = (value % (1 << (8 * size))).to_bytes(size, "little")
+        b[pos : pos + size] = (value % (1 << (8 * size))).to_bytes(size, "little")
         return f"u{8 * size} write", bytes(b)
     if kind == 5:  # a name the runtime logs: backend id, method, operator, compile-spec key
         names = [n for n in (b"MPSBackend", b"forward", b"use_fp16", b"aten::") if n in b]
@@ -100,8 +101,10 @@ def _run_case(data: bytes) -> str:
             if d.backend_id == "MPSBackend":
                 read_blob(d.blob)
         gen = torch.Generator().manual_seed(0)
-        inputs = [torch.randn(shape, generator=gen).to(dtype) if dtype.is_floating_point
-                  else torch.zeros(shape, dtype=dtype) for shape, dtype in program_input_specs(data)]
+        inputs = [
+            torch.randn(shape, generator=gen).to(dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
+            for shape, dtype in program_input_specs(data)
+        ]
         run_pte(data, inputs)
         return "ok"
     except Exception as e:  # noqa: BLE001 - classified by the caller
@@ -133,9 +136,14 @@ def _limit() -> None:
 
 class _Worker:
     def __init__(self, folder: Path):
-        self.proc = subprocess.Popen([sys.executable, "-m", "mps_backend.tools.fuzz_pte", "--worker", str(folder)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, preexec_fn=_limit)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mps_backend.tools.fuzz_pte", "--worker", str(folder)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            preexec_fn=_limit,
+        )
 
     def run(self, path: Path) -> str | None:
         """The case's result, or None if the worker died on it."""

@@ -32,6 +32,7 @@ either a shape list ``[1, 3, 32, 32]`` or ``{"shape": [1, 16], "dtype": "int64"}
 
 ``--input-shape`` wins over the extra file.
 """
+
 from __future__ import annotations
 
 import json
@@ -96,7 +97,7 @@ def _is_composite(qualified: str) -> bool | None:
     try:
         return torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeImplicitAutograd")
     except (RuntimeError, ValueError):  # "operator ... does not exist" (a ValueError if torch's message
-        return None                     # cuts a multi-byte character of an odd name)
+        return None  # cuts a multi-byte character of an odd name)
 
 
 def op_coverage(names: Sequence[str], registry: set[str] | None = None) -> dict[str, OpCoverage]:
@@ -114,17 +115,21 @@ def op_coverage(names: Sequence[str], registry: set[str] | None = None) -> dict[
         if name in registry:
             out[name] = OpCoverage(name, "lowered", "MPS lowering")
         elif composite is None:
-            out[name] = OpCoverage(name, "builtin", "TorchScript builtin (not an ATen kernel): the "
-                                   "converter turns it into graph structure or Python")
+            out[name] = OpCoverage(
+                name, "builtin", "TorchScript builtin (not an ATen kernel): the converter turns it into graph structure or Python"
+            )
         elif functional in registry:
-            out[name] = OpCoverage(name, "inplace", f"in-place: torch.export functionalizes it to "
-                                   f"{functional}, which has an MPS lowering")
+            out[name] = OpCoverage(
+                name, "inplace", f"in-place: torch.export functionalizes it to {functional}, which has an MPS lowering"
+            )
         elif composite:
-            out[name] = OpCoverage(name, "composite", "composite: torch.export decomposes it; the MPS "
-                                   "coverage of its decomposition shows in `mps-backend export`")
+            out[name] = OpCoverage(
+                name,
+                "composite",
+                "composite: torch.export decomposes it; the MPS coverage of its decomposition shows in `mps-backend export`",
+            )
         elif op in by_op:
-            out[name] = OpCoverage(name, "other-overload", "MPS lowering for other overload(s): "
-                                   + ", ".join(sorted(by_op[op])))
+            out[name] = OpCoverage(name, "other-overload", "MPS lowering for other overload(s): " + ", ".join(sorted(by_op[op])))
         else:
             out[name] = OpCoverage(name, "none", "no MPS lowering (stays on CPU if ExecuTorch has a kernel)")
     return out
@@ -146,16 +151,21 @@ def _signature(module: MobileModule, fn) -> str:
 def describe(module: MobileModule, label: str, registry: set[str] | None = None) -> str:
     """The ``mps-backend inspect`` report of one mobile module."""
     m = module
-    lines = [f"{label}: PyTorch Mobile flatbuffer module ({IDENTIFIER.decode()}), {m.size:,} bytes",
-             f"   bytecode version {m.bytecode_version}, operator version "
-             f"{'-' if m.operator_version is None else m.operator_version}, root type {m.root_type}, "
-             f"{len(m.ivalues)} ivalues, {len(m.object_types)} object types, {len(m.storages)} storages"]
+    lines = [
+        f"{label}: PyTorch Mobile flatbuffer module ({IDENTIFIER.decode()}), {m.size:,} bytes",
+        f"   bytecode version {m.bytecode_version}, operator version "
+        f"{'-' if m.operator_version is None else m.operator_version}, root type {m.root_type}, "
+        f"{len(m.ivalues)} ivalues, {len(m.object_types)} object types, {len(m.storages)} storages",
+    ]
     if m.jit_sources:
-        lines.append(f"   TorchScript source: {len(m.jit_sources)} file(s): migratable with "
-                     f"`mps-backend export --model {label} --input-shape ...`")
+        lines.append(
+            f"   TorchScript source: {len(m.jit_sources)} file(s): migratable with "
+            f"`mps-backend export --model {label} --input-shape ...`"
+        )
     else:
-        lines.append("   TorchScript source: none (lite-interpreter-only file): inspectable, not convertible "
-                     "to an ExportedProgram")
+        lines.append(
+            "   TorchScript source: none (lite-interpreter-only file): inspectable, not convertible to an ExportedProgram"
+        )
     if m.extra_files:
         files = sorted(m.extra_files.items())
         lines.append("   extra files: " + ", ".join(f"{k} ({len(v):,} bytes)" for k, v in files))
@@ -163,8 +173,10 @@ def describe(module: MobileModule, label: str, registry: set[str] | None = None)
     lines.append(f"\n== methods ({len(methods)})")
     for fn in methods:
         lines.append(f"   {_signature(m, fn)}")
-        lines.append(f"      {fn.qualified_name}: {len(fn.instructions)} instructions, "
-                     f"{len(fn.operators)} operators, {fn.register_size} registers")
+        lines.append(
+            f"      {fn.qualified_name}: {len(fn.instructions)} instructions, "
+            f"{len(fn.operators)} operators, {fn.register_size} registers"
+        )
     others = [f for f in m.functions if f not in methods]
     if others:
         lines.append("   other functions: " + ", ".join(f.qualified_name for f in others))
@@ -174,12 +186,16 @@ def describe(module: MobileModule, label: str, registry: set[str] | None = None)
         for op in fn.operators:
             hist.setdefault(op.qualified_name, 0)
     coverage = op_coverage(sorted(hist), registry)
-    counts = {s: sum(1 for c in coverage.values() if c.status == s) for s in
-              ("lowered", "inplace", "other-overload", "composite", "builtin", "none")}
-    lines.append(f"\n== operators ({len(hist)} kinds, {sum(hist.values())} call sites; "
-                 f"{counts['lowered']} with an MPS lowering, {counts['inplace']} in-place of one, "
-                 f"{counts['composite']} composite, {counts['other-overload']} other overload, "
-                 f"{counts['builtin']} TorchScript builtins, {counts['none']} without)")
+    counts = {
+        s: sum(1 for c in coverage.values() if c.status == s)
+        for s in ("lowered", "inplace", "other-overload", "composite", "builtin", "none")
+    }
+    lines.append(
+        f"\n== operators ({len(hist)} kinds, {sum(hist.values())} call sites; "
+        f"{counts['lowered']} with an MPS lowering, {counts['inplace']} in-place of one, "
+        f"{counts['composite']} composite, {counts['other-overload']} other overload, "
+        f"{counts['builtin']} TorchScript builtins, {counts['none']} without)"
+    )
     width = max((len(n) for n in hist), default=0)
     for name, n in sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"   {n:5d}  {name:<{width}}  {coverage[name].detail}")
@@ -258,14 +274,18 @@ def _shapes_from_extra_file(module: MobileModule, label: str) -> list[tuple[tupl
             out.append(parse_input_shape(",".join(str(int(d)) for d in shape) + f":{dtype}"))
         return out
     except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise SystemExit(f"{label}: extra file {INPUT_SHAPES_FILE} is not a JSON list of shapes "
-                         f"([[1, 3, 32, 32]] or [{{\"shape\": [1, 16], \"dtype\": \"int64\"}}]): {e}") from None
+        raise SystemExit(
+            f"{label}: extra file {INPUT_SHAPES_FILE} is not a JSON list of shapes "
+            f'([[1, 3, 32, 32]] or [{{"shape": [1, 16], "dtype": "int64"}}]): {e}'
+        ) from None
 
 
 def make_inputs(specs: Sequence[tuple[tuple[int, ...], torch.dtype]], seed: int = 0) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(shape, generator=gen).to(dtype) if dtype.is_floating_point
-                 else torch.zeros(shape, dtype=dtype) for shape, dtype in specs)
+    return tuple(
+        torch.randn(shape, generator=gen).to(dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
+        for shape, dtype in specs
+    )
 
 
 class MigratedModule(torch.nn.Module):
@@ -291,8 +311,9 @@ def _forward_inputs(module: MobileModule) -> list[str]:
     return []
 
 
-def load_legacy(path: str, input_shapes: Sequence[str] | None = None,
-                progress: Callable[[str], None] = _say) -> tuple[MigratedModule, tuple[torch.Tensor, ...]]:
+def load_legacy(
+    path: str, input_shapes: Sequence[str] | None = None, progress: Callable[[str], None] = _say
+) -> tuple[MigratedModule, tuple[torch.Tensor, ...]]:
     """(model, example_inputs) for ``mps-backend export --model path`` on a mobile flatbuffer file."""
     from torch._export.converter import TS2EPConverter  # noqa: PLC0415
 
@@ -302,9 +323,11 @@ def load_legacy(path: str, input_shapes: Sequence[str] | None = None,
     data = file.read_bytes()
     if not is_mobile_flatbuffer(data):
         kind = "a zip archive (zip-format lite-interpreter or TorchScript file)" if data[:2] == b"PK" else "not"
-        raise SystemExit(f"{file}: bytes 4-7 are {data[4:8]!r}, not {IDENTIFIER!r}: {kind} a PyTorch Mobile "
-                         "flatbuffer; re-save it with torch.jit.save_jit_module_to_flatbuffer or export the "
-                         "original model (--model file.py:factory)")
+        raise SystemExit(
+            f"{file}: bytes 4-7 are {data[4:8]!r}, not {IDENTIFIER!r}: {kind} a PyTorch Mobile "
+            "flatbuffer; re-save it with torch.jit.save_jit_module_to_flatbuffer or export the "
+            "original model (--model file.py:factory)"
+        )
     try:
         module = read_mobile_module(data)
     except MobileFormatError as e:
@@ -315,19 +338,21 @@ def load_legacy(path: str, input_shapes: Sequence[str] | None = None,
             "torch.jit.load cannot rebuild a ScriptModule and TS2EPConverter cannot convert it. Instead: "
             "export the original model (--model path/file.py:factory), or re-save its ScriptModule with "
             "torch.jit.save_jit_module_to_flatbuffer(scripted, path) (which keeps the source). "
-            f"`mps-backend inspect {file}` still lists its operators and parameters.")
+            f"`mps-backend inspect {file}` still lists its operators and parameters."
+        )
     wanted = _forward_inputs(module)
     if input_shapes:
         specs = [parse_input_shape(s) for s in input_shapes]
     else:
         specs = _shapes_from_extra_file(module, str(file))
         if specs is None:
-            raise SystemExit(f"{file}: no input shapes: the file does not record them. Pass one --input-shape per "
-                             f"forward input ({', '.join(wanted) or 'see `mps-backend inspect`'}), e.g. "
-                             f"--input-shape 1,3,32,32, or save them in the extra file {INPUT_SHAPES_FILE}")
+            raise SystemExit(
+                f"{file}: no input shapes: the file does not record them. Pass one --input-shape per "
+                f"forward input ({', '.join(wanted) or 'see `mps-backend inspect`'}), e.g. "
+                f"--input-shape 1,3,32,32, or save them in the extra file {INPUT_SHAPES_FILE}"
+            )
     if wanted and len(specs) != len(wanted):
-        raise SystemExit(f"{file}: forward takes {len(wanted)} input(s) ({', '.join(wanted)}), "
-                         f"{len(specs)} shape(s) given")
+        raise SystemExit(f"{file}: forward takes {len(wanted)} input(s) ({', '.join(wanted)}), {len(specs)} shape(s) given")
     others = [fn.name for fn in module.method_functions if fn.name != "forward" and not fn.name.startswith("__")]
     if others:
         progress(f"[legacy] note: only forward is migrated; other exported methods not converted: {', '.join(others)}")
@@ -347,8 +372,9 @@ def load_legacy(path: str, input_shapes: Sequence[str] | None = None,
             expected = scripted(*inputs)
         program = TS2EPConverter(scripted, inputs).convert()
     except Exception as e:  # noqa: BLE001 - the converter raises many types; the message is the point
-        raise SystemExit(f"{file}: TS2EPConverter could not convert the TorchScript module: "
-                         f"{type(e).__name__}: {str(e).strip()[:500]}") from None
+        raise SystemExit(
+            f"{file}: TS2EPConverter could not convert the TorchScript module: {type(e).__name__}: {str(e).strip()[:500]}"
+        ) from None
     model = MigratedModule(program.module(), scripted, str(file)).eval()
     _check_conversion(model, expected, inputs, file)
     return model, inputs
@@ -375,7 +401,9 @@ def _check_conversion(model: MigratedModule, expected, inputs, file) -> None:
             scale = e.abs().max().item() if e.numel() else 0.0
             err = (g.float() - e.float()).abs().max().item() if e.numel() else 0.0
             if not err <= CONVERSION_TOLERANCE * max(scale, 1e-12):
-                raise SystemExit(f"{file}: the converted program differs from TorchScript on output {k} "
-                                 f"(max abs error {err:.3g}, output scale {scale:.3g})")
+                raise SystemExit(
+                    f"{file}: the converted program differs from TorchScript on output {k} "
+                    f"(max abs error {err:.3g}, output scale {scale:.3g})"
+                )
         elif not torch.equal(g, e):
             raise SystemExit(f"{file}: the converted program differs from TorchScript on output {k}")

@@ -4,6 +4,7 @@ llama-kv and the executorch example models of EXECUTORCH_EXAMPLES), 'torch:trans
 
 A factory returns ``(model, example_inputs)``. Weights are random (nothing is downloaded).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -45,8 +46,9 @@ def _torchvision(name: str):
     except ImportError as e:
         raise SystemExit("torchvision is not installed: pip install torchvision==0.29.1") from e
     kwargs = {"aux_logits": False, "init_weights": False} if name == "inception_v3" else {}
-    if name in torchvision.models.list_models(torchvision.models.segmentation) or \
-            name in torchvision.models.list_models(torchvision.models.detection):
+    if name in torchvision.models.list_models(torchvision.models.segmentation) or name in torchvision.models.list_models(
+        torchvision.models.detection
+    ):
         kwargs["weights_backbone"] = None  # the default would download ImageNet backbone weights
     if name not in torchvision.models.list_models():
         raise SystemExit(f"unknown torchvision model {name!r} (torchvision.models.list_models() lists them)")
@@ -153,15 +155,13 @@ def _executorch_example(name: str):
     from executorch.examples.models.model_factory import EagerModelFactory  # noqa: PLC0415
 
     if name not in MODEL_NAME_TO_MODEL:
-        raise SystemExit(f"unknown executorch example model {name!r}: "
-                         + ", ".join(("llama", "llama-kv") + EXECUTORCH_EXAMPLES))
+        raise SystemExit(f"unknown executorch example model {name!r}: " + ", ".join(("llama", "llama-kv") + EXECUTORCH_EXAMPLES))
     torch.manual_seed(0)
     model, inputs, _, _ = EagerModelFactory.create_model(*MODEL_NAME_TO_MODEL[name])
     model = calibrate_batchnorm(model, inputs)
     if name == "lstm":  # forward(x, (h0, c0)) -> (y, (h, c)): flat (x, h0, c0) -> (y, h, c)
         x, (h0, c0) = inputs
-        model = _FlatForward(model, lambda x, h, c: ((x, (h, c)), {}),
-                             lambda out: (out[0], *out[1])).eval()
+        model = _FlatForward(model, lambda x, h, c: ((x, (h, c)), {}), lambda out: (out[0], *out[1])).eval()
         inputs = (x, h0, c0)
     return model, tuple(inputs)
 
@@ -188,5 +188,7 @@ def load(spec: str, input_shapes=None):
         return transformer_encoder()
     if spec.count(":") == 1 and kind.endswith(".py"):
         return _from_file(kind, name)
-    raise SystemExit(f"unknown model spec {spec!r}: use demo, torchvision:NAME, executorch:NAME, "
-                     "torch:transformer_encoder or path/to/file.py:factory")
+    raise SystemExit(
+        f"unknown model spec {spec!r}: use demo, torchvision:NAME, executorch:NAME, "
+        "torch:transformer_encoder or path/to/file.py:factory"
+    )

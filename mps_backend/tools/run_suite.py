@@ -16,6 +16,7 @@ pytest-json-report (``{"tests": [{"nodeid", "outcome", "metadata": {"subtests": 
 which the suite's own ``generate_markdown_summary_json.py`` reads; the report's summary counts
 come from that script's ``aggregate_results``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,6 +91,7 @@ def operator_files(subset: Sequence[str] | None = None) -> list[Path]:
 # --------------------------------------------------------------------------------------
 # Running pytest
 
+
 @dataclass
 class SuiteRun:
     """The results of one run: one record per test (see suite_flow's ``--mps-suite-report``)."""
@@ -120,10 +122,18 @@ class SuiteRun:
 
     def to_json(self) -> dict:
         """pytest-json-report layout (what generate_markdown_summary_json reads), plus run info."""
-        return {"tests": self.tests, "mps_run": {"flows": list(self.flows), "seed": self.seed,
-                                                 "seconds": round(self.seconds, 1),
-                                                 "restarts": self.restarts, "files": self.files,
-                                                 "started": self.started, "tree": self.tree}}
+        return {
+            "tests": self.tests,
+            "mps_run": {
+                "flows": list(self.flows),
+                "seed": self.seed,
+                "seconds": round(self.seconds, 1),
+                "restarts": self.restarts,
+                "files": self.files,
+                "started": self.started,
+                "tree": self.tree,
+            },
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> "SuiteRun":
@@ -131,23 +141,34 @@ class SuiteRun:
         for test in data["tests"]:
             for sub in test["metadata"]["subtests"]:
                 # results of plugin versions without the invalid_blob class
-                if sub.get("Failure Class") == "device_error" and \
-                        str(sub.get("Root Error", "")).startswith("MPSFormatError"):
+                if sub.get("Failure Class") == "device_error" and str(sub.get("Root Error", "")).startswith("MPSFormatError"):
                     sub["Failure Class"] = "invalid_blob"
-        return cls(tests=data["tests"], flows=tuple(info.get("flows", FLOWS[:1])), seed=info.get("seed"),
-                   seconds=info.get("seconds", 0.0), restarts=info.get("restarts", 0),
-                   files=info.get("files", []), started=info.get("started", ""),
-                   tree=info.get("tree", ""))
+        return cls(
+            tests=data["tests"],
+            flows=tuple(info.get("flows", FLOWS[:1])),
+            seed=info.get("seed"),
+            seconds=info.get("seconds", 0.0),
+            restarts=info.get("restarts", 0),
+            files=info.get("files", []),
+            started=info.get("started", ""),
+            tree=info.get("tree", ""),
+        )
 
 
 def source_tree() -> str:
     """HEAD of the git checkout mps_backend is imported from, "+dirty" if it has local changes."""
     root = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=30, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
@@ -168,14 +189,30 @@ def _synthetic(nodeid: str, cls: str, message: str, outcome: str) -> dict:
     """A record for a test that produced no result line (crash, hang, collection error)."""
     test_id = nodeid.split("::")[-1]
     return {
-        "event": "result", "nodeid": nodeid, "file": Path(nodeid.split("::")[0]).name,
-        "flow": _flow_of(nodeid), "outcome": outcome, "message": message, "duration": None,
-        "metadata": {"subtests": [{
-            "Test ID": test_id, "Test Case": test_id.split("[")[0], "Subtest": 0,
-            "Flow": _flow_of(nodeid), "Result": "Fail", "Result Detail": "Process Crash",
-            "Error": message, "Delegated": "False", "Failure Class": cls, "Root Error": message,
-            "CPU Nodes": [],
-        }]},
+        "event": "result",
+        "nodeid": nodeid,
+        "file": Path(nodeid.split("::")[0]).name,
+        "flow": _flow_of(nodeid),
+        "outcome": outcome,
+        "message": message,
+        "duration": None,
+        "metadata": {
+            "subtests": [
+                {
+                    "Test ID": test_id,
+                    "Test Case": test_id.split("[")[0],
+                    "Subtest": 0,
+                    "Flow": _flow_of(nodeid),
+                    "Result": "Fail",
+                    "Result Detail": "Process Crash",
+                    "Error": message,
+                    "Delegated": "False",
+                    "Failure Class": cls,
+                    "Root Error": message,
+                    "CPU Nodes": [],
+                }
+            ]
+        },
     }
 
 
@@ -210,18 +247,40 @@ def _read_jsonl(path: Path) -> tuple[list[str], dict[str, dict]]:
     return starts, results
 
 
-def _pytest_command(files: Sequence[Path], flows: Sequence[str], jsonl: Path, seed: int | None,
-                    deselect: Iterable[str], extra: Sequence[str]) -> list[str]:
+def _pytest_command(
+    files: Sequence[Path], flows: Sequence[str], jsonl: Path, seed: int | None, deselect: Iterable[str], extra: Sequence[str]
+) -> list[str]:
     root = suite_dir()
-    cmd = [sys.executable, "-m", "pytest", *map(str, files),
-           "-p", PLUGIN, "-p", "no:cacheprovider",
-           # the suite's directory is the rootdir; no ini file (ours would apply otherwise,
-           # since the venv lives inside this repository)
-           "-c", os.devnull, "--rootdir", str(root), "--confcutdir", str(root),
-           "-m", " or ".join(f"flow_{f}" for f in flows),
-           "--mps-suite-report", str(jsonl), "-q", "-p", "no:warnings", "--tb=no", "-rN",
-           # the suite's modules import its TestFlow dataclass, which pytest tries to collect
-           "-W", "ignore::pytest.PytestCollectionWarning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *map(str, files),
+        "-p",
+        PLUGIN,
+        "-p",
+        "no:cacheprovider",
+        # the suite's directory is the rootdir; no ini file (ours would apply otherwise,
+        # since the venv lives inside this repository)
+        "-c",
+        os.devnull,
+        "--rootdir",
+        str(root),
+        "--confcutdir",
+        str(root),
+        "-m",
+        " or ".join(f"flow_{f}" for f in flows),
+        "--mps-suite-report",
+        str(jsonl),
+        "-q",
+        "-p",
+        "no:warnings",
+        "--tb=no",
+        "-rN",
+        # the suite's modules import its TestFlow dataclass, which pytest tries to collect
+        "-W",
+        "ignore::pytest.PytestCollectionWarning",
+    ]
     if seed is not None:
         cmd += ["--mps-seed", str(seed)]
     cmd += [f"--deselect={n}" for n in deselect]
@@ -232,11 +291,9 @@ def _run_once(cmd: list[str], jsonl: Path, log, stall_seconds: float) -> tuple[i
     """Run pytest; returns (returncode, stalled, last output lines)."""
     # ET_TEST_ENABLED_BACKENDS: the suite's backend filter; the plugin then skips loading the
     # other backends' flows (they would be deselected by -m anyway)
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1",
-               ET_TEST_ENABLED_BACKENDS="mps")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1", ET_TEST_ENABLED_BACKENDS="mps")
     tail: collections.deque[str] = collections.deque(maxlen=40)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
 
     def pump():
         assert proc.stdout is not None
@@ -263,10 +320,17 @@ def _run_once(cmd: list[str], jsonl: Path, log, stall_seconds: float) -> tuple[i
     return proc.returncode, stalled, list(tail)
 
 
-def run(files: Sequence[Path] | None = None, flows: Sequence[str] = ("mps",), *,
-        seed: int | None = DEFAULT_SEED, log=sys.stdout, max_restarts: int = 20,
-        stall_seconds: float = STALL_SECONDS, extra_pytest_args: Sequence[str] = (),
-        jsonl_path: Path | None = None) -> SuiteRun:
+def run(
+    files: Sequence[Path] | None = None,
+    flows: Sequence[str] = ("mps",),
+    *,
+    seed: int | None = DEFAULT_SEED,
+    log=sys.stdout,
+    max_restarts: int = 20,
+    stall_seconds: float = STALL_SECONDS,
+    extra_pytest_args: Sequence[str] = (),
+    jsonl_path: Path | None = None,
+) -> SuiteRun:
     """Run the suite's tests in ``files`` for ``flows``; survive crashes (see module docstring)."""
     files = list(files) if files else operator_files()
     for f in flows:
@@ -298,9 +362,9 @@ def run(files: Sequence[Path] | None = None, flows: Sequence[str] = ("mps",), *,
                 else:
                     why = f"process exited with code {code} mid-test"
                 detail = " | ".join(line for line in tail[-6:] if line.strip())
-                crashed[nodeid] = _synthetic(nodeid, "timeout" if stalled else "crash",
-                                             f"{why}; last output: {detail}"[:600],
-                                             "crashed")
+                crashed[nodeid] = _synthetic(
+                    nodeid, "timeout" if stalled else "crash", f"{why}; last output: {detail}"[:600], "crashed"
+                )
                 if restarts >= max_restarts:
                     break
                 restarts += 1
@@ -316,12 +380,21 @@ def run(files: Sequence[Path] | None = None, flows: Sequence[str] = ("mps",), *,
             tmp.cleanup()
     tests = list(results.values()) + list(crashed.values())
     tests.sort(key=lambda t: (t["file"], t["nodeid"]))
-    return SuiteRun(tests=tests, flows=tuple(flows), seed=seed, seconds=time.monotonic() - t0,
-                    restarts=restarts, files=[f.name for f in files], started=started, tree=tree)
+    return SuiteRun(
+        tests=tests,
+        flows=tuple(flows),
+        seed=seed,
+        seconds=time.monotonic() - t0,
+        restarts=restarts,
+        files=[f.name for f in files],
+        started=started,
+        tree=tree,
+    )
 
 
 # --------------------------------------------------------------------------------------
 # Statistics
+
 
 def _delegation(sub: dict) -> str | None:
     """'full', 'partial', 'none', or None when the case never got through lowering."""
@@ -441,6 +514,7 @@ def suite_summary(run_: SuiteRun, flow: str):
 # --------------------------------------------------------------------------------------
 # Markdown
 
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -458,11 +532,12 @@ def kept_analysis(report: str) -> str | None:
     start, end = report.find(ANALYSIS_BEGIN), report.find(ANALYSIS_END)
     if start < 0 or end < start:
         return None
-    return report[start + len(ANALYSIS_BEGIN):end].strip("\n")
+    return report[start + len(ANALYSIS_BEGIN) : end].strip("\n")
 
 
-def render_markdown(run_: SuiteRun, *, title: str = "ExecuTorch operator test suite: MPS flows",
-                    analysis: str | None = None) -> str:
+def render_markdown(
+    run_: SuiteRun, *, title: str = "ExecuTorch operator test suite: MPS flows", analysis: str | None = None
+) -> str:
     lines = [f"# {title}", ""]
     lines += [
         "Generated by `python -m mps_backend.tools.run_suite` (ExecuTorch's backend test suite, "
@@ -471,8 +546,8 @@ def render_markdown(run_: SuiteRun, *, title: str = "ExecuTorch operator test su
         "MPS delegates on the device model, `faithful` mode).",
         "",
         f"Flows: {', '.join(f'`{f}`' for f in run_.flows)} · seed {run_.seed} · "
-        + (f"tree {run_.tree} · started {run_.started} · " if run_.tree else "") +
-        f"{len(run_.files)} operator files · {run_.seconds / 60:.1f} min wall time (all runs)"
+        + (f"tree {run_.tree} · started {run_.started} · " if run_.tree else "")
+        + f"{len(run_.files)} operator files · {run_.seconds / 60:.1f} min wall time (all runs)"
         + (f" · {run_.restarts} pytest restart(s) after crashes" if run_.restarts else ""),
         "",
         "How to read: a *case* is one `lower_and_run_model` call; a pytest test may run several "
@@ -506,26 +581,38 @@ def render_markdown(run_: SuiteRun, *, title: str = "ExecuTorch operator test su
         if agg is not None:
             c = agg.counts
             detail = ", ".join(f"{k} {v}" for k, v in sorted(c.by_detail.items())) or "none"
-            lines.append(f"- Suite's own summary (`generate_markdown_summary_json.aggregate_results`): "
-                         f"Pass {c.passes}, Fail {c.fails}, Skip {c.skips}; failure details: {detail}")
-        classes = collections.Counter(sub.get("Failure Class", "error") for test, sub in run_.subtests()
-                                      if (test.get("flow") or sub.get("Flow")) == flow)
+            lines.append(
+                f"- Suite's own summary (`generate_markdown_summary_json.aggregate_results`): "
+                f"Pass {c.passes}, Fail {c.fails}, Skip {c.skips}; failure details: {detail}"
+            )
+        classes = collections.Counter(
+            sub.get("Failure Class", "error") for test, sub in run_.subtests() if (test.get("flow") or sub.get("Flow")) == flow
+        )
         lines += ["", "| Result class | Cases | Meaning |", "|---|---:|---|"]
         for cls, text in CLASS_TEXT.items():
             if classes.get(cls):
                 lines.append(f"| `{cls}` | {classes[cls]} | {text} |")
-        lines += ["", f"### Per operator file (`{flow}`)", "",
-                  "| File | Cases | Delegated full / partial / none | Passed | Failed | Skipped | Failures |",
-                  "|---|---:|---|---:|---:|---:|---|"]
+        lines += [
+            "",
+            f"### Per operator file (`{flow}`)",
+            "",
+            "| File | Cases | Delegated full / partial / none | Passed | Failed | Skipped | Failures |",
+            "|---|---:|---|---:|---:|---:|---|",
+        ]
         for (f_flow, name), c in files.items():
             if f_flow != flow:
                 continue
             reasons = "<br>".join(f"{n}× `{cls}`: {_md(r)}" for (cls, r), n in c.reasons.most_common())
-            lines.append(f"| {name.removesuffix('.py')} | {c.cases} | {c.full} / {c.partial} / {c.none} | "
-                         f"{c.passed} | {c.failed} | {c.skipped} | {reasons} |")
-        lines += [f"| **total** | **{t.cases}** | **{t.full} / {t.partial} / {t.none}** | "
-                  f"**{t.passed}** | **{t.failed}** | **{t.skipped}** | pass rate {_pct(t.pass_rate)}, "
-                  f"delegation rate {_pct(t.delegation_rate)} |", ""]
+            lines.append(
+                f"| {name.removesuffix('.py')} | {c.cases} | {c.full} / {c.partial} / {c.none} | "
+                f"{c.passed} | {c.failed} | {c.skipped} | {reasons} |"
+            )
+        lines += [
+            f"| **total** | **{t.cases}** | **{t.full} / {t.partial} / {t.none}** | "
+            f"**{t.passed}** | **{t.failed}** | **{t.skipped}** | pass rate {_pct(t.pass_rate)}, "
+            f"delegation rate {_pct(t.delegation_rate)} |",
+            "",
+        ]
         lines += _failure_section(run_, flow)
         lines += _cpu_section(run_, flow)
         lines += _whole_program_section(run_, flow)
@@ -534,9 +621,11 @@ def render_markdown(run_: SuiteRun, *, title: str = "ExecuTorch operator test su
 
 
 def _failure_section(run_: SuiteRun, flow: str) -> list[str]:
-    rows = [(test, sub) for test, sub in run_.subtests()
-            if (test.get("flow") or sub.get("Flow")) == flow
-            and sub.get("Failure Class") not in (*PASS_CLASSES, "skip")]
+    rows = [
+        (test, sub)
+        for test, sub in run_.subtests()
+        if (test.get("flow") or sub.get("Flow")) == flow and sub.get("Failure Class") not in (*PASS_CLASSES, "skip")
+    ]
     if not rows:
         return [f"### Failed cases (`{flow}`)", "", "None.", ""]
     out = [f"### Failed cases (`{flow}`)", "", "| Case | Class | Error |", "|---|---|---|"]
@@ -546,8 +635,12 @@ def _failure_section(run_: SuiteRun, flow: str) -> list[str]:
         cls = sub.get("Failure Class")
         err = sub.get("Root Error") or sub.get("Error") or ""
         if cls == "mismatch":
-            err = (f"max abs error {sub.get('Output 0 Error Max')}, MAE {sub.get('Output 0 Error MAE')}, "
-                   f"SNR {sub.get('Output 0 SNR')} dB; " + err.splitlines()[0] if err else "")
+            err = (
+                f"max abs error {sub.get('Output 0 Error Max')}, MAE {sub.get('Output 0 Error MAE')}, "
+                f"SNR {sub.get('Output 0 SNR')} dB; " + err.splitlines()[0]
+                if err
+                else ""
+            )
         err = err if len(err) <= 400 else err[:400] + " […]"
         out.append(f"| `{case_id(test, sub)}` | `{cls}` | {_md(err)} |")
     return out + [""]
@@ -566,10 +659,15 @@ def _whole_program_section(run_: SuiteRun, flow: str) -> list[str]:
             crashes.append(f"| `{case_id(test, sub)}` | {_md(outcome)} |")
     if not results:
         return []
-    out = [f"### Whole-program `to_backend(\"MPSBackend\", ...)` (`{flow}`)", "",
-           "Every case also lowered the way old export scripts do (`to_edge`, then the whole program to the "
-           "backend; `MPS_SUITE_WHOLE_PROGRAM=1`): " + ", ".join(f"{k} {n}" for k, n in results.most_common())
-           + " (*refused*: the backend named the nodes the device cannot run, as it must).", ""]
+    out = [
+        f'### Whole-program `to_backend("MPSBackend", ...)` (`{flow}`)',
+        "",
+        "Every case also lowered the way old export scripts do (`to_edge`, then the whole program to the "
+        "backend; `MPS_SUITE_WHOLE_PROGRAM=1`): "
+        + ", ".join(f"{k} {n}" for k, n in results.most_common())
+        + " (*refused*: the backend named the nodes the device cannot run, as it must).",
+        "",
+    ]
     return out + (["| Case | Outcome |", "|---|---|", *crashes, ""] if crashes else [])
 
 
@@ -583,9 +681,14 @@ def _cpu_section(run_: SuiteRun, flow: str) -> list[str]:
     out = [f"### Nodes left on CPU by the partitioner (`{flow}`)", ""]
     if not reasons:
         return out + ["None.", ""]
-    out += ["Expected CPU fallback: the partitioner's reason, and how many cases have such a node "
-            "(these cases pass or fail on their own merits; CPU nodes run on ExecuTorch's portable "
-            "kernels).", "", "| Cases | Node target: reason |", "|---:|---|"]
+    out += [
+        "Expected CPU fallback: the partitioner's reason, and how many cases have such a node "
+        "(these cases pass or fail on their own merits; CPU nodes run on ExecuTorch's portable "
+        "kernels).",
+        "",
+        "| Cases | Node target: reason |",
+        "|---:|---|",
+    ]
     for entry, n in reasons.most_common():
         out.append(f"| {n} | {_md(entry)} |")
     return out + [""]
@@ -608,29 +711,43 @@ def _skip_section(run_: SuiteRun, flow: str) -> list[str]:
 # --------------------------------------------------------------------------------------
 # CLI
 
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mps_backend.tools.run_suite",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--subset", nargs="+", metavar="NAME",
-                        help="operator test files to run (add, conv2d, test_cat.py, ...); default all")
-    parser.add_argument("--flow", action="append", choices=FLOWS,
-                        help="flow(s) to run (repeatable; default mps); with --from-json, the "
-                             "flows whose cases --write-expected-pass lists")
-    parser.add_argument("--report", type=Path, default=None,
-                        help="write the markdown report here (e.g. docs/operator-suite.md)")
-    parser.add_argument("--json", type=Path, default=None,
-                        help="write the results as JSON (pytest-json-report layout) here")
-    parser.add_argument("--from-json", type=Path, nargs="+", default=None,
-                        help="do not run anything: merge these --json outputs (a test in several: "
-                             "the later file wins) and write the report")
-    parser.add_argument("--analysis", type=Path, default=None,
-                        help="markdown file inserted at the top of the report (hand-written analysis)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                        help=f"seed for weights and inputs (default {DEFAULT_SEED}; -1: random, as the suite)")
-    parser.add_argument("--jsonl", type=Path, default=None,
-                        help="keep the plugin's raw per-test JSON lines here")
-    parser.add_argument("--write-expected-pass", type=Path, default=None,
-                        help="write the ids of the cases that passed delegated (one per line) here")
+    parser = argparse.ArgumentParser(prog="python -m mps_backend.tools.run_suite", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--subset", nargs="+", metavar="NAME", help="operator test files to run (add, conv2d, test_cat.py, ...); default all"
+    )
+    parser.add_argument(
+        "--flow",
+        action="append",
+        choices=FLOWS,
+        help="flow(s) to run (repeatable; default mps); with --from-json, the flows whose cases --write-expected-pass lists",
+    )
+    parser.add_argument("--report", type=Path, default=None, help="write the markdown report here (e.g. docs/operator-suite.md)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results as JSON (pytest-json-report layout) here")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="do not run anything: merge these --json outputs (a test in several: the later file wins) and write the report",
+    )
+    parser.add_argument(
+        "--analysis", type=Path, default=None, help="markdown file inserted at the top of the report (hand-written analysis)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help=f"seed for weights and inputs (default {DEFAULT_SEED}; -1: random, as the suite)",
+    )
+    parser.add_argument("--jsonl", type=Path, default=None, help="keep the plugin's raw per-test JSON lines here")
+    parser.add_argument(
+        "--write-expected-pass",
+        type=Path,
+        default=None,
+        help="write the ids of the cases that passed delegated (one per line) here",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
 
@@ -638,29 +755,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = [SuiteRun.from_json(json.loads(p.read_text())) for p in args.from_json]
         # a test in several files: the later file's result supersedes (e.g. a rerun after a fix)
         latest = {t["nodeid"]: t for r in runs for t in r.tests}
-        result = SuiteRun(tests=sorted(latest.values(), key=lambda t: (t["file"], t["nodeid"])),
-                          flows=tuple(dict.fromkeys(f for r in runs for f in r.flows)),
-                          seed=runs[0].seed, seconds=sum(r.seconds for r in runs),
-                          restarts=sum(r.restarts for r in runs),
-                          files=sorted({f for r in runs for f in r.files}),
-                          started=", ".join(dict.fromkeys(r.started for r in runs if r.started)),
-                          tree=", ".join(dict.fromkeys(r.tree for r in runs if r.tree)))
+        result = SuiteRun(
+            tests=sorted(latest.values(), key=lambda t: (t["file"], t["nodeid"])),
+            flows=tuple(dict.fromkeys(f for r in runs for f in r.flows)),
+            seed=runs[0].seed,
+            seconds=sum(r.seconds for r in runs),
+            restarts=sum(r.restarts for r in runs),
+            files=sorted({f for r in runs for f in r.files}),
+            started=", ".join(dict.fromkeys(r.started for r in runs if r.started)),
+            tree=", ".join(dict.fromkeys(r.tree for r in runs if r.tree)),
+        )
     else:
         flows = tuple(args.flow or ("mps",))
-        result = run(operator_files(args.subset), flows, seed=None if args.seed < 0 else args.seed,
-                     extra_pytest_args=args.pytest_args, jsonl_path=args.jsonl)
+        result = run(
+            operator_files(args.subset),
+            flows,
+            seed=None if args.seed < 0 else args.seed,
+            extra_pytest_args=args.pytest_args,
+            jsonl_path=args.jsonl,
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n")
     if args.write_expected_pass:
         # with --from-json, --flow picks the flows whose cases are listed (default: all)
         listed = tuple(args.flow or result.flows)
-        passing = sorted(k for k, v in result.case_classes().items()
-                         if v == "pass" and _flow_of(k) in listed)
+        passing = sorted(k for k, v in result.case_classes().items() if v == "pass" and _flow_of(k) in listed)
         header = [
             "# Cases of ExecuTorch's operator test suite that passed *delegated* (lowered to MPS, run",
             "# by ExecuTorch with the device model, compared with eager) on flow(s) "
-            + ", ".join(listed) + f", seed {result.seed}.",
+            + ", ".join(listed)
+            + f", seed {result.seed}.",
             "# One `file::test id[#subtest]` per line. Written by",
             "#   python -m mps_backend.tools.run_suite --write-expected-pass <this file>",
         ]
@@ -674,10 +799,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.report.write_text(text)
     for flow in result.flows:
         t = totals(result, flow)
-        print(f"[{flow}] cases {t.cases}, delegated {t.full + t.partial} (full {t.full}, partial "
-              f"{t.partial}, none {t.none}), passed {t.passed}, failed {t.failed}, skipped {t.skipped}; "
-              f"pass rate {_pct(t.pass_rate)}, delegation rate {_pct(t.delegation_rate)} "
-              f"({result.seconds / 60:.1f} min)")
+        print(
+            f"[{flow}] cases {t.cases}, delegated {t.full + t.partial} (full {t.full}, partial "
+            f"{t.partial}, none {t.none}), passed {t.passed}, failed {t.failed}, skipped {t.skipped}; "
+            f"pass rate {_pct(t.pass_rate)}, delegation rate {_pct(t.delegation_rate)} "
+            f"({result.seconds / 60:.1f} min)"
+        )
     return 0
 
 

@@ -53,6 +53,7 @@ listed and the other backends' flow modules are not imported.
 If pytest-timeout is not installed, the suite's ``timeout`` markers (120 s per operator test)
 are enforced here with SIGALRM; a timed-out test fails with :class:`SuiteTimeout`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -112,6 +113,7 @@ class SuiteTimeout(Exception):
 # --------------------------------------------------------------------------------------
 # Facts about the current test, filled in by the stages and read by the report hooks
 
+
 class _Capture:
     """MPS-specific facts of the running test, per subtest index."""
 
@@ -134,12 +136,16 @@ _CAPTURE = _Capture()
 # --------------------------------------------------------------------------------------
 # Tester and stages
 
+
 class MPSToEdgeTransformAndLower(ToEdgeTransformAndLower):
     """The suite's lowering stage with an ``MPSPartitioner``; records what stayed on CPU."""
 
     def __init__(self, partitioners=None, edge_compile_config=None, *, use_fp16: bool = False):
-        super().__init__(default_partitioner_cls=functools.partial(MPSPartitioner, use_fp16=use_fp16),
-                         partitioners=partitioners, edge_compile_config=edge_compile_config)
+        super().__init__(
+            default_partitioner_cls=functools.partial(MPSPartitioner, use_fp16=use_fp16),
+            partitioners=partitioners,
+            edge_compile_config=edge_compile_config,
+        )
         self.use_fp16 = use_fp16
 
     def run(self, artifact, inputs=None, generate_etrecord: bool = False) -> None:
@@ -234,28 +240,24 @@ def _max_abs(outputs: Any) -> float:
 class MPSTester(Tester):
     """``Tester`` whose lowering uses ``MPSPartitioner`` and whose run stage uses the emulator."""
 
-    def __init__(self, module: torch.nn.Module, example_inputs, dynamic_shapes=None, *,
-                 use_fp16: bool = False):
+    def __init__(self, module: torch.nn.Module, example_inputs, dynamic_shapes=None, *, use_fp16: bool = False):
         self.use_fp16 = use_fp16
         stage_classes = Tester.default_stage_classes() | {
-            StageType.TO_EDGE_TRANSFORM_AND_LOWER: functools.partial(MPSToEdgeTransformAndLower,
-                                                                     use_fp16=use_fp16),
+            StageType.TO_EDGE_TRANSFORM_AND_LOWER: functools.partial(MPSToEdgeTransformAndLower, use_fp16=use_fp16),
             StageType.SERIALIZE: MPSSerialize,
         }
-        super().__init__(module, example_inputs, stage_classes=stage_classes,
-                         dynamic_shapes=dynamic_shapes)
+        super().__init__(module, example_inputs, stage_classes=stage_classes, dynamic_shapes=dynamic_shapes)
 
-    def _compare_outputs(self, reference_output, stage_output, quantization_scale=None, atol=1e-03,
-                         rtol=1e-03, qtol=0, statistics_callback=None):
+    def _compare_outputs(
+        self, reference_output, stage_output, quantization_scale=None, atol=1e-03, rtol=1e-03, qtol=0, statistics_callback=None
+    ):
         if self.use_fp16:
             atol = max(atol, FP16_SCALE_TOLERANCE * _max_abs(reference_output))
-        Tester._compare_outputs(reference_output, stage_output, quantization_scale, atol, rtol, qtol,
-                                statistics_callback)
+        Tester._compare_outputs(reference_output, stage_output, quantization_scale, atol, rtol, qtol, statistics_callback)
 
 
 def _create_flow(name: str, use_fp16: bool) -> TestFlow:
-    return TestFlow(name, backend=BACKEND,
-                    tester_factory=functools.partial(MPSTester, use_fp16=use_fp16))
+    return TestFlow(name, backend=BACKEND, tester_factory=functools.partial(MPSTester, use_fp16=use_fp16))
 
 
 MPS_TEST_FLOW = _create_flow("mps", use_fp16=False)
@@ -268,6 +270,7 @@ def mps_flows() -> dict[str, TestFlow]:
 
 # --------------------------------------------------------------------------------------
 # Registration with the suite
+
 
 def register() -> None:
     """Make ``executorch.backends.test.suite.flow.all_flows()`` also return the MPS flows.
@@ -317,6 +320,7 @@ def _suite_conftest(config: pytest.Config) -> Any | None:
 # --------------------------------------------------------------------------------------
 # Classification of a subtest result
 
+
 def _chain(exc: BaseException | None) -> Iterator[BaseException]:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
@@ -360,10 +364,11 @@ def _skip_reason(record: Any) -> str:
         UNSUPPORTED_PORTABLE_OPS = set()  # noqa: N806
     left = sorted(op for op in (record.undelegated_op_counts or {}) if op in UNSUPPORTED_PORTABLE_OPS)
     if left:
-        return ("left on CPU, and the suite skips ops ExecuTorch's portable kernels lack: "
-                + ", ".join(left))
-    return ("the suite skips every program with a convolution on a rank-5 input (checked before partitioning, "
-            "so also when the convolution is delegated)")
+        return "left on CPU, and the suite skips ops ExecuTorch's portable kernels lack: " + ", ".join(left)
+    return (
+        "the suite skips every program with a convolution on a rank-5 input (checked before partitioning, "
+        "so also when the convolution is delegated)"
+    )
 
 
 def classify(result: Any, error: BaseException | None) -> str:
@@ -385,8 +390,8 @@ def classify(result: Any, error: BaseException | None) -> str:
         if error is not None and _raised_in(error, "mps_backend/backend.py", ("preprocess",)):
             return "preprocess_crash"
         if error is not None and (
-                _raised_in(error, "mps_backend/partitioner.py",
-                           ("partition", "ops_to_not_decompose", "is_node_supported"))):
+            _raised_in(error, "mps_backend/partitioner.py", ("partition", "ops_to_not_decompose", "is_node_supported"))
+        ):
             return "partitioner_crash"
         return "lowering_error"
     if result == TestResult.PTE_RUN_FAIL:
@@ -413,11 +418,17 @@ _SESSION_KEY = pytest.StashKey[bool]()  # config: True if we opened the suite's 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mps", "MPS flows of the ExecuTorch backend test suite")
-    group.addoption("--mps-suite-report", default=None, metavar="PATH",
-                    help="append one JSON line per test start and per test result to PATH")
-    group.addoption("--mps-seed", default=None, type=int, metavar="N",
-                    help="make every test's random weights and inputs a function of N and the "
-                         "test id only (default: the suite's behaviour, a random seed per test)")
+    group.addoption(
+        "--mps-suite-report", default=None, metavar="PATH", help="append one JSON line per test start and per test result to PATH"
+    )
+    group.addoption(
+        "--mps-seed",
+        default=None,
+        type=int,
+        metavar="N",
+        help="make every test's random weights and inputs a function of N and the "
+        "test id only (default: the suite's behaviour, a random seed per test)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -429,12 +440,16 @@ def pytest_configure(config: pytest.Config) -> None:
     register()
     bound = getattr(_suite_conftest(config), "all_flows", None)
     if bound is not None and not getattr(bound, "_with_mps_flows", False):
-        raise pytest.UsageError("the ExecuTorch suite's conftest was imported before "
-                                "mps_backend.tools.suite_flow registered the MPS flows; "
-                                "load it with `-p mps_backend.tools.suite_flow`")
+        raise pytest.UsageError(
+            "the ExecuTorch suite's conftest was imported before "
+            "mps_backend.tools.suite_flow registered the MPS flows; "
+            "load it with `-p mps_backend.tools.suite_flow`"
+        )
     if not config.pluginmanager.hasplugin("timeout"):
-        config.addinivalue_line("markers", "timeout(seconds): per-test timeout (enforced by "
-                                "mps_backend.tools.suite_flow when pytest-timeout is absent)")
+        config.addinivalue_line(
+            "markers",
+            "timeout(seconds): per-test timeout (enforced by mps_backend.tools.suite_flow when pytest-timeout is absent)",
+        )
     path = config.getoption("--mps-suite-report")
     config.stash[_REPORT_KEY] = {"path": Path(path) if path else None}
     seed = config.getoption("--mps-seed")
@@ -467,8 +482,7 @@ def _write(config: pytest.Config, record: dict) -> None:
 
 @contextmanager
 def _alarm(seconds: float | None) -> Iterator[None]:
-    usable = (seconds and hasattr(signal, "SIGALRM")
-              and threading.current_thread() is threading.main_thread())
+    usable = seconds and hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
     if not usable:
         yield
         return
@@ -491,11 +505,19 @@ def _subtest_metadata(item: pytest.Item, runner: Any) -> list[dict]:
     builder = getattr(conftest, "pytest_json_runtest_metadata", None)
     subtests = list(builder(item, None)["subtests"]) if builder is not None else []
     if len(subtests) != len(results):  # no suite conftest: the essentials only
-        subtests = [{"Test ID": r.name, "Test Case": r.base_name, "Subtest": r.subtest_index,
-                     "Flow": r.flow, "Result": r.result.to_short_str(),
-                     "Result Detail": r.result.to_detail_str(),
-                     "Error": str(r.error) if r.error is not None else "",
-                     "Delegated": "True" if r.is_delegated() else "False"} for r in results]
+        subtests = [
+            {
+                "Test ID": r.name,
+                "Test Case": r.base_name,
+                "Subtest": r.subtest_index,
+                "Flow": r.flow,
+                "Result": r.result.to_short_str(),
+                "Result Detail": r.result.to_detail_str(),
+                "Error": str(r.error) if r.error is not None else "",
+                "Delegated": "True" if r.is_delegated() else "False",
+            }
+            for r in results
+        ]
     for meta, record in zip(subtests, results):
         captured = _CAPTURE.subtests.get(record.subtest_index, {})
         meta["Failure Class"] = classify(record.result, record.error)
@@ -541,7 +563,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         return (yield)
     finally:
         _write(item.config, _result_record(item, reports))
-
 
 
 @pytest.hookimpl(wrapper=True)

@@ -21,6 +21,7 @@ different NaN/inf pattern counts as an infinite error) and reports:
   before verification);
 * max |device - eager| / max |eager| in fp32 and fp16 against ``TOLERANCE`` (fp16: and eager float16's own error).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,40 +64,61 @@ class Entry:
     note: str = ""  # why those stay on CPU / what limits the model on the device
 
 
-ZOO: dict[str, Entry] = {e.spec: e for e in (
-    Entry("torchvision:mobilenet_v2", "image [1, 3, 224, 224]"),
-    Entry("torchvision:mobilenet_v3_large", "image [1, 3, 224, 224]", slow=True,
-          note="hardswish has no MPS node: 3 MPS nodes each (operators/activation.py; executorch's own "
-               "decomposition would be 7 edge nodes); the 46 batch norms fold into their convolutions and the 8 "
-               "squeeze-excitation hardsigmoids into theirs (one MPSHardTanh each, operators/convolution.py), "
-               "so the graph still has fewer MPS nodes than edge nodes"),
-    Entry("torchvision:resnet18", "image [1, 3, 224, 224]"),
-    Entry("torchvision:resnet50", "image [1, 3, 224, 224]", slow=True),
-    Entry("torchvision:inception_v3", "image [1, 3, 299, 299] (no aux logits)", slow=True),
-    Entry("torchvision:vit_b_16", "image [1, 3, 224, 224]", slow=True),
-    Entry("torchvision:deeplabv3_resnet50", "image [1, 3, 224, 224] -> out [1, 21, 224, 224]", slow=True,
-          note="bilinear upsampling has no MPS node: the 28x28 -> 224x224 one is two MPSMatMuls with torch's "
-               "interpolation weights (operators/pooling.py); batch norms fold into their convolutions. fp32 "
-               "error: this random-weight network amplifies rounding, eager float32 itself is 1.5e-4 off a "
-               "float64 run; the device output is as close to float64 (measured 1.5e-4)"),
-    Entry("executorch:llama", "tokens [1, 16] int64 -> last-token logits (dim 768, 12 layers, 12 heads, "
-          "vocab 32000, max_seq_len 128)", slow=True),
-    Entry("executorch:llama-kv", "token [1, 1], input_pos [1] int64; KV cache buffers updated in place "
-          "(same config, use_kv_cache=True)", slow=True),
-    Entry("torch:transformer_encoder", "[1, 64, 512] (d_model 512, 8 heads, 6 layers, batch_first)", slow=True),
-    Entry("executorch:lstm", "x [5, 3, 10], h0 [2, 3, 20], c0 [2, 3, 20] -> y, h, c (2-layer quantizable LSTM)"),
-    Entry("executorch:ds_cnn", "MFCC [1, 1, 49, 10]"),
-    Entry("executorch:mobilenet_v1_025", "image [1, 3, 96, 96]"),
-    Entry("executorch:resnet8", "image [1, 3, 32, 32]"),
-    Entry("executorch:deep_autoencoder", "features [1, 640]"),
-    Entry("executorch:efficient_sam", "image [1, 3, 1024, 1024], points [1, 1, 1, 2], labels [1, 1, 1] "
-          "(ViT-T, random weights: the checkpoint is not downloaded)", slow=True,
-          note="fp16: the prompt rescaling computes points x 1024 / 1024 (here 319.5 x 1024 = 327168, beyond "
-               "float16's maximum 65504); the division lowering rewrites (x * a) / d with powers of two a, d "
-               "into x * (a / d), exact, so the fp16 graph stays finite (operators/binary.py). Eager PyTorch "
-               "cannot run this model in float16 (forward creates float32 tensors): the fp16 tolerance is "
-               "the 3e-2 floor"),
-)}
+ZOO: dict[str, Entry] = {
+    e.spec: e
+    for e in (
+        Entry("torchvision:mobilenet_v2", "image [1, 3, 224, 224]"),
+        Entry(
+            "torchvision:mobilenet_v3_large",
+            "image [1, 3, 224, 224]",
+            slow=True,
+            note="hardswish has no MPS node: 3 MPS nodes each (operators/activation.py; executorch's own "
+            "decomposition would be 7 edge nodes); the 46 batch norms fold into their convolutions and the 8 "
+            "squeeze-excitation hardsigmoids into theirs (one MPSHardTanh each, operators/convolution.py), "
+            "so the graph still has fewer MPS nodes than edge nodes",
+        ),
+        Entry("torchvision:resnet18", "image [1, 3, 224, 224]"),
+        Entry("torchvision:resnet50", "image [1, 3, 224, 224]", slow=True),
+        Entry("torchvision:inception_v3", "image [1, 3, 299, 299] (no aux logits)", slow=True),
+        Entry("torchvision:vit_b_16", "image [1, 3, 224, 224]", slow=True),
+        Entry(
+            "torchvision:deeplabv3_resnet50",
+            "image [1, 3, 224, 224] -> out [1, 21, 224, 224]",
+            slow=True,
+            note="bilinear upsampling has no MPS node: the 28x28 -> 224x224 one is two MPSMatMuls with torch's "
+            "interpolation weights (operators/pooling.py); batch norms fold into their convolutions. fp32 "
+            "error: this random-weight network amplifies rounding, eager float32 itself is 1.5e-4 off a "
+            "float64 run; the device output is as close to float64 (measured 1.5e-4)",
+        ),
+        Entry(
+            "executorch:llama",
+            "tokens [1, 16] int64 -> last-token logits (dim 768, 12 layers, 12 heads, vocab 32000, max_seq_len 128)",
+            slow=True,
+        ),
+        Entry(
+            "executorch:llama-kv",
+            "token [1, 1], input_pos [1] int64; KV cache buffers updated in place (same config, use_kv_cache=True)",
+            slow=True,
+        ),
+        Entry("torch:transformer_encoder", "[1, 64, 512] (d_model 512, 8 heads, 6 layers, batch_first)", slow=True),
+        Entry("executorch:lstm", "x [5, 3, 10], h0 [2, 3, 20], c0 [2, 3, 20] -> y, h, c (2-layer quantizable LSTM)"),
+        Entry("executorch:ds_cnn", "MFCC [1, 1, 49, 10]"),
+        Entry("executorch:mobilenet_v1_025", "image [1, 3, 96, 96]"),
+        Entry("executorch:resnet8", "image [1, 3, 32, 32]"),
+        Entry("executorch:deep_autoencoder", "features [1, 640]"),
+        Entry(
+            "executorch:efficient_sam",
+            "image [1, 3, 1024, 1024], points [1, 1, 1, 2], labels [1, 1, 1] "
+            "(ViT-T, random weights: the checkpoint is not downloaded)",
+            slow=True,
+            note="fp16: the prompt rescaling computes points x 1024 / 1024 (here 319.5 x 1024 = 327168, beyond "
+            "float16's maximum 65504); the division lowering rewrites (x * a) / d with powers of two a, d "
+            "into x * (a / d), exact, so the fp16 graph stays finite (operators/binary.py). Eager PyTorch "
+            "cannot run this model in float16 (forward creates float32 tensors): the fp16 tolerance is "
+            "the 3e-2 floor",
+        ),
+    )
+}
 
 
 def resolve(name: str) -> str:
@@ -110,6 +132,7 @@ def resolve(name: str) -> str:
 
 
 # ---- one model, one precision (in-process) ------------------------------------------------------------
+
 
 def weight_bytes(ep, use_fp16: bool, on_cpu: Sequence[str] = (), mutated: Sequence[str] = ()) -> int:
     """Bytes of an ExportedProgram's parameters, buffers and lifted constants (each storage once) at the
@@ -239,8 +262,10 @@ class ZooResult:
         out = []
         expected = sorted(ZOO[self.spec].cpu) if self.spec in ZOO else []
         if sorted(t for _, t, _ in self.on_cpu) != expected or (not expected and self.delegates != 1):
-            out.append(f"{self.delegates} delegates, {len(self.on_cpu)} nodes on CPU"
-                       + (f" ({len(expected)} documented)" if expected else ""))
+            out.append(
+                f"{self.delegates} delegates, {len(self.on_cpu)} nodes on CPU"
+                + (f" ({len(expected)} documented)" if expected else "")
+            )
         if not self.scale > 0:
             out.append("eager output is all zeros: the comparison shows nothing")
         if not self.relative <= self.tolerance:
@@ -248,8 +273,10 @@ class ZooResult:
         if self.pte_bytes > self.size_limit:
             out.append(f".pte {self.pte_bytes:,} B > 1.01 x weights {self.weight_bytes:,} B + 64 KiB")
         if self.mps_nodes > self.delegated + self.casts:
-            out.append(f"{self.mps_nodes} MPS nodes > {self.delegated} edge nodes in the partition"
-                       + (f" + {self.casts} fp16 boundary casts" if self.casts else ""))
+            out.append(
+                f"{self.mps_nodes} MPS nodes > {self.delegated} edge nodes in the partition"
+                + (f" + {self.casts} fp16 boundary casts" if self.casts else "")
+            )
         return out
 
 
@@ -279,11 +306,11 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     ep = stage("torch.export", functools.partial(export_program, model, inputs))
     edge = stage("lower to MPS", functools.partial(to_edge_transform_and_lower, ep, partitioner=[partitioner]))
     top = edge.exported_program()
-    res.weight_bytes = weight_bytes(ep, use_fp16, on_cpu=[*top.state_dict, *top.constants],
-                                    mutated=list(top.graph_signature.buffers_to_mutate.values()))
+    res.weight_bytes = weight_bytes(
+        ep, use_fp16, on_cpu=[*top.state_dict, *top.constants], mutated=list(top.graph_signature.buffers_to_mutate.values())
+    )
     del ep, top
-    lowered = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module)
-               if m.backend_id == "MPSBackend"]
+    lowered = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module) if m.backend_id == "MPSBackend"]
     res.casts = boundary_casts(lowered, use_fp16)
     pte = stage("to_executorch", edge.to_executorch).buffer
     res.peak_rss_kib = _vm_kib("VmHWM")
@@ -327,6 +354,7 @@ def eager_half_error(model, inputs) -> float:
 
 # ---- the command -------------------------------------------------------------------------------------
 
+
 def _warm_up(use_fp16: bool) -> None:
     """Export a two-layer model first, so the lowering seconds of the zoo model leave out one-time costs
     (imports, registry, executorch pass set-up)."""
@@ -365,8 +393,11 @@ def run_one(spec: str, precision: str, timeout: float = 3600) -> ZooResult:
     line = next((ln for ln in out.splitlines() if ln.startswith("ZOO-RESULT ")), None)
     if line is None:
         last = [ln for ln in tail.splitlines() if ln.strip()][-1:] or [""]
-        return ZooResult(spec, precision, error=f"child exited with {proc.returncode} after "
-                                               f"{time.monotonic() - t0:.0f}s without a result: {last[0][:300]}")
+        return ZooResult(
+            spec,
+            precision,
+            error=f"child exited with {proc.returncode} after {time.monotonic() - t0:.0f}s without a result: {last[0][:300]}",
+        )
     data = json.loads(line.split(" ", 1)[1])
     data["on_cpu"] = [tuple(x) for x in data["on_cpu"]]
     data["expansion"] = {k: tuple(v) for k, v in data["expansion"].items()}
@@ -429,17 +460,25 @@ def render(results: dict[tuple[str, str], ZooResult], precisions: Sequence[str])
         def col(fn, rs=rs):
             return " / ".join("failed" if r is None or r.error else fn(r) for r in rs)
 
-        lines.append("| " + " | ".join([
-            f"`{spec}`", ZOO[spec].inputs if spec in ZOO else "",
-            col(lambda r: str(r.delegates)),
-            col(lambda r: f"{r.delegated}/{r.total}"),
-            col(lambda r: f"{r.mps_nodes}" + (f" ({r.casts})" if r.casts else "")),
-            col(lambda r: _mb(r.pte_bytes)),
-            col(lambda r: f"{r.pte_bytes / r.weight_bytes:.4f}" if r.weight_bytes else "–"),
-            col(lambda r: f"{r.seconds.get('lower to MPS', 0):.1f}"),
-            col(lambda r: f"{r.peak_rss_kib / 1024:.0f}"),
-            _err(results.get((spec, "fp32"))), _err(results.get((spec, "fp16"))),
-        ]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"`{spec}`",
+                    ZOO[spec].inputs if spec in ZOO else "",
+                    col(lambda r: str(r.delegates)),
+                    col(lambda r: f"{r.delegated}/{r.total}"),
+                    col(lambda r: f"{r.mps_nodes}" + (f" ({r.casts})" if r.casts else "")),
+                    col(lambda r: _mb(r.pte_bytes)),
+                    col(lambda r: f"{r.pte_bytes / r.weight_bytes:.4f}" if r.weight_bytes else "–"),
+                    col(lambda r: f"{r.seconds.get('lower to MPS', 0):.1f}"),
+                    col(lambda r: f"{r.peak_rss_kib / 1024:.0f}"),
+                    _err(results.get((spec, "fp32"))),
+                    _err(results.get((spec, "fp16"))),
+                ]
+            )
+            + " |"
+        )
         for r in rs:
             if r is None:
                 continue
@@ -457,14 +496,21 @@ def render(results: dict[tuple[str, str], ZooResult], precisions: Sequence[str])
             leftovers += [f"  - {len(n)} × `{t}`: {reason} ({', '.join(n)})" for (t, reason), n in names.items()]
     lines += ["", "## Left on CPU", ""]
     lines += leftovers or ["Nothing: every model above is one MPS delegate with no operator node on CPU."]
-    lines += ["", "## More MPS nodes than edge nodes", "",
-              "Edge targets that lower to more MPS nodes than there are edge nodes of that target "
-              "(edge nodes → MPS nodes), for each model and precision whose blobs have more MPS nodes than its "
-              "partitions have edge nodes plus fp16 boundary casts:", ""]
+    lines += [
+        "",
+        "## More MPS nodes than edge nodes",
+        "",
+        "Edge targets that lower to more MPS nodes than there are edge nodes of that target "
+        "(edge nodes → MPS nodes), for each model and precision whose blobs have more MPS nodes than its "
+        "partitions have edge nodes plus fp16 boundary casts:",
+        "",
+    ]
     bloated = [r for r in results.values() if r.expansion]
     for r in bloated:
-        lines.append(f"- `{r.spec}` {r.precision} ({r.mps_nodes} MPS nodes for {r.delegated} edge nodes): "
-                     + ", ".join(f"`{t}` {e} → {m}" for t, (e, m) in r.expansion.items()))
+        lines.append(
+            f"- `{r.spec}` {r.precision} ({r.mps_nodes} MPS nodes for {r.delegated} edge nodes): "
+            + ", ".join(f"`{t}` {e} → {m}" for t, (e, m) in r.expansion.items())
+        )
     if not bloated:
         lines.append("None.")
     lines += ["", "## Targets missed", ""]
@@ -493,8 +539,11 @@ def main(argv: list[str] | None = None) -> int:
         for e in ZOO.values():
             print(f"{e.spec:34s} {'slow ' if e.slow else '     '}{e.inputs}")
         return 0
-    specs = [resolve(m.strip()) for m in args.models.split(",")] if args.models else \
-        [s for s, e in ZOO.items() if not (args.fast and e.slow)]
+    specs = (
+        [resolve(m.strip()) for m in args.models.split(",")]
+        if args.models
+        else [s for s, e in ZOO.items() if not (args.fast and e.slow)]
+    )
     results: dict[tuple[str, str], ZooResult] = {}
     for spec in specs:
         for q in precisions:
@@ -502,10 +551,14 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             r = results[(spec, q)] = run_one(spec, q)
             state = "; ".join(r.failures()) or "ok"
-            print(f"      {r.delegates} delegate(s), {r.delegated}/{r.total} delegated, {r.mps_nodes} MPS nodes, "
-                  f".pte {r.pte_bytes / 1e6:.1f} MB / weights {r.weight_bytes / 1e6:.1f} MB, "
-                  f"lower {r.seconds.get('lower to MPS', 0):.1f}s, peak RSS {r.peak_rss_kib / 1024:.0f} MB, "
-                  f"error {r.relative:.2g}: {state} ({time.monotonic() - t0:.0f}s)", file=sys.stderr, flush=True)
+            print(
+                f"      {r.delegates} delegate(s), {r.delegated}/{r.total} delegated, {r.mps_nodes} MPS nodes, "
+                f".pte {r.pte_bytes / 1e6:.1f} MB / weights {r.weight_bytes / 1e6:.1f} MB, "
+                f"lower {r.seconds.get('lower to MPS', 0):.1f}s, peak RSS {r.peak_rss_kib / 1024:.0f} MB, "
+                f"error {r.relative:.2g}: {state} ({time.monotonic() - t0:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
     text = render(results, precisions)
     if args.out and args.out != "-":
         out = pathlib.Path(args.out)

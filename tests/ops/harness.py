@@ -58,6 +58,7 @@ graph holds none of them, which gives the same graph faster) and lowered per pre
    float32 on the inputs rounded to float16 (what the device's boundary cast sees), so the
    tolerance only has to cover the f16 rounding of each op.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -73,12 +74,12 @@ import torch.export.exported_program as torch_exported_program
 from executorch.exir import EdgeCompileConfig, to_edge
 from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.program._program import _gen_edge_manager_for_partitioners
-from mps_backend.operators.registry import default_registry
-from mps_backend.serialization import DataType, read_blob
-from mps_backend.serialization.device_facts import NOT_DISPATCHED
 
 from mps_backend import MPSPartitioner
+from mps_backend.operators.registry import default_registry
 from mps_backend.runtime.interpreter import DECLARED_DTYPE, execute
+from mps_backend.serialization import DataType, read_blob
+from mps_backend.serialization.device_facts import NOT_DISPATCHED
 
 PRECISIONS = ("fp32", "fp16")
 DEFAULT_TOL = {"fp32": 1e-5, "fp16": 1e-3}
@@ -117,10 +118,18 @@ class Row:
         return self.tol.get(precision, DEFAULT_TOL[precision])
 
 
-def row(id: str, fn: Callable | type | None, *inputs: Any, kinds: str | Iterable[str] = (),
-        precisions: Sequence[str] = PRECISIONS, tol: Mapping[str, float] | None = None,
-        cpu_reason: str | None = None, xfail: str | None = None,
-        module: Callable[[], torch.nn.Module] | None = None, non_core: Iterable = ()) -> Row:
+def row(
+    id: str,
+    fn: Callable | type | None,
+    *inputs: Any,
+    kinds: str | Iterable[str] = (),
+    precisions: Sequence[str] = PRECISIONS,
+    tol: Mapping[str, float] | None = None,
+    cpu_reason: str | None = None,
+    xfail: str | None = None,
+    module: Callable[[], torch.nn.Module] | None = None,
+    non_core: Iterable = (),
+) -> Row:
     if module is None:
         if isinstance(fn, type) and issubclass(fn, torch.nn.Module):
             module = fn
@@ -130,11 +139,11 @@ def row(id: str, fn: Callable | type | None, *inputs: Any, kinds: str | Iterable
     unknown = set(precisions) - set(PRECISIONS)
     if unknown or not precisions:
         raise ValueError(f"row {id}: precisions must be a non-empty subset of {PRECISIONS}")
-    return Row(id, module, tuple(inputs), kinds, tuple(precisions), dict(tol or {}), cpu_reason, xfail,
-               tuple(non_core))
+    return Row(id, module, tuple(inputs), kinds, tuple(precisions), dict(tol or {}), cpu_reason, xfail, tuple(non_core))
 
 
 # ---- input factories ---------------------------------------------------------------------------
+
 
 def randn(*shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0, offset: float = 0.0):
     return lambda: (torch.randn(shape) * scale + offset).to(dtype)
@@ -158,6 +167,7 @@ def values(data, dtype: torch.dtype = torch.float32):
 
 
 # ---- lowering ----------------------------------------------------------------------------------
+
 
 @dataclass
 class Lowered:
@@ -229,12 +239,14 @@ def lower(r: Row, precision: str) -> Lowered:
 
 # ---- checks ------------------------------------------------------------------------------------
 
+
 def check_cpu(r: Row) -> None:
     low = lower(r, r.precisions[0])
     report = low.partitioner.report()
     reasons = [c.reason for c in report.on_cpu]
     assert any(r.cpu_reason in reason for reason in reasons), (
-        f"expected a node left on CPU with a reason containing {r.cpu_reason!r}\n{report}")
+        f"expected a node left on CPU with a reason containing {r.cpu_reason!r}\n{report}"
+    )
 
 
 def _fp16_float32_values(graph) -> set:
@@ -244,14 +256,21 @@ def _fp16_float32_values(graph) -> set:
     to float16), and nodes whose own ``dtype`` field says float32 (MPSFull/FullLike/Arange, inner casts)."""
     from mps_backend.serialization.device_facts import node_value_ids
 
-    boundary = {n["output_id"] for n in graph.nodes
-                if n.op == "MPSCast" and n["dtype"] == DataType.float32 and n["output_id"] in graph.output_ids}
+    boundary = {
+        n["output_id"]
+        for n in graph.nodes
+        if n.op == "MPSCast" and n["dtype"] == DataType.float32 and n["output_id"] in graph.output_ids
+    }
     f32_ids = {i for i, v in enumerate(graph.values) if v.datatype == DataType.float32}
     island = set(graph.input_ids) & f32_ids
     for n in graph.nodes:  # topological order: a node on island values only extends the island
         reads = [i for i in node_value_ids(n.fields, outputs=False) if i >= 0]
-        if reads and n.op != "MPSCast" and all(i in island or i not in f32_ids for i in reads) \
-                and any(i in island for i in reads):
+        if (
+            reads
+            and n.op != "MPSCast"
+            and all(i in island or i not in f32_ids for i in reads)
+            and any(i in island for i in reads)
+        ):
             island |= {i for i in node_value_ids(n.fields, outputs=True) if i in f32_ids}
     leaked = set()
     for n in graph.nodes:  # island values may only reach island nodes or a cast to float16
@@ -263,8 +282,11 @@ def _fp16_float32_values(graph) -> set:
     unused = set(range(len(graph.values))) - used - set(graph.output_ids)  # entries simplify left unreferenced
     allowed = (island - leaked) | boundary | set(graph.input_ids) | unused
     f32 = {f"value {i}" for i in f32_ids if i not in allowed}
-    f32 |= {f"node {k} ({n.op}.dtype)" for k, n in enumerate(graph.nodes)
-            if n.fields.get("dtype") == DataType.float32 and n.fields.get("output_id") not in boundary}
+    f32 |= {
+        f"node {k} ({n.op}.dtype)"
+        for k, n in enumerate(graph.nodes)
+        if n.fields.get("dtype") == DataType.float32 and n.fields.get("output_id") not in boundary
+    }
     return f32
 
 
@@ -283,15 +305,18 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, rel: float, what: str) ->
     out = out.reshape(ref.shape)
     if not ref.is_floating_point():
         bad = (out != ref).nonzero()
-        assert bad.numel() == 0, f"{what}: {len(bad)} elements differ, e.g. at {bad[0].tolist()}: " \
-                                 f"device {out[tuple(bad[0])]}, eager {ref[tuple(bad[0])]}"
+        assert bad.numel() == 0, (
+            f"{what}: {len(bad)} elements differ, e.g. at {bad[0].tolist()}: "
+            f"device {out[tuple(bad[0])]}, eager {ref[tuple(bad[0])]}"
+        )
         return
     o, e = out.double(), ref.double()
     nan_o, nan_e = o.isnan(), e.isnan()
     assert torch.equal(nan_o, nan_e), f"{what}: NaN positions differ\ndevice {out}\neager  {ref}"
     inf_e = e.isinf()
-    assert torch.equal(o.isinf(), inf_e) and torch.equal(o[inf_e], e[inf_e]), \
+    assert torch.equal(o.isinf(), inf_e) and torch.equal(o[inf_e], e[inf_e]), (
         f"{what}: infinities differ\ndevice {out}\neager  {ref}"
+    )
     fin = e.isfinite()
     if not fin.any():
         return
@@ -300,7 +325,8 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, rel: float, what: str) ->
     worst = err.argmax()
     assert err.max().item() <= rel * scale, (
         f"{what}: max error {err.max().item():.3g} > {rel:g} * scale {scale:.3g} at flat index {worst.item()}: "
-        f"device {o.flatten()[worst].item()!r}, eager {e.flatten()[worst].item()!r}")
+        f"device {o.flatten()[worst].item()!r}, eager {e.flatten()[worst].item()!r}"
+    )
 
 
 def _read_in_float32_only(graph, delegate_inputs) -> set[int]:
@@ -350,8 +376,7 @@ def check_row(r: Row, precision: str) -> None:
     exact: set[int] = set()
     if precision == "fp16":  # what the device sees after its boundary casts, computed in float32
         exact = _read_in_float32_only(g, low.delegate_inputs)
-        eager_in = [x.half().float() if x.dtype == torch.float32 and i not in exact else x
-                    for i, x in enumerate(inputs)]
+        eager_in = [x.half().float() if x.dtype == torch.float32 and i not in exact else x for i, x in enumerate(inputs)]
     else:
         eager_in = list(inputs)
     with torch.no_grad():

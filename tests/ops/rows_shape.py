@@ -1,5 +1,6 @@
 """Op-table rows: view, permute, expand, cat, split, squeeze, unsqueeze, select, slice, pixel_shuffle,
 repeat, flip, alias; pinned regressions of the upstream shape defects."""
+
 from __future__ import annotations
 
 import torch
@@ -43,18 +44,14 @@ ROWS = [
     # upstream defect: the device's expand reads only rank(x) entries -> rank-increasing expands broke
     row("shape-expand-rank-up", lambda x: x.expand(2, 3, 4), randn(3, 1), kinds={"MPSView", "MPSExpand"}),
     row("shape-cat-negative-dim", lambda a, b: torch.cat([a, b], -1), randn(2, 3), randn(2, 5), kinds="MPSCat"),
-    row("shape-cat-int", lambda a, b: torch.cat([a, b]), randint(0, 9, (2, 3)), randint(0, 9, (1, 3)),
-        kinds="MPSCat"),
-    row("shape-split-with-sizes", lambda x: torch.split(x, [1, 3], dim=-1), randn(2, 4),
-        kinds="MPSSplitWithSizes"),
+    row("shape-cat-int", lambda a, b: torch.cat([a, b]), randint(0, 9, (2, 3)), randint(0, 9, (1, 3)), kinds="MPSCat"),
+    row("shape-split-with-sizes", lambda x: torch.split(x, [1, 3], dim=-1), randn(2, 4), kinds="MPSSplitWithSizes"),
     row("shape-unbind", lambda x: x.unbind(1), randn(2, 3, 4)),
-
     # squeeze: upstream defect: nothing to squeeze -> empty dims -> the device squeezes axis 1
     row("shape-squeeze-nothing", lambda x: x.squeeze(1), randn(2, 3, 4), kinds="MPSView"),
     row("shape-squeeze-negative", lambda x: x.squeeze(-2), randn(2, 1, 4), kinds="MPSSqueeze"),
     row("shape-squeeze-all", lambda x: x.squeeze(), randn(1, 3, 1, 2), kinds="MPSSqueeze"),
     row("shape-unsqueeze-negative", lambda x: x.unsqueeze(-1), randn(2, 3), kinds="MPSUnsqueeze"),
-
     # select / slice: upstream defect: negative dim crashes the runtime, start-only slices lost start
     row("shape-select-negative", lambda x: x.select(-1, -2), randn(2, 3, 4), kinds="MPSSelect"),
     row("shape-select-rank1", lambda x: x[2] * 1.0, randn(5)),
@@ -62,13 +59,10 @@ ROWS = [
     row("shape-slice-start-only", lambda x: x[:, 1:], randn(2, 3, 4), kinds="MPSSlice"),
     row("shape-slice-step-clamped", lambda x: x[:, -100:100:2], randn(2, 7), kinds="MPSSlice"),
     row("shape-slice-negative-end", lambda x: x[1:-1], randn(5, 2), kinds="MPSSlice"),
-
     # pixel_shuffle: decomposed (view/permute) until preserve works, then MPSPixelShuffle
     row("shape-pixel-shuffle", lambda x: F.pixel_shuffle(x, 2), randn(2, 8, 3, 5)),
-    row("shape-pixel-shuffle-preserved", lambda x: F.pixel_shuffle(x, 3), randn(1, 9, 2, 2),
-        kinds="MPSPixelShuffle"),
+    row("shape-pixel-shuffle-preserved", lambda x: F.pixel_shuffle(x, 3), randn(1, 9, 2, 2), kinds="MPSPixelShuffle"),
     row("shape-pixel-unshuffle", lambda x: F.pixel_unshuffle(x, 2), randn(2, 3, 4, 6)),
-
     row("shape-repeat", lambda x: x.repeat(2, 1, 3), randn(2, 3, 4), kinds={"MPSView", "MPSExpand"}),
     row("shape-repeat-rank-up", lambda x: x.repeat(2, 1, 1, 2), randn(3, 1, 2), kinds="MPSExpand"),
     row("shape-repeat-int", lambda x: x.repeat(3), randint(0, 9, (4,)), kinds="MPSExpand"),
@@ -83,19 +77,31 @@ ROWS = [
     # (Tensor.unfold reaches the partitioner as unfold_copy through to_edge_transform_and_lower; the
     # harness's plain to_edge keeps aten.unfold, which edge verification rejects unless excepted: both
     # targets share the lowering, tests/test_arg_forms.py lowers unfold_copy)
-    row("shape-unfold", lambda x: x.unfold(1, 3, 2), randn(2, 8, 3), kinds={"MPSIndexSelect", "MPSPermute"},
-        non_core=[aten.unfold.default]),
-    row("shape-unfold-last", lambda x: x.unfold(-1, 2, 1), randn(3, 5), kinds="MPSIndexSelect",
-        non_core=[aten.unfold.default]),
-    row("shape-unfold-non-overlapping", lambda x: x.unfold(0, 2, 2), randint(0, 9, (5, 3)),
-        kinds={"MPSSlice", "MPSPermute"}, non_core=[aten.unfold.default]),
+    row(
+        "shape-unfold",
+        lambda x: x.unfold(1, 3, 2),
+        randn(2, 8, 3),
+        kinds={"MPSIndexSelect", "MPSPermute"},
+        non_core=[aten.unfold.default],
+    ),
+    row("shape-unfold-last", lambda x: x.unfold(-1, 2, 1), randn(3, 5), kinds="MPSIndexSelect", non_core=[aten.unfold.default]),
+    row(
+        "shape-unfold-non-overlapping",
+        lambda x: x.unfold(0, 2, 2),
+        randint(0, 9, (5, 3)),
+        kinds={"MPSSlice", "MPSPermute"},
+        non_core=[aten.unfold.default],
+    ),
     # as_strided: a reshape of a block, a permutation, or a gather of constant positions
     row("shape-as-strided-view", lambda x: torch.as_strided(x, (2, 3), (3, 1), 2), randn(3, 4), kinds="MPSSlice"),
     row("shape-as-strided-permute", lambda x: torch.as_strided(x, (4, 3), (1, 4)), randn(3, 4), kinds="MPSPermute"),
-    row("shape-as-strided-windows", lambda x: torch.as_strided(x, (3, 4), (2, 1), 1), randn(12),
-        kinds="MPSIndexSelect"),
-    row("shape-as-strided-out-of-bounds", lambda x: torch.ops.aten.as_strided_copy(x, (4, 4), (4, 1)), randn(3, 4),
-        cpu_reason="reading element 15"),
+    row("shape-as-strided-windows", lambda x: torch.as_strided(x, (3, 4), (2, 1), 1), randn(12), kinds="MPSIndexSelect"),
+    row(
+        "shape-as-strided-out-of-bounds",
+        lambda x: torch.ops.aten.as_strided_copy(x, (4, 4), (4, 1)),
+        randn(3, 4),
+        cpu_reason="reading element 15",
+    ),
     row("shape-alias", lambda x: torch.ops.aten.alias(x) * 2.0, randn(3, 4)),
     row("shape-detach", lambda x: x.detach() * 2.0, randn(3, 4)),
     row("shape-buffer-views-of-larger-storage", BufferViews, randn(3, 4)),

@@ -1,4 +1,5 @@
 """The op table: every row of every ``rows_*.py`` file of this folder, per precision (see harness.py)."""
+
 from __future__ import annotations
 
 import importlib

@@ -16,6 +16,7 @@ partitioner removes lifted constants from the program it was given, so each lowe
 Nothing runs past ``to_backend``: no ``to_executorch``, no device model (the op table checks numerics).
 One test per row file; a failure lists every failing row with its exception and last frames.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,12 +26,12 @@ import traceback
 
 import pytest
 from executorch.exir.backend.backend_api import to_backend
-from mps_backend.serialization import read_blob
 
 from mps_backend import MPSPartitioner
 from mps_backend.backend import LoweringBug, LoweringError
 from mps_backend.compile_specs import fp16_spec
 from mps_backend.export import _delegate_blobs
+from mps_backend.serialization import read_blob
 
 from . import harness
 
@@ -69,18 +70,25 @@ def check_row(r: harness.Row) -> list[str]:
             if not on_cpu:
                 problems.append(f"{case}: fully delegated by the partitioner, whole program raised {_describe(e)}")
             elif isinstance(e, LoweringBug):
-                problems.append(f"{case}: whole program: a lowering crashed instead of the support check refusing "
-                                f"{[c.name for c in on_cpu]}: {_describe(e)}")
+                problems.append(
+                    f"{case}: whole program: a lowering crashed instead of the support check refusing "
+                    f"{[c.name for c in on_cpu]}: {_describe(e)}"
+                )
             elif not any(f"{c.name} (" in msg and c.reason in msg for c in on_cpu):
-                problems.append(f"{case}: whole program: the error names none of the CPU nodes with its reason "
-                                f"{[(c.name, c.reason) for c in on_cpu]}: {msg}")
+                problems.append(
+                    f"{case}: whole program: the error names none of the CPU nodes with its reason "
+                    f"{[(c.name, c.reason) for c in on_cpu]}: {msg}"
+                )
         except Exception as e:  # noqa: BLE001  (reported with the row)
-            problems.append(f"{case}: whole program raised {_describe(e)}"
-                            + (f" (partitioner left on CPU: {[c.name for c in on_cpu]})" if on_cpu else ""))
+            problems.append(
+                f"{case}: whole program raised {_describe(e)}"
+                + (f" (partitioner left on CPU: {[c.name for c in on_cpu]})" if on_cpu else "")
+            )
         else:
             if on_cpu:
-                problems.append(f"{case}: whole program lowered nodes the partitioner left on CPU: "
-                                f"{[(c.name, c.reason) for c in on_cpu]}")
+                problems.append(
+                    f"{case}: whole program lowered nodes the partitioner left on CPU: {[(c.name, c.reason) for c in on_cpu]}"
+                )
     return problems
 
 

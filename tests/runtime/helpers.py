@@ -8,21 +8,28 @@
 omitted ``output_id`` / ``output{k}_id`` fields from fresh output values; every other field is given
 by the caller (the writer refuses missing fields).
 """
+
 from __future__ import annotations
 
 import re
 from typing import Any, Sequence
 
 import torch
+
+from mps_backend.runtime.interpreter import Interpreter
 from mps_backend.serialization.model import Blob, DataType, Graph, Header, Node, Tensor, member_fields
 from mps_backend.serialization.writer import write_blob
 
-from mps_backend.runtime.interpreter import Interpreter
-
 TORCH_TO_DATATYPE = {
-    torch.float16: DataType.float16, torch.float32: DataType.float32, torch.float64: DataType.float64,
-    torch.int8: DataType.int8, torch.int16: DataType.int16, torch.int32: DataType.int32,
-    torch.int64: DataType.int64, torch.bool: DataType.bool, torch.uint8: DataType.uint8,
+    torch.float16: DataType.float16,
+    torch.float32: DataType.float32,
+    torch.float64: DataType.float64,
+    torch.int8: DataType.int8,
+    torch.int16: DataType.int16,
+    torch.int32: DataType.int32,
+    torch.int64: DataType.int64,
+    torch.bool: DataType.bool,
+    torch.uint8: DataType.uint8,
     torch.bfloat16: DataType.bfloat16,
 }
 
@@ -47,8 +54,7 @@ class GraphSpec:
         self.graph.input_ids.append(vid)
         return vid
 
-    def constant(self, data: torch.Tensor, dtype: DataType | None = None,
-                 dims: Sequence[int] | None = None) -> int:
+    def constant(self, data: torch.Tensor, dtype: DataType | None = None, dims: Sequence[int] | None = None) -> int:
         """A constant holding ``data``'s bytes, declared as ``dtype``/``dims`` (default: data's own)."""
         vid = self.value(dtype if dtype is not None else datatype(data), data.shape if dims is None else dims)
         self.graph.constant_ids.append(vid)
@@ -71,8 +77,7 @@ class GraphSpec:
         data = self.to_bytes()
         return Blob(Header.from_bytes(data), self.graph, data)
 
-    def run(self, inputs: Sequence[torch.Tensor], mode: str = "faithful", report: bool = False,
-            decode: bool = False):
+    def run(self, inputs: Sequence[torch.Tensor], mode: str = "faithful", report: bool = False, decode: bool = False):
         """Execute; ``decode=True`` goes through the bytes and ``read_blob`` instead of the Graph."""
         interp = Interpreter(self.to_bytes() if decode else self.blob(), mode)
         outs, rep = interp.run_with_report(inputs)
@@ -83,9 +88,16 @@ _INPUT = re.compile(r"input\d_id$")
 _OUTPUT = re.compile(r"output(\d)?_id$")
 
 
-def one_node(op: str, inputs: Sequence[torch.Tensor], *, constants: Sequence[torch.Tensor] = (),
-             out_dtype: DataType | None = None, out_dims: Sequence[int] | None = None,
-             min_max: tuple[float, float] | None = None, **fields) -> GraphSpec:
+def one_node(
+    op: str,
+    inputs: Sequence[torch.Tensor],
+    *,
+    constants: Sequence[torch.Tensor] = (),
+    out_dtype: DataType | None = None,
+    out_dims: Sequence[int] | None = None,
+    min_max: tuple[float, float] | None = None,
+    **fields,
+) -> GraphSpec:
     """A one-node graph: inputs are ids 0..n-1, constants follow, then the node's outputs."""
     g = GraphSpec()
     sources = [g.input(t) for t in inputs] + [g.constant(c) for c in constants]
@@ -105,8 +117,9 @@ def one_node(op: str, inputs: Sequence[torch.Tensor], *, constants: Sequence[tor
     return g.output(*outs)
 
 
-def run_graph(op: str, inputs: Sequence[torch.Tensor], *, mode: str = "faithful", report: bool = False,
-              decode: bool = False, **kwargs):
+def run_graph(
+    op: str, inputs: Sequence[torch.Tensor], *, mode: str = "faithful", report: bool = False, decode: bool = False, **kwargs
+):
     """Run a one-node graph (see ``one_node``); returns the single output, or the list of outputs when
     the node has several (``(outputs, report)`` with ``report=True``)."""
     g = one_node(op, inputs, **kwargs)

@@ -5,6 +5,7 @@ interpreter) with a stand-in; the fixture tests at the end run the real interpre
 The shim is compiled once per machine into the user cache (about a second with g++ 12);
 ``test_build_*`` compile a second copy into a temporary cache directory.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,11 @@ import torch
 from mps_backend.runtime import EmulatorBuildError, EmulatorError, InputMismatchError, emulator, load_emulator, run_pte
 from mps_backend.runtime.program_check import ProgramFormatError
 
-FIXTURES = ["cnn_fp32", "cnn_fp16", "conv1d_fp32", "conv1d_fp16", "mlp_fp32", "mlp_fp16",
-            "ops_fp32", "ops_fp16"]
+FIXTURES = ["cnn_fp32", "cnn_fp16", "conv1d_fp32", "conv1d_fp16", "mlp_fp32", "mlp_fp16", "ops_fp32", "ops_fp16"]
 
 
 # ------------------------------------------------------------------ helpers
+
 
 def _deserialize(pte: bytes):
     from executorch.exir._serialize._program import deserialize_pte_binary
@@ -54,6 +55,7 @@ def _delegate_payloads(pte: bytes) -> list[tuple[str, bytes]]:
 def _io(upstream_pte_dir, name: str) -> tuple[list[torch.Tensor], list[np.ndarray]]:
     manifest = json.loads((upstream_pte_dir / "manifest.json").read_text())
     data = np.load(upstream_pte_dir / manifest[f"{name}.pte"]["inputs"])
+
     def number(k: str) -> int:
         return int(k.removeprefix("input").removeprefix("output").lstrip("_"))
 
@@ -101,6 +103,7 @@ def _ops_outputs():
 
 
 # ------------------------------------------------------------------ build and registration
+
 
 def test_build_caches_atomically(tmp_path, monkeypatch):
     monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(tmp_path))
@@ -170,12 +173,27 @@ def test_compile_command_on_linux_is_unchanged(fake_wheel):
     include = library.parents[1] / "include"
     command = emulator._compile_command("g++", Path("shim.cpp"), Path("out.so"), platform="linux")
     assert command == [
-        "g++", "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
-        "-D_GLIBCXX_USE_CXX11_ABI=1", "-DC10_USING_CUSTOM_GENERATED_MACROS", "-DET_EVENT_TRACER_ENABLED",
-        "-isystem", str(include),
-        "-isystem", str(include / "executorch" / "runtime" / "core" / "portable_type" / "c10"),
-        "shim.cpp", "-o", "out.so",
-        f"-L{library.parent}", "-l:libexecutorch.so", f"-Wl,-rpath,{library.parent}", "-Wl,--no-undefined",
+        "g++",
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        "-shared",
+        "-fvisibility=hidden",
+        "-fvisibility-inlines-hidden",
+        "-D_GLIBCXX_USE_CXX11_ABI=1",
+        "-DC10_USING_CUSTOM_GENERATED_MACROS",
+        "-DET_EVENT_TRACER_ENABLED",
+        "-isystem",
+        str(include),
+        "-isystem",
+        str(include / "executorch" / "runtime" / "core" / "portable_type" / "c10"),
+        "shim.cpp",
+        "-o",
+        "out.so",
+        f"-L{library.parent}",
+        "-l:libexecutorch.so",
+        f"-Wl,-rpath,{library.parent}",
+        "-Wl,--no-undefined",
     ]
 
 
@@ -307,10 +325,11 @@ def test_lazy_package_exports():
 
 # ------------------------------------------------------------------ plumbing with a stand-in
 
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_callback_gets_blob_and_inputs_outputs_come_back(upstream_pte_dir, standin, name):
     pte = (upstream_pte_dir / f"{name}.pte").read_bytes()
-    (backend_id, payload), = _delegate_payloads(pte)
+    ((backend_id, payload),) = _delegate_payloads(pte)
     assert backend_id == "MPSBackend"
     inputs, recorded = _io(upstream_pte_dir, name)
     rec = standin(outputs=[torch.from_numpy(o) + 1.0 for o in recorded])
@@ -357,13 +376,17 @@ def mixed_pte() -> bytes:
     from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
     from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
     from executorch.exir.dialects._ops import ops as exir_ops
+
     from mps_backend.serialization.model import DataType, Graph, Node, Tensor
     from mps_backend.serialization.writer import write_blob
 
     def add_blob(shape) -> bytes:
-        graph = Graph(nodes=[Node("MPSAdd", {"input1_id": 0, "input2_id": 1, "output_id": 2, "alpha": 1.0})],
-                      values=[Tensor(DataType.float32, list(shape)) for _ in range(3)],
-                      input_ids=[0, 1], output_ids=[2])
+        graph = Graph(
+            nodes=[Node("MPSAdd", {"input1_id": 0, "input2_id": 1, "output_id": 2, "alpha": 1.0})],
+            values=[Tensor(DataType.float32, list(shape)) for _ in range(3)],
+            input_ids=[0, 1],
+            output_ids=[2],
+        )
         return write_blob(graph, {})
 
     class EmulatorTestAddBackend(BackendDetails):
@@ -394,7 +417,7 @@ def mixed_pte() -> bytes:
 
 
 def test_mixed_program_cpu_ops_around_delegate(mixed_pte, standin):
-    (backend_id, payload), = _delegate_payloads(mixed_pte)
+    ((backend_id, payload),) = _delegate_payloads(mixed_pte)
     assert backend_id == "MPSBackend"
     rec = standin(fn=lambda blob, ins, mode: [ins[0] + ins[1]])
     x, y = torch.randn(2, 3), torch.randn(2, 3)
@@ -459,8 +482,7 @@ def test_threads_keep_their_own_mode(ops_pte, standin):
         return _ops_outputs()
 
     standin(fn=fn)
-    threads = [threading.Thread(target=run_pte, args=(ops_pte, _ops_inputs(), m), name=m)
-               for m in ("faithful", "aten")]
+    threads = [threading.Thread(target=run_pte, args=(ops_pte, _ops_inputs(), m), name=m) for m in ("faithful", "aten")]
     for t in threads:
         t.start()
     for t in threads:
@@ -481,8 +503,7 @@ def test_calls_into_the_runtime_are_serialized(ops_pte, standin):
         return _ops_outputs()
 
     standin(fn=fn)
-    threads = [threading.Thread(target=lambda: [run_pte(ops_pte, _ops_inputs()) for _ in range(5)])
-               for _ in range(3)]
+    threads = [threading.Thread(target=lambda: [run_pte(ops_pte, _ops_inputs()) for _ in range(5)]) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -492,14 +513,18 @@ def test_calls_into_the_runtime_are_serialized(ops_pte, standin):
 
 # ------------------------------------------------------------------ errors: clear exception, process survives
 
-@pytest.mark.parametrize("inputs, match", [
-    ([torch.randn(3, 8)], "takes 2 inputs, got 1"),
-    ([torch.randn(3, 8).double(), torch.arange(4)], "dtype torch.float32, got torch.float64"),
-    ([torch.randn(3, 9), torch.arange(4)], r"must have shape \[3, 8\].*, got \[3, 9\]"),
-    ([torch.randn(3, 8, 1), torch.arange(4)], r"shape \[3, 8\].*, got \[3, 8, 1\]"),
-    ([torch.randn(3, 8), 4], "must be a tensor"),
-    ([torch.randn(2, 8), torch.arange(4)], r"rejected the inputs .*\[3, 8\]"),  # smaller, but static
-])
+
+@pytest.mark.parametrize(
+    "inputs, match",
+    [
+        ([torch.randn(3, 8)], "takes 2 inputs, got 1"),
+        ([torch.randn(3, 8).double(), torch.arange(4)], "dtype torch.float32, got torch.float64"),
+        ([torch.randn(3, 9), torch.arange(4)], r"must have shape \[3, 8\].*, got \[3, 9\]"),
+        ([torch.randn(3, 8, 1), torch.arange(4)], r"shape \[3, 8\].*, got \[3, 8, 1\]"),
+        ([torch.randn(3, 8), 4], "must be a tensor"),
+        ([torch.randn(2, 8), torch.arange(4)], r"rejected the inputs .*\[3, 8\]"),  # smaller, but static
+    ],
+)
 def test_bad_inputs(ops_pte, standin, inputs, match):
     rec = standin(outputs=_ops_outputs())
     with pytest.raises(InputMismatchError, match=match):
@@ -545,11 +570,14 @@ def test_interpreter_exception_is_reraised(ops_pte, standin):
     assert torch.equal(run_pte(ops_pte, _ops_inputs())[0], _ops_outputs()[0])
 
 
-@pytest.mark.parametrize("outputs, match", [
-    (lambda: [torch.zeros(3, 5), *_ops_outputs()[1:]], "needs 48 bytes"),
-    (lambda: _ops_outputs()[:2], "returned 2 outputs, the delegate call has 3"),
-    (lambda: [1.0, *_ops_outputs()[1:]], "float, not a tensor"),
-])
+@pytest.mark.parametrize(
+    "outputs, match",
+    [
+        (lambda: [torch.zeros(3, 5), *_ops_outputs()[1:]], "needs 48 bytes"),
+        (lambda: _ops_outputs()[:2], "returned 2 outputs, the delegate call has 3"),
+        (lambda: [1.0, *_ops_outputs()[1:]], "float, not a tensor"),
+    ],
+)
 def test_bad_interpreter_outputs(ops_pte, standin, outputs, match):
     standin(fn=lambda blob, ins, mode: outputs())
     with pytest.raises(EmulatorError, match=match):
@@ -577,6 +605,7 @@ def test_unknown_method_and_garbage_program(ops_pte):
 
 
 # ------------------------------------------------------------------ the real interpreter
+
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_upstream_fixture_reproduces_recorded_outputs(upstream_pte_dir, name):

@@ -1,14 +1,15 @@
 """The interpreter: blob decoding, input binding, constant loading, node loop, outputs and report
 (semantics §1, §2, §4, §5.17, §7), on graphs written with the writer."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from mps_backend.serialization.model import DataType, OpType
 
 from mps_backend.runtime.core import DeviceError
 from mps_backend.runtime.interpreter import Interpreter, execute, unpack_int4
+from mps_backend.serialization.model import DataType, OpType
 from tests.work_count import CallCount
 
 from .helpers import GraphSpec, one_node, run_graph
@@ -127,8 +128,17 @@ class TestInputs:
 
 
 class TestConstants:
-    @pytest.mark.parametrize("data", [t([[1.5, -2.0]]), t([1.0, 2.0], torch.float16), t([-(2**40), 7], torch.int64),
-                                      t([-3, 4], torch.int8), t([1, 2], torch.int16), t([5], torch.int32)])
+    @pytest.mark.parametrize(
+        "data",
+        [
+            t([[1.5, -2.0]]),
+            t([1.0, 2.0], torch.float16),
+            t([-(2**40), 7], torch.int64),
+            t([-3, 4], torch.int8),
+            t([1, 2], torch.int16),
+            t([5], torch.int32),
+        ],
+    )
     def test_dense_constants(self, data):
         (y,) = const_graph(data).run([])
         assert y.dtype == data.dtype and torch.equal(y, data)

@@ -1,14 +1,15 @@
 """Every MPSNodeUnion member has a device-model kernel; exactly MPSMin, MPSMax and MPSAtan2 (no
 dispatch case in the runtime, semantics §2.7) map to kernels that raise DeviceError."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from mps_backend.serialization import device_facts
-from mps_backend.serialization.model import UNION_MEMBERS, Node, member_fields
 
 from mps_backend.runtime.core import DeviceError, KernelContext
 from mps_backend.runtime.kernels import KERNELS, MODULES, build_kernels
+from mps_backend.serialization import device_facts
+from mps_backend.serialization.model import UNION_MEMBERS, Node, member_fields
 
 NOT_DISPATCHED = tuple(sorted(device_facts.NOT_DISPATCHED))
 

@@ -3,6 +3,7 @@
 Every expectation is the behaviour of docs/device-semantics.md (§3.3, §5.1-§5.8, §5.11
 MPSCast, §5.16) written out here independently of the kernels.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from mps_backend.serialization.model import DataType
 
 from mps_backend.runtime.core import DeviceError
+from mps_backend.serialization.model import DataType
 
 from .helpers import GraphSpec, one_node, run_graph
 
@@ -130,8 +131,7 @@ class TestAddSub:
         a, b = rnd(3), rnd(3, seed=1)
         same(run_graph("MPSAdd", [a, b], alpha=0.0), a, exact=True)
 
-    @pytest.mark.parametrize("da,db,dout", [(I32, F16, F16), (F16, F32, F32), (torch.bool, I64, I64),
-                                            (torch.int8, I32, I32)])
+    @pytest.mark.parametrize("da,db,dout", [(I32, F16, F16), (F16, F32, F32), (torch.bool, I64, I64), (torch.int8, I32, I32)])
     def test_promotion(self, da, db, dout):
         a, b = t([1, 0, 1], da), t([2, 3, 4], db)
         y = run_graph("MPSAdd", [a, b], alpha=1.0, out_dtype=None)
@@ -150,10 +150,10 @@ class TestAddSub:
             run_graph("MPSMul", [rnd(2), rnd(3)])
 
     def test_f16_rounds_alpha_times_b_and_the_sum(self):
-        a, b = t([-3.0], F16), t([1.0 + 2.0 ** -10], F16)
+        a, b = t([-3.0], F16), t([1.0 + 2.0**-10], F16)
         # 3 * b = 3 + 1.5 * 2^-9 is a tie in f16 and rounds to 3 + 2^-8; -3 + that = 2^-8.
         # Without the intermediate rounding: -3 + 3.0029296875 = 3 * 2^-10 (exact in f16).
-        same(run_graph("MPSAdd", [a, b], alpha=3.0), t([2.0 ** -8], F16), exact=True)
+        same(run_graph("MPSAdd", [a, b], alpha=3.0), t([2.0**-8], F16), exact=True)
 
 
 class TestArithmetic:
@@ -223,8 +223,7 @@ class TestDivision:
         same(run_graph("MPSFmod", [x, t([2.0], F16)], rounding_mode=None, mode="aten"), t([1.5], F16))
 
     def test_fmod_integers_return_f32(self):
-        same(run_graph("MPSFmod", [t([7, -7], I32), t([3, 3], I32)], rounding_mode=None),
-             t([1.0, -1.0]), exact=True)
+        same(run_graph("MPSFmod", [t([7, -7], I32), t([3, 3], I32)], rounding_mode=None), t([1.0, -1.0]), exact=True)
 
     def test_fmod_floor_returns_the_quotient(self):
         a, b = t([7.0, -7.0]), t([2.0, 2.0])
@@ -237,8 +236,7 @@ class TestDivision:
 
     def test_remainder_integers_return_f32(self):
         same(run_graph("MPSRemainder", [t([-7], I32), t([3], I32)], rounding_mode=None), t([2.0]), exact=True)
-        same(run_graph("MPSRemainder", [t([-7], I32), t([3], I32)], rounding_mode=None, mode="aten"),
-             t([2], I32), exact=True)
+        same(run_graph("MPSRemainder", [t([-7], I32), t([3], I32)], rounding_mode=None, mode="aten"), t([2], I32), exact=True)
 
     def test_remainder_trunc_returns_the_quotient(self):
         same(run_graph("MPSRemainder", [t([-7.0]), t([2.0])], rounding_mode="trunc"), t([-3.0]), exact=True)
@@ -253,8 +251,9 @@ class TestDivision:
 
 # --------------------------------------------------------------------------- bitwise and compare
 class TestBitwise:
-    @pytest.mark.parametrize("op,fn", [("MPSBitwiseAnd", torch.bitwise_and), ("MPSBitwiseOr", torch.bitwise_or),
-                                       ("MPSBitwiseXor", torch.bitwise_xor)])
+    @pytest.mark.parametrize(
+        "op,fn", [("MPSBitwiseAnd", torch.bitwise_and), ("MPSBitwiseOr", torch.bitwise_or), ("MPSBitwiseXor", torch.bitwise_xor)]
+    )
     def test_integers_and_bools(self, op, fn):
         a, b = t([12, -1, 5], torch.int8), t([10, 7, 0], I32)
         same(run_graph(op, [a, b]), fn(a.to(I32), b), exact=True)
@@ -273,8 +272,17 @@ class TestBitwise:
 
 
 class TestCompare:
-    @pytest.mark.parametrize("op,fn", [("MPSEq", torch.eq), ("MPSNe", torch.ne), ("MPSGe", torch.ge),
-                                       ("MPSGt", torch.gt), ("MPSLe", torch.le), ("MPSLt", torch.lt)])
+    @pytest.mark.parametrize(
+        "op,fn",
+        [
+            ("MPSEq", torch.eq),
+            ("MPSNe", torch.ne),
+            ("MPSGe", torch.ge),
+            ("MPSGt", torch.gt),
+            ("MPSLe", torch.le),
+            ("MPSLt", torch.lt),
+        ],
+    )
     def test_bool_output_with_broadcast(self, op, fn):
         a, b = t([[1.0], [2.0], [NAN]]), t([1.0, 2.0, 3.0])
         y = run_graph(op, [a, b], out_dtype=DataType.bool, out_dims=(3, 3))
@@ -288,12 +296,28 @@ class TestCompare:
 
 # ------------------------------------------------------------------------------------------- unary
 FLOAT_MATH = [
-    ("MPSExp", torch.exp), ("MPSExp2", torch.exp2), ("MPSReciprocal", torch.reciprocal),
-    ("MPSSqrt", torch.sqrt), ("MPSRsqrt", torch.rsqrt), ("MPSLog", torch.log), ("MPSLog10", torch.log10),
-    ("MPSLog2", torch.log2), ("MPSErf", torch.erf), ("MPSSigmoid", torch.sigmoid), ("MPSSin", torch.sin),
-    ("MPSCos", torch.cos), ("MPSTan", torch.tan), ("MPSAsin", torch.asin), ("MPSAcos", torch.acos),
-    ("MPSAtan", torch.atan), ("MPSSinh", torch.sinh), ("MPSCosh", torch.cosh), ("MPSTanh", torch.tanh),
-    ("MPSAsinh", torch.asinh), ("MPSAcosh", torch.acosh), ("MPSAtanh", torch.atanh),
+    ("MPSExp", torch.exp),
+    ("MPSExp2", torch.exp2),
+    ("MPSReciprocal", torch.reciprocal),
+    ("MPSSqrt", torch.sqrt),
+    ("MPSRsqrt", torch.rsqrt),
+    ("MPSLog", torch.log),
+    ("MPSLog10", torch.log10),
+    ("MPSLog2", torch.log2),
+    ("MPSErf", torch.erf),
+    ("MPSSigmoid", torch.sigmoid),
+    ("MPSSin", torch.sin),
+    ("MPSCos", torch.cos),
+    ("MPSTan", torch.tan),
+    ("MPSAsin", torch.asin),
+    ("MPSAcos", torch.acos),
+    ("MPSAtan", torch.atan),
+    ("MPSSinh", torch.sinh),
+    ("MPSCosh", torch.cosh),
+    ("MPSTanh", torch.tanh),
+    ("MPSAsinh", torch.asinh),
+    ("MPSAcosh", torch.acosh),
+    ("MPSAtanh", torch.atanh),
 ]
 
 
@@ -342,8 +366,11 @@ class TestUnary:
         same(run_graph("MPSLogicalNot", [t([True, False], torch.bool)]), t([False, True], torch.bool), exact=True)
         with fails("unverified"):
             run_graph("MPSLogicalNot", [t([0, 2], I32)])
-        same(run_graph("MPSLogicalNot", [t([0, 2], I32)], mode="aten", out_dtype=DataType.bool),
-             t([True, False], torch.bool), exact=True)
+        same(
+            run_graph("MPSLogicalNot", [t([0, 2], I32)], mode="aten", out_dtype=DataType.bool),
+            t([True, False], torch.bool),
+            exact=True,
+        )
 
 
 # ----------------------------------------------------------------------------------- clamp, where
@@ -373,8 +400,7 @@ class TestWhere:
     def test_bool_condition_with_broadcast(self):
         c = t([[True], [False]], torch.bool)
         a, b = rnd(2, 3), rnd(3, seed=1)
-        same(run_graph("MPSWhere", [c, a, b], out_dtype=DataType.float32, out_dims=(2, 3)),
-             torch.where(c, a, b), exact=True)
+        same(run_graph("MPSWhere", [c, a, b], out_dtype=DataType.float32, out_dims=(2, 3)), torch.where(c, a, b), exact=True)
 
     def test_non_bool_condition_is_cast(self):
         c = t([0.0, 0.5, NAN, -0.0])
@@ -470,8 +496,7 @@ class TestCast:
     def test_float_to_int_truncates_and_to_bool_is_nonzero(self):
         x = t([-1.7, -0.2, 0.0, 1.7])
         same(run_graph("MPSCast", [x], dtype=int(DataType.int32)), t([-1, 0, 0, 1], I32), exact=True)
-        same(run_graph("MPSCast", [x], dtype=int(DataType.bool)), t([True, True, False, True], torch.bool),
-             exact=True)
+        same(run_graph("MPSCast", [x], dtype=int(DataType.bool)), t([True, True, False, True], torch.bool), exact=True)
 
     def test_float64_maps_to_f32_and_uint8_aborts(self):
         x = t([1, 2], I32)
@@ -484,7 +509,7 @@ class TestCast:
 class TestFp16Graph:
     def test_each_op_output_is_rounded_to_f16(self):
         """Cast(in->f16) ; t = x + y ; u = t - x ; Cast(u->f32): with per-op rounding x + 2^-12 == x."""
-        x, y = t([1.0, 1.0]), t([2.0 ** -12, 2.0 ** -9])
+        x, y = t([1.0, 1.0]), t([2.0**-12, 2.0**-9])
         g = GraphSpec()
         xi, yi = g.input(x), g.input(y)
         s, d = g.value(DataType.float32, [2]), g.value(DataType.float32, [2])
@@ -494,7 +519,7 @@ class TestFp16Graph:
         g.node("MPSSub", input1_id=s, input2_id=xi, output_id=d, alpha=1.0)
         g.node("MPSCast", input1_id=d, output_id=d, dtype=int(DataType.float32)).output(d)
         (out,) = g.run([x, y])
-        same(out, t([0.0, 2.0 ** -9]), exact=True)
+        same(out, t([0.0, 2.0**-9]), exact=True)
 
     def test_one_node_builder_defaults(self):
         g = one_node("MPSAdd", [t([1.0])], constants=[t([2.0])], alpha=1.0)

@@ -2,6 +2,7 @@
 pad, quant. Expectations are written from docs/device-semantics.md (§5.6, §5.9-§5.17),
 mostly as explicit torch reference computations, not from the kernels.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -9,20 +10,45 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from mps_backend.serialization.model import DataType, Graph, Node, Tensor, member_fields
 
 from mps_backend.runtime.core import DeviceError, KernelContext
 from mps_backend.runtime.kernels import conv, indexing, linalg, norm, pad, pool, quant, reduce, shape
+from mps_backend.serialization.model import DataType, Graph, Node, Tensor, member_fields
 
 KERNELS = {}
 for _m in (conv, indexing, linalg, norm, pad, pool, quant, reduce, shape):
     KERNELS.update(_m.KERNELS)
 
-POOL = dict(kernel_height=2, kernel_width=2, stride_height=2, stride_width=2, padding_left=0,
-            padding_right=0, padding_top=0, padding_bottom=0, dilation_height=1, dilation_width=1,
-            ceil_mode=False, count_include_pad=False, divisor_override=0, output1_id=10, output2_id=11)
-CONV = dict(input3_id=-1, output_id=10, stride_x=1, stride_y=1, dilation_x=1, dilation_y=1, groups=1,
-            padding_left=0, padding_right=0, padding_top=0, padding_bottom=0)
+POOL = dict(
+    kernel_height=2,
+    kernel_width=2,
+    stride_height=2,
+    stride_width=2,
+    padding_left=0,
+    padding_right=0,
+    padding_top=0,
+    padding_bottom=0,
+    dilation_height=1,
+    dilation_width=1,
+    ceil_mode=False,
+    count_include_pad=False,
+    divisor_override=0,
+    output1_id=10,
+    output2_id=11,
+)
+CONV = dict(
+    input3_id=-1,
+    output_id=10,
+    stride_x=1,
+    stride_y=1,
+    dilation_x=1,
+    dilation_y=1,
+    groups=1,
+    padding_left=0,
+    padding_right=0,
+    padding_top=0,
+    padding_bottom=0,
+)
 
 
 def run(op: str, inputs: dict[int, torch.Tensor], mode: str = "faithful", graph=None, **fields):
@@ -64,41 +90,39 @@ class TestLinalg:
         got = out("MPSMatMul", {0: a, 1: b}, input1_id=0, input2_id=1, output_id=10)
         same(got, (a.float() @ b.float()).half(), exact=True)
 
-    @pytest.mark.parametrize("a,b", [
-        (rnd(2, 3), rnd(3, 2, dtype=torch.float16)),  # mixed dtypes: no promotion
-        (rnd(3), rnd(3, 2)),                           # rank 1
-        (rnd(2, 3), rnd(4, 2)),                        # inner dims differ
-    ])
+    @pytest.mark.parametrize(
+        "a,b",
+        [
+            (rnd(2, 3), rnd(3, 2, dtype=torch.float16)),  # mixed dtypes: no promotion
+            (rnd(3), rnd(3, 2)),  # rank 1
+            (rnd(2, 3), rnd(4, 2)),  # inner dims differ
+        ],
+    )
     def test_matmul_failures(self, a, b):
         with pytest.raises(DeviceError):
             run("MPSMatMul", {0: a, 1: b}, input1_id=0, input2_id=1, output_id=10)
 
     def test_addmm_alpha_beta(self):
         bias, m1, m2 = rnd(5), rnd(3, 4, seed=1), rnd(4, 5, seed=2)
-        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2,
-                  output_id=10, alpha=2.0, beta=0.5)
+        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2, output_id=10, alpha=2.0, beta=0.5)
         same(got, 2.0 * (m1 @ m2) + 0.5 * bias)
-        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2,
-                  output_id=10, alpha=1.0, beta=1.0)
+        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2, output_id=10, alpha=1.0, beta=1.0)
         same(got, torch.addmm(bias, m1, m2))
 
     def test_addmm_schema_default_zero_alpha_beta_gives_zeros(self):
         bias, m1, m2 = rnd(5), rnd(3, 4, seed=1), rnd(4, 5, seed=2)
-        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2,
-                  output_id=10, alpha=0.0, beta=0.0)
+        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2, output_id=10, alpha=0.0, beta=0.0)
         same(got, torch.zeros(3, 5))
 
     def test_addmm_f16(self):
         bias, m1, m2 = (rnd(*s, dtype=torch.float16, seed=i) for i, s in enumerate([(5,), (3, 16), (16, 5)]))
-        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2,
-                  output_id=10, alpha=1.0, beta=1.0)
+        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2, output_id=10, alpha=1.0, beta=1.0)
         # the matmul result is its own f16 tensor before the bias add: two roundings
         same(got, ((m1.float() @ m2.float()).half().float() + bias.float()).half(), exact=True)
 
     def test_addmm_f16_rounds_each_intermediate(self):
         bias, m1, m2 = (rnd(*s, dtype=torch.float16, seed=i) for i, s in enumerate([(4,), (4, 8), (8, 4)]))
-        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2,
-                  output_id=10, alpha=3.0, beta=0.3)
+        got = out("MPSAddmm", {0: bias, 1: m1, 2: m2}, input1_id=0, input2_id=1, input3_id=2, output_id=10, alpha=3.0, beta=0.3)
         h = lambda t: t.half().float()  # noqa: E731
         p = h(h(m1.float() @ m2.float()) * 3.0)
         c = h(bias.float() * h(torch.tensor(0.3)))
@@ -106,18 +130,24 @@ class TestLinalg:
 
     def test_addmm_mixed_bias_dtype_fails_like_issue_7904(self):
         with pytest.raises(DeviceError, match="mixed dtypes"):
-            run("MPSAddmm", {0: rnd(128, dtype=torch.float16), 1: rnd(8, 64), 2: rnd(64, 128)},
-                input1_id=0, input2_id=1, input3_id=2, output_id=10, alpha=1.0, beta=1.0)
+            run(
+                "MPSAddmm",
+                {0: rnd(128, dtype=torch.float16), 1: rnd(8, 64), 2: rnd(64, 128)},
+                input1_id=0,
+                input2_id=1,
+                input3_id=2,
+                output_id=10,
+                alpha=1.0,
+                beta=1.0,
+            )
 
 
 # ---------------------------------------------------------------------------------------- indexing
 class TestIndexing:
     def test_index_select(self):
         x, idx = rnd(3, 5, 2), torch.tensor([4, 0, 4])
-        same(out("MPSIndexSelect", {0: x, 1: idx}, input1_id=0, output_id=10, dim=1, index_id=1),
-             torch.index_select(x, 1, idx))
-        same(out("MPSIndexSelect", {0: x, 1: idx.int()}, input1_id=0, output_id=10, dim=-2, index_id=1),
-             x[:, [4, 0, 4], :])
+        same(out("MPSIndexSelect", {0: x, 1: idx}, input1_id=0, output_id=10, dim=1, index_id=1), torch.index_select(x, 1, idx))
+        same(out("MPSIndexSelect", {0: x, 1: idx.int()}, input1_id=0, output_id=10, dim=-2, index_id=1), x[:, [4, 0, 4], :])
 
     def test_index_select_multi_dim_index_shape(self):
         x, idx = rnd(3, 5), torch.tensor([[1, 2], [0, 4]])
@@ -126,13 +156,21 @@ class TestIndexing:
 
     def test_index_select_out_of_range_fails(self):
         with pytest.raises(DeviceError):
-            run("MPSIndexSelect", {0: rnd(3), 1: torch.tensor([3])}, input1_id=0, output_id=10, dim=0,
-                index_id=1)
+            run("MPSIndexSelect", {0: rnd(3), 1: torch.tensor([3])}, input1_id=0, output_id=10, dim=0, index_id=1)
 
     def _embedding(self, padding_idx, mode="faithful"):
         w, idx = rnd(6, 4), torch.tensor([[2, 0], [5, 2]])
-        got = out("MPSEmbedding", {0: w, 1: idx}, mode, input1_id=0, input2_id=1, output_id=10,
-                  padding_idx=padding_idx, scale_grad_by_freq=False, sparse=False)
+        got = out(
+            "MPSEmbedding",
+            {0: w, 1: idx},
+            mode,
+            input1_id=0,
+            input2_id=1,
+            output_id=10,
+            padding_idx=padding_idx,
+            scale_grad_by_freq=False,
+            sparse=False,
+        )
         return w, idx, got
 
     def test_embedding_padding_rows_zeroed_on_device(self):
@@ -156,8 +194,16 @@ class TestIndexing:
 
     def test_embedding_f16(self):
         w, idx = rnd(6, 4, dtype=torch.float16), torch.tensor([1, 3], dtype=torch.int32)
-        got = out("MPSEmbedding", {0: w, 1: idx}, input1_id=0, input2_id=1, output_id=10,
-                  padding_idx=-1, scale_grad_by_freq=False, sparse=False)
+        got = out(
+            "MPSEmbedding",
+            {0: w, 1: idx},
+            input1_id=0,
+            input2_id=1,
+            output_id=10,
+            padding_idx=-1,
+            scale_grad_by_freq=False,
+            sparse=False,
+        )
         same(got, w[[1, 3]], exact=True)
 
     def test_index_tensor_one_index(self):
@@ -170,13 +216,26 @@ class TestIndexing:
     @pytest.mark.parametrize("ids,graph", [([1, 2], None), ([-1, -1], None), ([1], Graph(graph_type=1))])
     def test_index_tensor_failures(self, ids, graph):
         with pytest.raises(DeviceError):
-            run("MPSIndexTensor", {0: rnd(3, 4), 1: torch.tensor([0]), 2: torch.tensor([1])}, graph=graph,
-                input1_id=0, indices_id=ids, output_id=10)
+            run(
+                "MPSIndexTensor",
+                {0: rnd(3, 4), 1: torch.tensor([0]), 2: torch.tensor([1])},
+                graph=graph,
+                input1_id=0,
+                indices_id=ids,
+                output_id=10,
+            )
 
     def test_index_put(self):
         data, idx, values = rnd(3, 4), torch.tensor([3, 1]), rnd(3, 2, seed=1)
-        got = out("MPSIndexPut", {0: data, 1: idx, 2: values}, input1_id=0, indices_id=[-1, 1],
-                  values_shape=[], values_id=2, output_id=10)
+        got = out(
+            "MPSIndexPut",
+            {0: data, 1: idx, 2: values},
+            input1_id=0,
+            indices_id=[-1, 1],
+            values_shape=[],
+            values_id=2,
+            output_id=10,
+        )
         expected = data.clone()
         expected[:, 3], expected[:, 1] = values[:, 0], values[:, 1]
         same(got, expected)
@@ -184,8 +243,15 @@ class TestIndexing:
 
     def test_index_put_values_broadcast_to_values_shape(self):
         data, idx, values = rnd(4, 3), torch.tensor([0, 2]), rnd(1, 3, seed=1)
-        got = out("MPSIndexPut", {0: data, 1: idx, 2: values}, input1_id=0, indices_id=[1],
-                  values_shape=[2, 3], values_id=2, output_id=10)
+        got = out(
+            "MPSIndexPut",
+            {0: data, 1: idx, 2: values},
+            input1_id=0,
+            indices_id=[1],
+            values_shape=[2, 3],
+            values_id=2,
+            output_id=10,
+        )
         expected = data.clone()
         expected[0], expected[2] = values[0], values[0]
         same(got, expected)
@@ -193,8 +259,15 @@ class TestIndexing:
     @pytest.mark.parametrize("values,vshape", [(rnd(2, 3, dtype=torch.float16), []), (rnd(3), [])])
     def test_index_put_failures(self, values, vshape):
         with pytest.raises(DeviceError):  # mixed dtypes / values not in the scattered shape
-            run("MPSIndexPut", {0: rnd(4, 3), 1: torch.tensor([0, 2]), 2: values}, input1_id=0,
-                indices_id=[1], values_shape=vshape, values_id=2, output_id=10)
+            run(
+                "MPSIndexPut",
+                {0: rnd(4, 3), 1: torch.tensor([0, 2]), 2: values},
+                input1_id=0,
+                indices_id=[1],
+                values_shape=vshape,
+                values_id=2,
+                output_id=10,
+            )
 
     def test_scatter_as_slice_scatter(self):
         data, src = rnd(4, 6), rnd(4, 2, seed=1)
@@ -203,21 +276,35 @@ class TestIndexing:
         expected = data.clone()
         expected[:, 1:5:2] = src
         same(got, expected)
-        got = out("MPSScatter", {0: data, 1: src, 2: idx}, input1_id=0, output_id=10, dim=-1, idx_id=2,
-                  src_id=1)
+        got = out("MPSScatter", {0: data, 1: src, 2: idx}, input1_id=0, output_id=10, dim=-1, idx_id=2, src_id=1)
         same(got, expected)
 
     def test_scatter_mixed_dtype_fails(self):
         with pytest.raises(DeviceError):
-            run("MPSScatter", {0: rnd(4, 6), 1: rnd(4, 2, dtype=torch.float16), 2: torch.zeros(4, 2).long()},
-                input1_id=0, output_id=10, dim=1, idx_id=2, src_id=1)
+            run(
+                "MPSScatter",
+                {0: rnd(4, 6), 1: rnd(4, 2, dtype=torch.float16), 2: torch.zeros(4, 2).long()},
+                input1_id=0,
+                output_id=10,
+                dim=1,
+                idx_id=2,
+                src_id=1,
+            )
 
 
 # ------------------------------------------------------------------------------------------ reduce
 class TestMean:
     def mean(self, x, dims, keep, mode="faithful", num_dims=None):
-        return out("MPSMean", {0: x}, mode, input1_id=0, output_id=10,
-                   num_dims=len(dims) if num_dims is None else num_dims, dims=dims, keep_dims=keep)
+        return out(
+            "MPSMean",
+            {0: x},
+            mode,
+            input1_id=0,
+            output_id=10,
+            num_dims=len(dims) if num_dims is None else num_dims,
+            dims=dims,
+            keep_dims=keep,
+        )
 
     def test_axes_negative_and_keep_dims(self):
         x = rnd(2, 3, 4)
@@ -340,8 +427,7 @@ class TestShape:
 
     def test_split_with_sizes(self):
         x = rnd(2, 6)
-        vals = run("MPSSplitWithSizes", {0: x}, input1_id=0, output_ids=[10, 11, 12], split_sizes=[1, 2, 3],
-                   dim=-1)
+        vals = run("MPSSplitWithSizes", {0: x}, input1_id=0, output_ids=[10, 11, 12], split_sizes=[1, 2, 3], dim=-1)
         for vid, piece in zip((10, 11, 12), torch.split(x, [1, 2, 3], 1)):
             same(vals[vid], piece)
         with pytest.raises(DeviceError):
@@ -358,22 +444,53 @@ class TestShape:
 class TestConv:
     def test_conv2d_asymmetric_padding_stride_dilation_groups_bias(self):
         x, w, b = rnd(2, 4, 9, 8), rnd(6, 2, 3, 2, seed=1), rnd(6, seed=2)
-        got = out("MPSConv2D", {0: x, 1: w, 2: b}, input1_id=0, input2_id=1, input3_id=2, stride_x=1,
-                  stride_y=2, dilation_x=2, dilation_y=1, groups=2, padding_left=1, padding_right=0,
-                  padding_top=2, padding_bottom=1)
+        got = out(
+            "MPSConv2D",
+            {0: x, 1: w, 2: b},
+            input1_id=0,
+            input2_id=1,
+            input3_id=2,
+            stride_x=1,
+            stride_y=2,
+            dilation_x=2,
+            dilation_y=1,
+            groups=2,
+            padding_left=1,
+            padding_right=0,
+            padding_top=2,
+            padding_bottom=1,
+        )
         expected = F.conv2d(F.pad(x, (1, 0, 2, 1)), w, b, stride=(2, 1), dilation=(1, 2), groups=2)
         same(got, expected, atol=1e-5, rtol=1e-5)
 
     def test_conv2d_no_bias(self):
         x, w = rnd(1, 3, 5, 5), rnd(2, 3, 3, 3, seed=1)
-        got = out("MPSConv2D", {0: x, 1: w}, input1_id=0, input2_id=1, input3_id=-1, padding_left=1,
-                  padding_right=1, padding_top=1, padding_bottom=1)
+        got = out(
+            "MPSConv2D",
+            {0: x, 1: w},
+            input1_id=0,
+            input2_id=1,
+            input3_id=-1,
+            padding_left=1,
+            padding_right=1,
+            padding_top=1,
+            padding_bottom=1,
+        )
         same(got, F.conv2d(x, w, padding=1), atol=1e-5, rtol=1e-5)
 
     def test_conv1d_path(self):
         x, w, b = rnd(2, 3, 11), rnd(4, 3, 3, seed=1), rnd(4, seed=2)
-        got = out("MPSConv2D", {0: x, 1: w, 2: b}, input1_id=0, input2_id=1, input3_id=2, stride_x=2,
-                  dilation_x=2, padding_left=2, padding_right=1)
+        got = out(
+            "MPSConv2D",
+            {0: x, 1: w, 2: b},
+            input1_id=0,
+            input2_id=1,
+            input3_id=2,
+            stride_x=2,
+            dilation_x=2,
+            padding_left=2,
+            padding_right=1,
+        )
         same(got, F.conv1d(F.pad(x, (2, 1)), w, b, stride=2, dilation=2), atol=1e-5, rtol=1e-5)
 
     def test_conv1d_vertical_padding_cannot_squeeze(self):
@@ -381,17 +498,23 @@ class TestConv:
             run("MPSConv2D", {0: rnd(1, 2, 5), 1: rnd(2, 2, 3)}, input1_id=0, input2_id=1, padding_top=1)
 
     def test_conv_f16_rounds_once(self):
-        x, w, b = rnd(1, 8, 6, 6, dtype=torch.float16), rnd(4, 8, 3, 3, dtype=torch.float16, seed=1), \
-            rnd(4, dtype=torch.float16, seed=2)
+        x, w, b = (
+            rnd(1, 8, 6, 6, dtype=torch.float16),
+            rnd(4, 8, 3, 3, dtype=torch.float16, seed=1),
+            rnd(4, dtype=torch.float16, seed=2),
+        )
         got = out("MPSConv2D", {0: x, 1: w, 2: b}, input1_id=0, input2_id=1, input3_id=2)
         same(got, F.conv2d(x.float(), w.float(), b.float()).half(), atol=1e-3, rtol=1e-3)
 
-    @pytest.mark.parametrize("w,b,f", [
-        (rnd(2, 3, 3, 3, dtype=torch.float16), None, {}),   # mixed x/w dtypes
-        (rnd(2, 3, 3, 3), rnd(2, dtype=torch.float16), {}),  # mixed bias dtype
-        (rnd(2, 3, 3, 3), None, dict(stride_x=0)),          # schema-default stride 0
-        (rnd(2, 3, 3), None, {}),                           # rank-4 input, rank-3 weight
-    ])
+    @pytest.mark.parametrize(
+        "w,b,f",
+        [
+            (rnd(2, 3, 3, 3, dtype=torch.float16), None, {}),  # mixed x/w dtypes
+            (rnd(2, 3, 3, 3), rnd(2, dtype=torch.float16), {}),  # mixed bias dtype
+            (rnd(2, 3, 3, 3), None, dict(stride_x=0)),  # schema-default stride 0
+            (rnd(2, 3, 3), None, {}),  # rank-4 input, rank-3 weight
+        ],
+    )
     def test_conv_failures(self, w, b, f):
         vals = {0: rnd(1, 3, 5, 5), 1: w} | ({} if b is None else {2: b})
         with pytest.raises(DeviceError):
@@ -399,9 +522,21 @@ class TestConv:
 
     def test_depthwise_ignores_groups_field(self):
         x, w, b = rnd(2, 3, 7, 6), rnd(3, 1, 3, 3, seed=1), rnd(3, seed=2)
-        got = out("MPSDepthwiseConv2D", {0: x, 1: w, 2: b}, input1_id=0, input2_id=1, input3_id=2, stride_x=2,
-                  stride_y=1, dilation_y=2, groups=0, padding_left=0, padding_right=1, padding_top=2,
-                  padding_bottom=2)
+        got = out(
+            "MPSDepthwiseConv2D",
+            {0: x, 1: w, 2: b},
+            input1_id=0,
+            input2_id=1,
+            input3_id=2,
+            stride_x=2,
+            stride_y=1,
+            dilation_y=2,
+            groups=0,
+            padding_left=0,
+            padding_right=1,
+            padding_top=2,
+            padding_bottom=2,
+        )
         expected = F.conv2d(F.pad(x, (0, 1, 2, 2)), w, b, stride=(1, 2), dilation=(2, 1), groups=3)
         same(got, expected, atol=1e-5, rtol=1e-5)
 
@@ -412,14 +547,29 @@ class TestConv:
 
 # -------------------------------------------------------------------------------------------- norm
 def _bn(x, mean, var, w, b, **kw):
-    return run("MPSBatchNorm", {0: x, 1: mean, 2: var, 3: w, 4: b}, input_id=0, mean_id=1, var_id=2,
-               **{"weight_id": 3, "bias_id": 4, "momentum": 0.1, "epsilon": 1e-5, "output1_id": 10,
-                  "output2_id": 11, "output3_id": 12, **kw})
+    return run(
+        "MPSBatchNorm",
+        {0: x, 1: mean, 2: var, 3: w, 4: b},
+        input_id=0,
+        mean_id=1,
+        var_id=2,
+        **{
+            "weight_id": 3,
+            "bias_id": 4,
+            "momentum": 0.1,
+            "epsilon": 1e-5,
+            "output1_id": 10,
+            "output2_id": 11,
+            "output3_id": 12,
+            **kw,
+        },
+    )
 
 
 def _ln(x, w, b, mode="faithful", **kw):
-    f = dict(input1_id=0, normalized_shape=list(w.shape), weight_id=1, bias_id=2, eps=1e-5,
-             output1_id=10, output2_id=11, output3_id=12)
+    f = dict(
+        input1_id=0, normalized_shape=list(w.shape), weight_id=1, bias_id=2, eps=1e-5, output1_id=10, output2_id=11, output3_id=12
+    )
     return run("MPSLayerNorm", {0: x, 1: w, 2: b}, mode, **(f | kw))
 
 
@@ -429,14 +579,16 @@ class TestNorm:
         var = rnd(3, seed=2).abs() + 0.5
         vals = _bn(x, mean, var, w, b)
         same(vals[10], F.batch_norm(x, mean, var, w, b, training=False, eps=1e-5), atol=1e-5, rtol=1e-5)
-        same(vals[11], mean)   # output2 = the running mean
+        same(vals[11], mean)  # output2 = the running mean
         assert 12 not in vals  # output3 is never set
 
     def test_batch_norm_f16(self):
         x, mean, w, b = rnd(2, 3, 4, dtype=torch.float16), *(rnd(3, dtype=torch.float16, seed=i) for i in (1, 3, 4))
         var = rnd(3, dtype=torch.float16, seed=2).abs() + 1
-        ref = ((x.float() - mean.float()[:, None]) / torch.sqrt(var.float()[:, None] + 1e-5)
-               * w.float()[:, None] + b.float()[:, None]).half()
+        ref = (
+            (x.float() - mean.float()[:, None]) / torch.sqrt(var.float()[:, None] + 1e-5) * w.float()[:, None]
+            + b.float()[:, None]
+        ).half()
         same(_bn(x, mean, var, w, b)[10], ref, atol=1e-3, rtol=1e-3)
 
     def test_batch_norm_without_affine_fails(self):
@@ -478,8 +630,7 @@ def brute_pool(x, k, s, d, pads, kind, ceil=False, include_pad=False):
     oh, ow = size(hp, k[0], s[0], d[0]), size(wp, k[1], s[1], d[1])
     vals, idxs = torch.zeros(n, c, oh, ow), torch.zeros(n, c, oh, ow, dtype=torch.int64)
     for i, j in itertools.product(range(oh), range(ow)):
-        cells = [(i * s[0] + a * d[0] - top, j * s[1] + b * d[1] - left)
-                 for a in range(k[0]) for b in range(k[1])]
+        cells = [(i * s[0] + a * d[0] - top, j * s[1] + b * d[1] - left) for a in range(k[0]) for b in range(k[1])]
         cells = [(r, q) for r, q in cells if r < h + bottom and q < w + right]  # clip to padded plane
         real = [(r, q) for r, q in cells if 0 <= r < h and 0 <= q < w]
         if kind == "max":
@@ -500,8 +651,16 @@ def _pool(op, x, mode="faithful", **f):
 class TestMaxPool:
     def test_symmetric_matches_torch_with_int32_indices(self):
         x = rnd(2, 3, 7, 8)
-        vals = _pool("MPSMaxPool2DWithIndices", x, kernel_height=3, kernel_width=3, padding_left=1,
-                     padding_right=1, padding_top=1, padding_bottom=1)
+        vals = _pool(
+            "MPSMaxPool2DWithIndices",
+            x,
+            kernel_height=3,
+            kernel_width=3,
+            padding_left=1,
+            padding_right=1,
+            padding_top=1,
+            padding_bottom=1,
+        )
         ev, ei = F.max_pool2d(x, 3, 2, 1, return_indices=True)
         same(vals[10], ev)
         same(vals[11], ei.int(), exact=True)
@@ -513,8 +672,18 @@ class TestMaxPool:
 
     def test_asymmetric_padding_and_dilation(self):
         x = rnd(1, 2, 9, 7)
-        f = dict(kernel_height=3, kernel_width=2, stride_height=2, stride_width=1, padding_left=0,
-                 padding_right=1, padding_top=1, padding_bottom=0, dilation_height=2, dilation_width=1)
+        f = dict(
+            kernel_height=3,
+            kernel_width=2,
+            stride_height=2,
+            stride_width=1,
+            padding_left=0,
+            padding_right=1,
+            padding_top=1,
+            padding_bottom=0,
+            dilation_height=2,
+            dilation_width=1,
+        )
         vals = _pool("MPSMaxPool2DWithIndices", x, **f)
         ev, ei = brute_pool(x, (3, 2), (2, 1), (2, 1), (0, 1, 1, 0), "max")
         same(vals[10], ev)
@@ -539,8 +708,17 @@ class TestMaxPool:
 
     def test_ceil_mode_with_python_extra_padding_counts_it_as_plane(self):
         x = rnd(1, 1, 6, 6)  # Python: pad 1, ceil => bottom/right = pad*stride = 2
-        vals = _pool("MPSMaxPool2DWithIndices", x, kernel_height=3, kernel_width=3, padding_left=1,
-                     padding_right=2, padding_top=1, padding_bottom=2, ceil_mode=True)
+        vals = _pool(
+            "MPSMaxPool2DWithIndices",
+            x,
+            kernel_height=3,
+            kernel_width=3,
+            padding_left=1,
+            padding_right=2,
+            padding_top=1,
+            padding_bottom=2,
+            ceil_mode=True,
+        )
         ev, ei = brute_pool(x, (3, 3), (2, 2), (1, 1), (1, 2, 1, 2), "max", ceil=True)
         same(vals[10], ev)
         same(vals[11], ei.int(), exact=True)
@@ -549,8 +727,15 @@ class TestMaxPool:
         x = rnd(1, 2, 6, 6, dtype=torch.float16)
         same(_pool("MPSMaxPool2DWithIndices", x)[10], F.max_pool2d(x.float(), 2).half(), exact=True)
 
-    @pytest.mark.parametrize("x,f", [(rnd(2, 6, 6), {}), (torch.ones(1, 1, 4, 4, dtype=torch.int32), {}),
-                                     (rnd(1, 1, 4, 4), dict(stride_height=0)), (rnd(1, 1, 1, 1), {})])
+    @pytest.mark.parametrize(
+        "x,f",
+        [
+            (rnd(2, 6, 6), {}),
+            (torch.ones(1, 1, 4, 4, dtype=torch.int32), {}),
+            (rnd(1, 1, 4, 4), dict(stride_height=0)),
+            (rnd(1, 1, 1, 1), {}),
+        ],
+    )
     def test_failures(self, x, f):
         with pytest.raises(DeviceError):
             _pool("MPSMaxPool2DWithIndices", x, **f)
@@ -560,24 +745,53 @@ class TestAvgPool:
     @pytest.mark.parametrize("include", [False, True])
     def test_symmetric_padding_count_include_pad(self, include):
         x = rnd(2, 3, 7, 8)
-        got = _pool("MPSAvgPool2D", x, kernel_height=3, kernel_width=3, padding_left=1, padding_right=1,
-                    padding_top=1, padding_bottom=1, count_include_pad=include)[10]
+        got = _pool(
+            "MPSAvgPool2D",
+            x,
+            kernel_height=3,
+            kernel_width=3,
+            padding_left=1,
+            padding_right=1,
+            padding_top=1,
+            padding_bottom=1,
+            count_include_pad=include,
+        )[10]
         same(got, F.avg_pool2d(x, 3, 2, 1, count_include_pad=include), atol=1e-6, rtol=1e-5)
 
     @pytest.mark.parametrize("include", [False, True])
     def test_asymmetric_padding_dilation_ceil(self, include):
         x = rnd(1, 2, 8, 7)
-        f = dict(kernel_height=2, kernel_width=3, stride_height=3, stride_width=2, padding_left=2,
-                 padding_right=0, padding_top=0, padding_bottom=1, dilation_height=1, dilation_width=2,
-                 ceil_mode=True, count_include_pad=include)
+        f = dict(
+            kernel_height=2,
+            kernel_width=3,
+            stride_height=3,
+            stride_width=2,
+            padding_left=2,
+            padding_right=0,
+            padding_top=0,
+            padding_bottom=1,
+            dilation_height=1,
+            dilation_width=2,
+            ceil_mode=True,
+            count_include_pad=include,
+        )
         got = _pool("MPSAvgPool2D", x, **f)[10]
         ev, _ = brute_pool(x, (2, 3), (3, 2), (1, 2), (2, 0, 0, 1), "avg", ceil=True, include_pad=include)
         same(got, ev, atol=1e-6, rtol=1e-5)
 
     def test_divisor_override_f32(self):
         x = rnd(1, 2, 6, 6)
-        got = _pool("MPSAvgPool2D", x, kernel_height=3, kernel_width=3, padding_left=1, padding_right=1,
-                    padding_top=1, padding_bottom=1, divisor_override=5)
+        got = _pool(
+            "MPSAvgPool2D",
+            x,
+            kernel_height=3,
+            kernel_width=3,
+            padding_left=1,
+            padding_right=1,
+            padding_top=1,
+            padding_bottom=1,
+            divisor_override=5,
+        )
         same(got[10], F.avg_pool2d(x, 3, 2, 1, divisor_override=5), atol=1e-6, rtol=1e-5)
         assert 11 not in got  # output2_id ignored
 
@@ -595,19 +809,15 @@ class TestPad:
     @pytest.mark.parametrize("p", [[1, 2], [0, 1, 2, 0], [1, 0, 0, 2, 1, 1]])
     def test_pairs_from_last_axis(self, p):
         x = rnd(2, 3, 4)
-        same(out("MPSConstantPadND", {0: x}, input1_id=0, output_id=10, pad=p, value=1.5),
-             F.pad(x, p, value=1.5), exact=True)
+        same(out("MPSConstantPadND", {0: x}, input1_id=0, output_id=10, pad=p, value=1.5), F.pad(x, p, value=1.5), exact=True)
 
     def test_value_converted_to_x_dtype(self):
-        got = out("MPSConstantPadND", {0: torch.ones(2, dtype=torch.int32)}, input1_id=0, output_id=10,
-                  pad=[1, 0], value=2.7)
+        got = out("MPSConstantPadND", {0: torch.ones(2, dtype=torch.int32)}, input1_id=0, output_id=10, pad=[1, 0], value=2.7)
         same(got, torch.tensor([2, 1, 1], dtype=torch.int32), exact=True)
-        got = out("MPSConstantPadND", {0: torch.ones(1, dtype=torch.float16)}, input1_id=0, output_id=10,
-                  pad=[0, 1], value=0.1)
+        got = out("MPSConstantPadND", {0: torch.ones(1, dtype=torch.float16)}, input1_id=0, output_id=10, pad=[0, 1], value=0.1)
         same(got, torch.tensor([1.0, 0.1], dtype=torch.float16), exact=True)
 
-    @pytest.mark.parametrize("x,p", [(rnd(2, 2, 2, 2), [1] * 8), (rnd(2, 2), [1] * 6), (rnd(4), [-1, 0]),
-                                     (rnd(4), [1])])
+    @pytest.mark.parametrize("x,p", [(rnd(2, 2, 2, 2), [1] * 8), (rnd(2, 2), [1] * 6), (rnd(4), [-1, 0]), (rnd(4), [1])])
     def test_failures(self, x, p):
         with pytest.raises(DeviceError):
             run("MPSConstantPadND", {0: x}, input1_id=0, output_id=10, pad=p, value=0.0)
@@ -615,9 +825,20 @@ class TestPad:
 
 # ------------------------------------------------------------------------------------------- quant
 def _dq(q, s, graph=None):
-    return run("MPSDequantizePerChannelGroup", {0: q, 1: s}, graph=graph, input1_id=0, output_id=10, scales_id=1,
-               zero_points_id=2, quant_min=-8, quant_max=7, dtype=DataType.int4, group_size=4,
-               output_dtype=DataType.float32)[10]
+    return run(
+        "MPSDequantizePerChannelGroup",
+        {0: q, 1: s},
+        graph=graph,
+        input1_id=0,
+        output_id=10,
+        scales_id=1,
+        zero_points_id=2,
+        quant_min=-8,
+        quant_max=7,
+        dtype=DataType.int4,
+        group_size=4,
+        output_dtype=DataType.float32,
+    )[10]
 
 
 class TestDequantize:
@@ -649,8 +870,18 @@ class TestThroughBlob:
         q = g.constant(packed, dtype=DataType.int4, dims=[2, 4])
         s = g.constant(torch.tensor([[1.0, 0.5], [2.0, -1.0]]))
         o = g.value(DataType.float16, [2, 4])
-        g.node("MPSDequantizePerChannelGroup", input1_id=q, output_id=o, scales_id=s, zero_points_id=-1,
-               quant_min=-8, quant_max=7, dtype=DataType.int4, group_size=2, output_dtype=DataType.float32)
+        g.node(
+            "MPSDequantizePerChannelGroup",
+            input1_id=q,
+            output_id=o,
+            scales_id=s,
+            zero_points_id=-1,
+            quant_min=-8,
+            quant_max=7,
+            dtype=DataType.int4,
+            group_size=2,
+            output_dtype=DataType.float32,
+        )
         (got,) = g.output(o).run([], decode=True)
         # low nibble = even k: 0x7F -> (-1, 7); 0x12 -> (2, 1); 0x80 -> (0, -8); 0x8F -> (-1, -8)
         q_vals = torch.tensor([[-1, 7, 2, 1], [0, -8, -1, -8]], dtype=torch.float32)
@@ -669,14 +900,15 @@ class TestThroughBlob:
         x = rnd(2, 1, 3, 1)
         same(run_graph("MPSSqueeze", [x], out_dims=[2, 3, 1], dims=[], decode=True), x.reshape(2, 3, 1))
         same(run_graph("MPSMean", [x], num_dims=0, dims=[], keep_dims=False, decode=True), x)
-        same(run_graph("MPSMean", [x], mode="aten", out_dims=[1], num_dims=0, dims=[], keep_dims=False,
-                       decode=True), x.mean().reshape(1))
+        same(
+            run_graph("MPSMean", [x], mode="aten", out_dims=[1], num_dims=0, dims=[], keep_dims=False, decode=True),
+            x.mean().reshape(1),
+        )
 
     def test_expand_rank_increase(self):
         x = torch.tensor([3.0])
         same(run_graph("MPSExpand", [x], out_dims=[2, 4], num_dims=2, shape=[2, 4]), torch.full((2,), 3.0))
-        same(run_graph("MPSExpand", [x], mode="aten", out_dims=[2, 4], num_dims=2, shape=[2, 4]),
-             torch.full((2, 4), 3.0))
+        same(run_graph("MPSExpand", [x], mode="aten", out_dims=[2, 4], num_dims=2, shape=[2, 4]), torch.full((2, 4), 3.0))
 
     def test_cat_skips_zero_element_full(self):
         g = GraphSpec()
@@ -692,8 +924,19 @@ class TestThroughBlob:
         g = GraphSpec()
         ids = [g.input(x)] + [g.constant(t) for t in p]
         o1, o2, o3 = (g.value(DataType.float32, d) for d in ([1, 2, 3], [2], [2]))
-        g.node("MPSBatchNorm", input_id=ids[0], mean_id=ids[1], var_id=ids[2], weight_id=ids[3], bias_id=ids[4],
-               momentum=0.1, epsilon=1e-5, output1_id=o1, output2_id=o2, output3_id=o3)
+        g.node(
+            "MPSBatchNorm",
+            input_id=ids[0],
+            mean_id=ids[1],
+            var_id=ids[2],
+            weight_id=ids[3],
+            bias_id=ids[4],
+            momentum=0.1,
+            epsilon=1e-5,
+            output1_id=o1,
+            output2_id=o2,
+            output3_id=o3,
+        )
         got1, got2 = g.output(o1, o2).run([x])
         same(got1, F.batch_norm(x, p[0], p[1], p[2], p[3], eps=1e-5), atol=1e-5, rtol=1e-5)
         same(got2, p[0])
@@ -722,9 +965,13 @@ class TestThroughBlob:
             g.output(o).run([rnd(2, 4, dtype=torch.float16)])
 
     def test_conv_with_bias_constant_f16(self):
-        x, w, b = rnd(1, 2, 5, 5, dtype=torch.float16), rnd(3, 2, 3, 3, dtype=torch.float16, seed=1), \
-            rnd(3, dtype=torch.float16, seed=2)
+        x, w, b = (
+            rnd(1, 2, 5, 5, dtype=torch.float16),
+            rnd(3, 2, 3, 3, dtype=torch.float16, seed=1),
+            rnd(3, dtype=torch.float16, seed=2),
+        )
         f = {k: v for k, v in CONV.items() if k not in ("input3_id", "output_id")}  # filled by the helper
-        got = run_graph("MPSConv2D", [x], constants=[w, b], out_dims=[1, 3, 4, 5],
-                        **f | dict(padding_top=1, padding_left=1, padding_right=1))
+        got = run_graph(
+            "MPSConv2D", [x], constants=[w, b], out_dims=[1, 3, 4, 5], **f | dict(padding_top=1, padding_left=1, padding_right=1)
+        )
         same(got, F.conv2d(F.pad(x.float(), (1, 1, 1, 0)), w.float(), b.float()).half(), atol=1e-3, rtol=1e-3)

@@ -1,6 +1,7 @@
 """Blobs whose fields ask for huge tensors end in a DeviceError, not in the machine's memory running out.
 Each case runs in a subprocess under an address-space limit, so a regression fails the case instead of
 taking the machine down; ``MPS_BACKEND_MAX_TENSOR_BYTES`` is the device model's per-tensor budget."""
+
 from __future__ import annotations
 
 import subprocess

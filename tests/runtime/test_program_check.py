@@ -1,5 +1,6 @@
 """The program check in front of executorch's runtime: hostile .pte files end in ProgramFormatError
 (one line on the CLI), never in an abort or a signal of the process."""
+
 from __future__ import annotations
 
 import struct
@@ -33,12 +34,15 @@ def test_valid_programs_pass(pte, upstream_pte_dir):
         check_program(path.read_bytes())
 
 
-@pytest.mark.parametrize("old,new,message", [
-    (b"MPSBackend", b"MPSBack\xffnd", "not UTF-8"),  # executorch logs the id: its log redirection aborts on it
-    (b"MPSBackend", b"MPSBack\x1bnd", "control characters"),
-    (b"forward", b"forw\xffrd", "not UTF-8"),
-    (b"use_fp16", b"use_fp\xff6", "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        (b"MPSBackend", b"MPSBack\xffnd", "not UTF-8"),  # executorch logs the id: its log redirection aborts on it
+        (b"MPSBackend", b"MPSBack\x1bnd", "control characters"),
+        (b"forward", b"forw\xffrd", "not UTF-8"),
+        (b"use_fp16", b"use_fp\xff6", "not UTF-8"),
+    ],
+)
 def test_names_executorch_would_log_are_checked(pte, old, new, message):
     with pytest.raises(ProgramFormatError, match=message):
         check_program(_replace(pte, old, new))

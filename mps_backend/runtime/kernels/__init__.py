@@ -4,6 +4,7 @@ Each module below exports ``KERNELS: dict[str, fn(ctx, node)]``; ``build_kernels
 one read-only mapping (duplicates and non-members are errors). ``KERNELS`` is that mapping, built
 once at import; nothing registers itself by side effect.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -17,10 +18,27 @@ Kernel = Callable[..., None]
 #: kernel modules, one per op family
 MODULES = (
     # elementwise families
-    "activation", "binary", "bitwise", "compare", "unary", "clamp", "constant", "range", "cast",
+    "activation",
+    "binary",
+    "bitwise",
+    "compare",
+    "unary",
+    "clamp",
+    "constant",
+    "range",
+    "cast",
     # structured families
-    "shape", "indexing", "linalg", "conv", "norm", "pool", "pad", "quant", "reduce",
+    "shape",
+    "indexing",
+    "linalg",
+    "conv",
+    "norm",
+    "pool",
+    "pad",
+    "quant",
+    "reduce",
 )
+
 
 def build_kernels() -> Mapping[str, Kernel]:
     """Union member name -> kernel, merged from every module of ``MODULES``."""

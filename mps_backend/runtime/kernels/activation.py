@@ -6,6 +6,7 @@ Device bugs kept in faithful mode, torch semantics in aten mode:
   (f16 underflow gives ``-inf``); aten: fused ``log_softmax``.
 * ``half_to_float``: device aborts; aten: softmax computed and returned in f32.
 """
+
 from __future__ import annotations
 
 import math

@@ -12,6 +12,7 @@ Device behaviour kept in faithful mode, torch semantics in aten mode:
 * MPSMinimum does not propagate NaN (modelled as ``fmin``); aten: ``torch.minimum``.
 MPSMin, MPSMax and MPSAtan2 have no dispatch case (NotImplemented) in both modes.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,6 +34,7 @@ def _with_alpha(sign: int):
         if alpha != 1.0:  # exact compare, as the runtime does
             b = round_to(b * compute(scalar_const(alpha, d)), d)  # alpha: a [1] constant of dtype D
         ctx.set(node["output_id"], to(a + b if sign > 0 else a - b, d))
+
     return kernel
 
 
@@ -40,6 +42,7 @@ def _simple(fn):
     def kernel(ctx: KernelContext, node) -> None:
         a, b, d = _operands(ctx, node)
         ctx.set(node["output_id"], to(fn(a, b), d))
+
     return kernel
 
 

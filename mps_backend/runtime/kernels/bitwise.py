@@ -3,6 +3,7 @@
 Binary members promote both operands first. The macOS 13 requirement is assumed met.
 No aten-mode differences.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,6 +18,7 @@ def _bitwise(fn):
         if d in FLOAT_DTYPES:
             ctx.fail(f"bitwise op on {d} operands (MPSGraph error)")
         ctx.set(node["output_id"], fn(a.to(d), b.to(d)))  # on Bool, torch's bitwise ops are logical
+
     return kernel
 
 

@@ -3,6 +3,7 @@
 Float -> integer truncates toward zero (MPSGraph rounding unverified); -> Bool: non-zero => true.
 No aten-mode differences.
 """
+
 from __future__ import annotations
 
 from mps_backend.serialization.model import DataType

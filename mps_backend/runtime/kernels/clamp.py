@@ -8,6 +8,7 @@ Device behaviour kept in faithful mode, torch semantics in aten mode:
   as ``fmax``/``fmin``); aten: ``torch.clamp`` (NaN propagates).
 * neither bound: output never set; aten: identity.
 """
+
 from __future__ import annotations
 
 import math

@@ -3,6 +3,7 @@
 Promotion happens before comparing (e.g. an int64 operand compared with an f16 one is first
 rounded to f16), so operands are cast to the promoted dtype explicitly. No aten-mode differences.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,6 +16,7 @@ def _compare(fn):
         a, b = ctx.get(node["input1_id"]), ctx.get(node["input2_id"])
         d = promote(ctx, a, b)
         ctx.set(node["output_id"], fn(a.to(d), b.to(d)))  # comparisons are exact in every dtype
+
     return kernel
 
 

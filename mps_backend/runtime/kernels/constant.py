@@ -5,6 +5,7 @@ are loaded by the interpreter (§1).
 ``fill_value`` is a float32 converted to ``dtype`` (truncated for integers, non-zero => true).
 No aten-mode differences.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """MPSConv2D, MPSDepthwiseConv2D (semantics §5.12): NCHW, torch-layout weights, explicit padding."""
+
 from __future__ import annotations
 
 import math

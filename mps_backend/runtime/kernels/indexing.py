@@ -1,4 +1,5 @@
 """Gather/scatter members (semantics §5.9)."""
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,7 @@ def _index(ctx: KernelContext, idx: torch.Tensor, size: int, cast_int32: bool = 
 def _gather(x: torch.Tensor, idx: torch.Tensor, axis: int) -> torch.Tensor:
     """x.shape[:axis] + idx.shape + x.shape[axis+1:]."""
     flat = x.index_select(axis, idx.reshape(-1))
-    return flat.reshape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])
+    return flat.reshape(x.shape[:axis] + idx.shape + x.shape[axis + 1 :])
 
 
 def index_select(ctx: KernelContext, node) -> None:
@@ -71,10 +72,10 @@ def index_put(ctx: KernelContext, node) -> None:
     same_dtype(ctx, data, values, what="IndexPut data and values")
     if len(node["values_shape"]):
         values = checked(ctx, "values broadcast", values.broadcast_to, tuple(node["values_shape"]))
-    want = data.shape[:k] + idx.shape + data.shape[k + 1:]
+    want = data.shape[:k] + idx.shape + data.shape[k + 1 :]
     if values.shape != want:
         ctx.fail(f"values shape {tuple(values.shape)} != {tuple(want)} required by the scatter")
-    flat = values.reshape(data.shape[:k] + (idx.numel(),) + data.shape[k + 1:])
+    flat = values.reshape(data.shape[:k] + (idx.numel(),) + data.shape[k + 1 :])
     ctx.set(node["output_id"], data.index_copy(k, idx.reshape(-1), flat))
 
 

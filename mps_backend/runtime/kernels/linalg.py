@@ -1,6 +1,7 @@
 """MPSMatMul, MPSAddmm (semantics §5.6): no dtype promotion; a matmul accumulates in f32 and is
 rounded once. Addmm is several MPSGraph ops (matmul, alpha/beta multiplies, add): in f16 graphs
 each of those intermediates is its own f16 tensor, so each is rounded."""
+
 from __future__ import annotations
 
 import torch

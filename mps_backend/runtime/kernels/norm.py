@@ -1,4 +1,5 @@
 """MPSBatchNorm, MPSLayerNorm (semantics §5.13)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """MPSConstantPadND (semantics §5.15)."""
+
 from __future__ import annotations
 
 import math

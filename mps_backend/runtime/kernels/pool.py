@@ -4,6 +4,7 @@ The padding (top, bottom, left, right) is applied to the input first; windows th
 plane with no implicit padding, in floor or ceil mode (PyTorch's ceil rule, applied to the padded size:
 a last window must start inside the padded plane and is clipped to it).
 """
+
 from __future__ import annotations
 
 import math

@@ -2,6 +2,7 @@
 
 The interpreter has already unpacked the int4 constant (low nibble = even k) into int8 values -8..7.
 """
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ double; ``out = cast(0..n-1, dtype) * step_d + start_d`` where ``step_d``/``star
 fields converted to ``dtype`` (truncated for integers). In f16 every step is an f16 tensor.
 aten mode: ``torch.arange(start, end, step, dtype=dtype)``.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,7 @@ def arange(ctx: KernelContext, node) -> None:
         return
     span = float(np.float32(end) - np.float32(start))
     q = span / step if step != 0 else math.nan
-    if not math.isfinite(q) or not -2**31 <= math.ceil(q) < 2**31:
+    if not math.isfinite(q) or not -(2**31) <= math.ceil(q) < 2**31:
         ctx.fail(f"arange size ceil({span} / {step}) is not an int32 (undefined conversion)")
     n = math.ceil(q)
     if n < 0:

@@ -1,4 +1,5 @@
 """MPSMean (semantics §5.10)."""
+
 from __future__ import annotations
 
 from ..core import FLOAT_DTYPES, KernelContext, compute, to, wrap_dim

@@ -1,4 +1,5 @@
 """Shape members (semantics §5.11): results may be views of their inputs (kernels never write in place)."""
+
 from __future__ import annotations
 
 import torch

@@ -10,6 +10,7 @@ Device behaviour kept in faithful mode, torch semantics in aten mode:
 * float-only math on integers: refused; aten: torch's float result.
 * MPSLogicalNot on a non-Bool input: unverified, refused; aten: ``x == 0``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,13 +18,28 @@ import torch
 from ..core import FLOAT_DTYPES, KernelContext, compute, to
 
 _FLOAT_MATH = {
-    "MPSExp": torch.exp, "MPSExp2": torch.exp2, "MPSReciprocal": torch.reciprocal,
-    "MPSSqrt": torch.sqrt, "MPSRsqrt": torch.rsqrt, "MPSLog": torch.log, "MPSLog10": torch.log10,
-    "MPSLog2": torch.log2, "MPSErf": torch.erf, "MPSSigmoid": torch.sigmoid,
-    "MPSSin": torch.sin, "MPSCos": torch.cos, "MPSTan": torch.tan,
-    "MPSAsin": torch.asin, "MPSAcos": torch.acos, "MPSAtan": torch.atan,
-    "MPSSinh": torch.sinh, "MPSCosh": torch.cosh, "MPSTanh": torch.tanh,
-    "MPSAsinh": torch.asinh, "MPSAcosh": torch.acosh, "MPSAtanh": torch.atanh,
+    "MPSExp": torch.exp,
+    "MPSExp2": torch.exp2,
+    "MPSReciprocal": torch.reciprocal,
+    "MPSSqrt": torch.sqrt,
+    "MPSRsqrt": torch.rsqrt,
+    "MPSLog": torch.log,
+    "MPSLog10": torch.log10,
+    "MPSLog2": torch.log2,
+    "MPSErf": torch.erf,
+    "MPSSigmoid": torch.sigmoid,
+    "MPSSin": torch.sin,
+    "MPSCos": torch.cos,
+    "MPSTan": torch.tan,
+    "MPSAsin": torch.asin,
+    "MPSAcos": torch.acos,
+    "MPSAtan": torch.atan,
+    "MPSSinh": torch.sinh,
+    "MPSCosh": torch.cosh,
+    "MPSTanh": torch.tanh,
+    "MPSAsinh": torch.asinh,
+    "MPSAcosh": torch.acosh,
+    "MPSAtanh": torch.atanh,
 }
 _ANY_DTYPE = {"MPSNeg": torch.neg, "MPSAbs": torch.abs, "MPSSign": torch.sign}
 _ROUNDING = {"MPSFloor": torch.floor, "MPSCeil": torch.ceil}
@@ -41,10 +57,13 @@ def _float_math(fn):
         if x.dtype in FLOAT_DTYPES:
             ctx.set(node["output_id"], to(fn(compute(x)), x.dtype))
         elif ctx.faithful:
-            ctx.fail(f"{node.op} of a {x.dtype} tensor: the device keeps the integer dtype and its "
-                     "result is unverified (not modelled; cast to float first)")
+            ctx.fail(
+                f"{node.op} of a {x.dtype} tensor: the device keeps the integer dtype and its "
+                "result is unverified (not modelled; cast to float first)"
+            )
         else:
             ctx.set(node["output_id"], fn(x))
+
     return kernel
 
 
@@ -52,6 +71,7 @@ def _same_dtype(fn):
     def kernel(ctx: KernelContext, node) -> None:
         x = ctx.get(node["input1_id"])
         ctx.set(node["output_id"], to(fn(compute(x)), x.dtype))
+
     return kernel
 
 
@@ -62,6 +82,7 @@ def _rounding(fn):
             ctx.set(node["output_id"], x)  # integral values are already rounded
             return
         ctx.set(node["output_id"], to(fn(compute(x)), x.dtype))
+
     return kernel
 
 
@@ -75,14 +96,16 @@ def round_(ctx: KernelContext, node) -> None:
 def _predicate(fn):
     def kernel(ctx: KernelContext, node) -> None:
         ctx.set(node["output_id"], fn(ctx.get(node["input1_id"])))
+
     return kernel
 
 
 def logical_not(ctx: KernelContext, node) -> None:
     x = ctx.get(node["input1_id"])
     if x.dtype != torch.bool and ctx.faithful:
-        ctx.fail(f"logical NOT of a {x.dtype} tensor: applied without a cast to Bool on the device, "
-                 "result unverified (not modelled)")
+        ctx.fail(
+            f"logical NOT of a {x.dtype} tensor: applied without a cast to Bool on the device, result unverified (not modelled)"
+        )
     ctx.set(node["output_id"], torch.logical_not(x))
 
 
