@@ -38,3 +38,21 @@ def test_mypy_is_clean():
     assert importlib.util.find_spec("mypy"), "mypy is part of the test extra (pip install -e '.[test]')"
     r = _run([sys.executable, str(ROOT / "scripts" / "typecheck.py")])
     assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
+
+
+def test_the_pipeline_never_imports_the_tooling():
+    """mps_backend/tools/ drives the pipeline (CLI, zoo, suite flow, ...); nothing else imports it."""
+    import ast
+
+    offenders = []
+    for folder in ("mps_backend", "operators", "serialization"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if "tools" in path.relative_to(ROOT).parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                if any(n == "mps_backend.tools" or n.startswith("mps_backend.tools.") for n in names):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders
