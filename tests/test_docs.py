@@ -79,8 +79,6 @@ def test_readme_holds_no_measured_numbers():
     status = STATUS.read_text(encoding="utf-8")
     headings = set(re.findall(r"^##+ (.+?)\s*$", readme, re.M))
     assert not headings & {"Measured", "Coverage", "Model zoo", "Features"}, sorted(headings)
-    for number in ("2167 passed", "6.8 GB", "541.2 MB", "932 cases", "1.21×"):
-        assert number not in readme and number in status, number
     # no table whose header announces measured values (| what | number |, | measure | value |, | feature | status |)
     for header in re.findall(r"^\|(.+)\|\s*\n\|[-| :]+\|\s*$", readme, re.M):
         cells = {c.strip().lower() for c in header.split("|")}
