@@ -13,7 +13,7 @@ from executorch.exir.backend.utils import DelegateMappingBuilder
 from torch.export import ExportedProgram
 
 from mps_backend import compile_specs as specs
-from mps_backend.builder import CONSUMABLE_META, GraphBuilder, mark_consumable
+from mps_backend.builder import GraphBuilder
 from mps_backend.operators.registry import default_registry
 from mps_backend.passes import Float16RangeWarning, fp16_overflow, run_lowering_passes
 from mps_backend.passes._graph import constant_tensor
@@ -104,8 +104,6 @@ def build_graph(ep: ExportedProgram, use_fp16: bool, *, copy_program: bool = Tru
                         ),
                         stacklevel=2,
                     )
-            if n.meta.get(CONSUMABLE_META):
-                mark_consumable([constants[n]])
             b.ids[n] = b.constant(constants[n])
     for node in ep.graph.nodes:
         if node.op != "call_function":

@@ -33,9 +33,6 @@ def fx_val(node: FxNode) -> Any:
 #: tensor attribute: the tensor's storage may be freed once the blob holds its data (set by an export
 #: that owns the weights and needs them nowhere else, ``mark_consumable``; no one else sets it)
 CONSUMABLE = "_mps_backend_consumable"
-#: placeholder node.meta key: the partitioner (``consume_weights=True``) found the constant read by one
-#: MPS partition alone; ``build_graph`` marks its tensor consumable
-CONSUMABLE_META = "mps_consumable"
 
 
 def mark_consumable(tensors: Iterable[Any]) -> int:

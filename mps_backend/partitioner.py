@@ -21,7 +21,6 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from mps_backend import compile_specs as specs
 from mps_backend.backend import MPSBackend  # noqa: F401  (to_backend finds backends among BackendDetails subclasses)
-from mps_backend.builder import CONSUMABLE_META
 from mps_backend.operators.registry import Registry, default_registry, op_key
 
 BACKEND_ID = "MPSBackend"
@@ -100,23 +99,6 @@ class _Support(OperatorSupportBase):
         return reason is None
 
 
-def _mark_single_partition_weights(ep: ExportedProgram) -> None:
-    """Mark consumable (``node.meta[CONSUMABLE_META]``; ``build_graph`` hands it on to the tensor with
-    ``builder.mark_consumable``) the parameters whose every reader carries one and the same MPS delegation
-    tag: no CPU node and no second partition reads them, so the blob that stores them is their last use."""
-    sig = ep.graph_signature
-    mutated = set(sig.buffers_to_mutate.values())
-    # parameters only: executorch's to_executorch still evaluates some lowered programs' buffers and
-    # lifted constants (dim-order copies), and they are small next to the weights
-    constant_inputs = {s.arg.name for s in sig.input_specs if s.kind == InputKind.PARAMETER and s.target not in mutated}
-    for node in ep.graph.nodes:
-        if node.op != "placeholder" or node.name not in constant_inputs or not node.users:
-            continue
-        tags = {u.meta.get("delegation_tag") for u in node.users}
-        if len(tags) == 1 and next(iter(tags)) is not None:
-            node.meta[CONSUMABLE_META] = True
-
-
 def _absorb_unread_constants(ep: ExportedProgram, tag: str) -> None:
     """Give parameters, buffers and lifted constants that no node reads a delegation tag: they move
     into that delegate, which stores nothing for a value no node reads (a partitioner may not remove
@@ -186,27 +168,15 @@ class MPSPartitioner(Partitioner):
 
     ``MPSPartitioner()`` lowers in float16 (the upstream default); ``use_fp16=False`` keeps
     float32; upstream-style ``compile_specs=[CompileSpec("use_fp16", bytes([0|1]))]`` work too.
-
-    ``consume_weights=True`` (``export_llm``, which loaded the weights for this export alone): each
-    weight every reader of which is in one MPS partition is freed once its delegate's blob holds it
-    (``mps_backend.builder.mark_consumable``); a weight a CPU node or a second partition also reads is
-    kept. Never for weights the caller will read again: their storage is emptied.
     """
 
-    def __init__(
-        self,
-        compile_specs: Sequence[CompileSpec] | None = None,
-        *,
-        use_fp16: bool | None = None,
-        consume_weights: bool = False,
-    ):
+    def __init__(self, compile_specs: Sequence[CompileSpec] | None = None, *, use_fp16: bool | None = None):
         fp16 = specs.parse(compile_specs)
         if use_fp16 is not None:
             if compile_specs and fp16 != use_fp16:
                 raise ValueError("use_fp16 and the use_fp16 compile spec disagree")
             fp16 = use_fp16
         self.use_fp16 = fp16
-        self.consume_weights = consume_weights
         self.delegation_spec = DelegationSpec(BACKEND_ID, [specs.fp16_spec(fp16)])
         self._reports: list[PartitionReport] = []
         super().__init__()
@@ -236,8 +206,6 @@ class MPSPartitioner(Partitioner):
         tag_constant_data(exported_program)
         if tags:
             _absorb_unread_constants(exported_program, next(iter(tags)))
-        if self.consume_weights:
-            _mark_single_partition_weights(exported_program)
         report = PartitionReport(partitions=len(tags))
         for node in gm.graph.nodes:
             if node.op != "call_function" or node.target is operator.getitem:

@@ -192,8 +192,7 @@ def _dedupe_constants(b) -> dict[int, int]:
         if math.prod(t.dims) <= SMALL_CONSTANT:
             if vid not in b.constants:  # membership only: ``get`` would materialize a deferred conversion
                 continue
-            data = b.constants[vid].reshape(-1).clone().view(torch.uint8)  # a copy: .numpy() of a view would
-            # pin the source storage (not resizable afterwards)
+            data = b.constants[vid].reshape(-1).contiguous().view(torch.uint8)
             key = (t.datatype, tuple(t.dims), bytes(data.numpy()))
             replace[vid] = first_small.setdefault(key, vid)
             continue

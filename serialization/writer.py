@@ -267,18 +267,6 @@ def write_blob(graph: Graph, constants: Mapping[int, Any]) -> bytes:
         src = source(vid)
         if hasattr(src, "write_into"):
             src.write_into(view[start:end])
-        elif hasattr(src, "untyped_storage") and hasattr(src, "view"):  # torch.Tensor: copied by torch (a
-            # numpy view would pin the tensor's storage: a consumable weight could not be freed after)
-            import torch  # noqa: PLC0415  (only reached with a tensor in hand)
-
-            flat = src.reshape(-1)
-            if flat.numel() * flat.element_size() != t.constant_buffer_size:
-                raise ValueError(
-                    f"constant value {vid}: {flat.numel() * flat.element_size()} bytes, laid out for {t.constant_buffer_size}"
-                )
-            if end > start:
-                torch.frombuffer(view[start:end], dtype=torch.uint8).copy_(flat.view(torch.uint8))
-            del flat
         else:
             data = _bytes_of(src)
             if data.nbytes != t.constant_buffer_size:

@@ -105,36 +105,3 @@ def test_consumable_weights_are_freed_once_the_blob_holds_them_and_others_never(
     assert by_vid[ids[0]][0] > 0 and by_vid[ids[1]][0] == 0  # freed after its second reader, not before
     assert by_vid[ids[2]][1] == 0  # freed once written
     assert user.untyped_storage().nbytes() == 16 * 4  # not marked: untouched
-
-
-def test_partitioner_marks_only_weights_one_partition_alone_reads():
-    """consume_weights=True: a weight a CPU node also reads (a float64 sum: float64 stays on CPU) keeps its
-    data; a weight only the delegate reads is freed once in the blob; without the flag nothing is freed."""
-    from executorch.exir import to_edge_transform_and_lower
-
-    class Shared(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.only = torch.nn.Parameter(torch.randn(8, 8))
-            self.shared = torch.nn.Parameter(torch.randn(8, 8))
-
-        def forward(self, x):
-            y = x @ self.only.t() + x @ self.shared.t()
-            return y, self.shared.to(torch.float64).sum()
-
-    for consume in (False, True):
-        torch.manual_seed(0)
-        model, x = Shared().eval(), torch.randn(2, 8)
-        with torch.no_grad():
-            want = model(x)
-            ep = torch.export.export(model, (x,))
-        part = MPSPartitioner(use_fp16=False, consume_weights=consume)
-        pte = to_edge_transform_and_lower(ep, partitioner=[part]).to_executorch().buffer
-        assert part.report().on_cpu  # the float64 cast and sum
-        assert model.shared.untyped_storage().nbytes() == 8 * 8 * 4  # read on CPU too: kept either way
-        assert model.only.untyped_storage().nbytes() == (0 if consume else 8 * 8 * 4)
-        from mps_backend.runtime import run_pte
-
-        got = run_pte(pte, [x])
-        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from mps_backend.builder import mark_consumable
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, load_hf, load_llama
 from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, edge_compile_config
@@ -212,13 +213,16 @@ def export_llm(
     meta = metadata(lm, seq_len)
     model_type, weight_bytes = lm.model_type, lm.weight_bytes
     del lm  # the decoder holds the model; nothing else may keep the weights alive past lowering
-    # the weights were loaded for this export only: each one read by the delegate alone is freed once
-    # the blob holds it (peak = the blob + the weights not yet written, not all weights + the blob)
-    partitioner = MPSPartitioner(use_fp16=dtype == "fp16", consume_weights=True)
+    partitioner = MPSPartitioner(use_fp16=dtype == "fp16")
     with torch.no_grad():
         with prog.stage("torch.export"):
             ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
         del decoder
+        # the weights were loaded for this export only: the blob writer frees each one once the blob
+        # holds it (peak = the blob + one weight instead of all weights + the blob); mutated buffers
+        # (the KV cache) stay: the program keeps them
+        mutated = set(ep.graph_signature.buffers_to_mutate.values())
+        mark_consumable(t for name, t in {**ep.state_dict, **ep.constants}.items() if name not in mutated)
         with prog.stage("lower to MPS"):
             edge = to_edge_transform_and_lower(
                 ep, partitioner=[partitioner], constant_methods=meta, compile_config=edge_compile_config()
