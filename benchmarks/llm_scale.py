@@ -23,8 +23,8 @@ float16 on the device), its peak RSS taken from ``os.wait4``'s rusage of that ch
 The yardsticks (checkpoint bytes, XNNPACK's time, the 24 GiB budget) are fixed or measured in the same
 run. Exit status 1 when a target is missed.
 
-Resources (last measured): peak RSS ~5.2 GiB for the 1B shape (0.93x its 5.58 GiB float32 checkpoint,
-1.82x the 2.79 GiB float16 one; ~10 minutes in all) and 9.34 GiB for the 3B shape (float16 export, 1.56x its
+Resources (last measured): peak RSS ~6.8 GiB for the 1B shape (the float32 checkpoint's export,
+1.21x its 5.58 GiB; ~10 minutes in all) and 13.2 GiB for the 3B shape (float16 export, 2.21x its
 5.98 GiB); disk up to ~12 GB in the temporary folder (a checkpoint and its .pte; removed at the end;
 where the temporary folder is a tmpfs, that counts as memory too).
 """
