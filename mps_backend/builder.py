@@ -30,28 +30,6 @@ def fx_val(node: FxNode) -> Any:
     return node.meta.get("val")
 
 
-#: tensor attribute: the tensor's storage may be freed once the blob holds its data (set by an export
-#: that owns the weights and needs them nowhere else, ``mark_consumable``; no one else sets it)
-CONSUMABLE = "_mps_backend_consumable"
-
-
-def mark_consumable(tensors: Iterable[Any]) -> int:
-    """Let the blob writer free each tensor's storage once the blob holds its data (the peak of an LLM
-    export is then the blob plus one weight, not the weights plus the blob). Only for weights the
-    caller owns and will not read again: their storage is resized to 0. Returns how many were marked."""
-    marked = 0
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter):
-            setattr(t, CONSUMABLE, True)
-            marked += 1
-    return marked
-
-
-def is_consumable(t: Any) -> bool:
-    """Whether ``t`` (or the tensor it is a view of) was marked by :func:`mark_consumable`."""
-    return isinstance(t, torch.Tensor) and (getattr(t, CONSUMABLE, False) or getattr(t._base, CONSUMABLE, False))
-
-
 class _Cast:
     """A constant the blob holds in ``dtype``, kept as its source tensor until needed (fp16 mode)."""
 
@@ -126,7 +104,6 @@ class ConstantTable(MutableMapping):
 
     def __init__(self) -> None:
         self._data: dict[int, Any] = {}
-        self._readers: dict[int, int] | None = None  # storage -> entries still to write (consumable ones)
 
     def __getitem__(self, vid: int) -> torch.Tensor:
         v = self._data[vid]
@@ -160,25 +137,6 @@ class ConstantTable(MutableMapping):
         return self._data[vid]
 
     def release(self, vid: int) -> None:
-        """The writer has copied entry ``vid`` into the blob: drop it, and free its source tensor's
-        storage when that tensor is consumable (``mark_consumable``) and no entry still to write reads it."""
-        entry = self._data.get(vid)
-        source = entry.tensor if isinstance(entry, _Cast) else entry
-        if isinstance(source, torch.Tensor) and is_consumable(source):
-            if self._readers is None:  # first consumable entry written: entries left to write, per storage
-                self._readers = {}
-                for other in self._data.values():
-                    t = other.tensor if isinstance(other, _Cast) else other
-                    if isinstance(t, torch.Tensor):
-                        key = t.untyped_storage().data_ptr()
-                        self._readers[key] = self._readers.get(key, 0) + 1
-            key = source.untyped_storage().data_ptr()
-            self._readers[key] -= 1
-            if self._readers[key] == 0:
-                try:
-                    source.untyped_storage().resize_(0)
-                except RuntimeError:  # a storage torch does not own (from a buffer): it stays
-                    pass
         self._data.pop(vid, None)
 
 
@@ -245,10 +203,7 @@ class GraphBuilder:
         target = dtype or self.compute_dtype(tensor.dtype)
         vid = self.new_value(target, tensor.shape)
         self.graph.constant_ids.append(vid)
-        consumable = is_consumable(tensor)
         tensor = tensor.detach()
-        if consumable:  # detach() makes a new tensor object: it carries the mark on
-            setattr(tensor, CONSUMABLE, True)
         if tensor.dtype == target and tensor.is_contiguous():
             self.constants[vid] = tensor
         elif tensor.is_floating_point() and target.is_floating_point:

@@ -75,33 +75,3 @@ def test_preprocess_reads_shared_weights_and_leaves_them_unchanged():
         for k, t in before.items():
             assert torch.equal(owner[k], t), k
             assert owner[k].dtype == t.dtype, k  # (float32 weights stay float32 in fp16 mode)
-
-
-def test_consumable_weights_are_freed_once_the_blob_holds_them_and_others_never():
-    """export_llm marks the weights it loaded (mark_consumable): the writer frees each storage after the
-    last blob entry reading it is written. Unmarked weights (every user's model) are never touched."""
-    from mps_backend.builder import GraphBuilder, mark_consumable
-    from mps_backend.serialization import read_blob
-    from mps_backend.serialization.writer import write_blob
-
-    shared, own, user = torch.randn(8, 4), torch.randn(16), torch.randn(16)
-    assert mark_consumable([shared, own]) == 2
-    b = GraphBuilder(use_fp16=True)
-    ids = [b.constant(shared), b.constant(shared.t()), b.constant(own), b.constant(user)]  # shared: read twice
-    order = []
-    release = b.constants.release
-
-    def spy(vid):
-        release(vid)
-        order.append((vid, shared.untyped_storage().nbytes(), own.untyped_storage().nbytes()))
-
-    b.constants.release = spy
-    want = [shared.half(), shared.t().half(), own.half(), user.half()]
-    blob = read_blob(write_blob(b.graph, b.constants))
-    for vid, expected in zip(ids, want):  # every entry written in full before its storage went
-        got = torch.frombuffer(bytearray(blob.constant_bytes(vid)), dtype=torch.float16).reshape(expected.shape)
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    by_vid = {vid: (s, o) for vid, s, o in order}
-    assert by_vid[ids[0]][0] > 0 and by_vid[ids[1]][0] == 0  # freed after its second reader, not before
-    assert by_vid[ids[2]][1] == 0  # freed once written
-    assert user.untyped_storage().nbytes() == 16 * 4  # not marked: untouched

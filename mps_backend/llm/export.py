@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from mps_backend.builder import mark_consumable
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, load_hf, load_llama
 from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, edge_compile_config
@@ -218,11 +217,6 @@ def export_llm(
         with prog.stage("torch.export"):
             ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
         del decoder
-        # the weights were loaded for this export only: the blob writer frees each one once the blob
-        # holds it (peak = the blob + one weight instead of all weights + the blob); mutated buffers
-        # (the KV cache) stay: the program keeps them
-        mutated = set(ep.graph_signature.buffers_to_mutate.values())
-        mark_consumable(t for name, t in {**ep.state_dict, **ep.constants}.items() if name not in mutated)
         with prog.stage("lower to MPS"):
             edge = to_edge_transform_and_lower(
                 ep, partitioner=[partitioner], constant_methods=meta, compile_config=edge_compile_config()

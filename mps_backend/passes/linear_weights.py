@@ -18,8 +18,6 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
-from mps_backend.builder import CONSUMABLE, is_consumable
-
 from ._graph import edge_op, is_call
 
 aten = torch.ops.aten
@@ -51,10 +49,7 @@ def transpose_linear_weights(ep: ExportedProgram) -> int:
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2 or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
             continue
         original = w.meta["val"]
-        view = tensor.detach().t()  # a view: the program handed to preprocess owns this dict
-        if is_consumable(tensor):
-            setattr(view, CONSUMABLE, True)
-        store[spec.target] = view
+        store[spec.target] = tensor.detach().t()  # a view: the program handed to preprocess owns this dict
         w.meta["val"] = torch.empty(original.shape[::-1], dtype=original.dtype, device="meta")
         first = next(iter(w.users))
         with graph.inserting_before(first):
