@@ -17,6 +17,8 @@ from torch._export.utils import (
 from torch.export import ExportedProgram
 from torch.fx import Node
 
+from mps_backend.operators.registry import op_key
+
 #: node.meta key: the name of the fx node a lowering pass put this node in the place of (its metadata,
 #: debug handle included, is that node's)
 REPLACES = "mps_replaces"
@@ -40,9 +42,8 @@ def constant_tensor(ep: ExportedProgram, node: Any) -> torch.Tensor | None:
 
 
 def target_of(node: Node) -> Any:
-    """The aten OpOverload a call node runs (edge graphs wrap them in EdgeOpOverload)."""
-    t = node.target
-    return t._op if isinstance(t, EdgeOpOverload) else t
+    """The aten OpOverload a call node runs (the registry's key: edge graphs wrap them in EdgeOpOverload)."""
+    return op_key(node.target)
 
 
 def is_call(node: Any, *targets: Any) -> bool:
