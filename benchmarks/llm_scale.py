@@ -24,7 +24,7 @@ The yardsticks (checkpoint bytes, XNNPACK's time, the 24 GiB budget) are fixed o
 run. Exit status 1 when a target is missed.
 
 Resources (last measured): peak RSS ~6.8 GiB for the 1B shape (the float32 checkpoint's export,
-1.21x its 5.58 GiB; ~10 minutes in all) and 13.2 GiB for the 3B shape (float16 export, 2.21x its
+1.23x its 5.58 GiB; ~10 minutes in all) and 8.1 GiB for the 3B shape (float16 export, 1.35x its
 5.98 GiB); disk up to ~12 GB in the temporary folder (a checkpoint and its .pte; removed at the end;
 where the temporary folder is a tmpfs, that counts as memory too).
 """

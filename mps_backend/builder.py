@@ -22,6 +22,7 @@ import torch
 from torch.fx import Node as FxNode
 
 from mps_backend.dtypes import mps_dtype
+from mps_backend.pages import PageReleaser
 from mps_backend.serialization.device_facts import NEUTRAL_FIELDS, NOT_DISPATCHED
 from mps_backend.serialization.model import DataType, Graph, Node, Tensor, member_fields
 
@@ -99,11 +100,14 @@ class ConstantTable(MutableMapping):
     the source tensor; a lowering reading an entry (``table[vid]``) gets the converted tensor, and the
     writer converts straight into the blob (``source``), so no float16 copy of all the weights is ever
     held next to the blob. The writer ``release``s each entry once it is in the blob: a GraphBuilder
-    writes one blob.
+    writes one blob. Releasing also hands the pages of a weight mapped from a file back to the kernel
+    (:mod:`mps_backend.pages`): a checkpoint mapped instead of read is never resident as a whole next
+    to the blob.
     """
 
     def __init__(self) -> None:
         self._data: dict[int, Any] = {}
+        self.pages = PageReleaser()
 
     def __getitem__(self, vid: int) -> torch.Tensor:
         v = self._data[vid]
@@ -137,7 +141,8 @@ class ConstantTable(MutableMapping):
         return self._data[vid]
 
     def release(self, vid: int) -> None:
-        self._data.pop(vid, None)
+        v = self._data.pop(vid, None)
+        self.pages.release(v.tensor if isinstance(v, _Cast) else v)
 
 
 class GraphBuilder:

@@ -33,6 +33,7 @@ from mps_backend.runtime import constant_method_values
 from mps_backend.serialization import read_blob
 from mps_backend.serialization.pte import delegate_blobs
 from tests.llm_helpers import ARCHS, eager_greedy, eager_model, save_checkpoint, save_llama_checkpoint, train_tokenizer
+from tests.page_helpers import mapped_from
 
 PROMPT = [5, 17, 9, 40, 3]
 STEPS = 32
@@ -112,6 +113,68 @@ def test_tied_embeddings_stored_once(tmp_path, tokenizer):
     assert sum(unique.values()) <= stored <= sum(unique.values()) * 1.002 + 4096
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_checkpoint_in_the_export_precision_is_mapped_not_read(tmp_path, tokenizer):
+    """A float16 checkpoint exported in float16 is mapped from its file (the blob writer hands the pages
+    back: mps_backend.pages, benchmarks/llm_scale.py measures the peak); a float32 one is read and
+    converted. Both give the same .pte when the float32 values are float16 values."""
+
+    def to_fp16_values(model):
+        for p in model.parameters():
+            p.copy_(p.half().float())
+
+    f16 = save_checkpoint(tmp_path / "f16", "qwen2", tokenizer=tokenizer, dtype=torch.float16)
+    f32 = save_checkpoint(tmp_path / "f32", "qwen2", tokenizer=tokenizer, edit=to_fp16_values)
+    mapped = load_checkpoint(f"hf:{f16}", "fp16").model
+    assert {mapped_from(p) for p in mapped.parameters()} == {str(f16 / "model.safetensors")}
+    read = load_checkpoint(f"hf:{f32}", "fp16").model
+    assert {mapped_from(p) for p in read.parameters()} == {None}
+    for (name, a), (_, b) in zip(mapped.named_parameters(), read.named_parameters()):
+        assert torch.equal(a, b), name
+    a = export_llm(f"hf:{f16}", tmp_path / "a.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
+    b = export_llm(f"hf:{f32}", tmp_path / "b.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
+    assert a.path.read_bytes() == b.path.read_bytes()
+    assert len(generate_ids(a.path, PROMPT, 4)) == 4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_llama_checkpoint_in_the_export_precision_stays_mapped(tmp_path):
+    """A float16 Meta-format checkpoint exported in float16: the weights stay mapped from the .pth
+    (torch.load(mmap=True); the float16 range check that reads them hands their pages back:
+    tests/test_pages.py)."""
+    ckpt, params, p = save_llama_checkpoint(tmp_path)
+    torch.save({k: v.half() for k, v in torch.load(ckpt).items()}, ckpt)
+    lm = load_checkpoint(f"llama:{ckpt}", "fp16", params=params, max_seq_len=MAX_SEQ_LEN)
+    weights = dict(lm.model.named_parameters())
+    assert {mapped_from(w) for w in weights.values()} == {str(ckpt)}
+    saved = torch.load(ckpt)
+    assert all(torch.equal(w, saved[name]) for name, w in weights.items())
+    result = export_llm(f"llama:{ckpt}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN, params=params)
+    assert result.delegates == 1 and not result.report.on_cpu, result.summary()
+    stats = GenerationStats(logits=[])
+    got = generate_ids(result.path, PROMPT, 8, stats=stats)
+    # eager: executorch's llama in float16 (its own `model.to(dtype)`), fed the same tokens
+    ref = _executorch_llama_logits(ckpt, p, PROMPT + got[:-1], torch.float16)[len(PROMPT) - 1 :]
+    dev = torch.stack(stats.logits).float()
+    err = ((dev - ref).abs().max() / ref.abs().max()).item()
+    assert err <= FP16_LOGIT_TOL, f"fp16 logits off by {err:.3g} of their scale"
+
+
+def _executorch_llama_logits(ckpt, params: dict, tokens: list[int], dtype=torch.float32) -> torch.Tensor:
+    """Logits after each token of executorch's llama with its own KV cache, the checkpoint loaded
+    the plain way, computed in ``dtype``."""
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    args = ModelArgs(**params, use_kv_cache=True, max_seq_len=MAX_SEQ_LEN, max_context_len=MAX_SEQ_LEN)
+    model = construct_transformer(args).eval()
+    model.load_state_dict(torch.load(ckpt), strict=False)
+    model.to(dtype)
+    with torch.no_grad():
+        steps = [model(torch.tensor([[t]]), {"input_pos": torch.tensor([pos])}) for pos, t in enumerate(tokens)]
+    return torch.stack([s.reshape(-1, params["vocab_size"])[-1].float() for s in steps])
+
+
 def test_bfloat16_checkpoint_becomes_float16(tmp_path, tokenizer):
     folder = save_checkpoint(tmp_path / "bf16", "qwen2", tokenizer=tokenizer, dtype=torch.bfloat16)
     result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
@@ -137,25 +200,13 @@ def test_weights_beyond_float16_are_an_error_or_clamped(tmp_path, tokenizer):
 
 
 def test_executorch_llama_checkpoint(tmp_path):
-    from executorch.examples.models.llama.llama_transformer import construct_transformer
-    from executorch.examples.models.llama.model_args import ModelArgs
-
     ckpt, params, p = save_llama_checkpoint(tmp_path)
     result = export_llm(f"llama:{ckpt}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN, params=params)
     assert result.delegates == 1 and not result.report.on_cpu, result.summary()
     got = generate_ids(result.path, PROMPT, 16)
-    # eager: executorch's llama with its own KV cache, the checkpoint loaded the plain way
-    model = construct_transformer(ModelArgs(**p, use_kv_cache=True, max_seq_len=MAX_SEQ_LEN, max_context_len=MAX_SEQ_LEN)).eval()
-    model.load_state_dict(torch.load(ckpt), strict=False)
-    ids, out = list(PROMPT), []
-    with torch.no_grad():
-        for pos, t in enumerate(ids):
-            logits = model(torch.tensor([[t]]), {"input_pos": torch.tensor([pos])})
-        for pos in range(len(ids), len(ids) + 16):
-            nxt = int(logits.reshape(-1, p["vocab_size"])[-1].argmax())
-            out.append(nxt)
-            logits = model(torch.tensor([[nxt]]), {"input_pos": torch.tensor([pos])})
-    assert got == out
+    # eager greedy: each token is the argmax of the logits after the one before
+    logits = _executorch_llama_logits(ckpt, p, PROMPT + got[:-1])
+    assert got == logits[len(PROMPT) - 1 :].argmax(-1).tolist()
 
 
 class _Bar:

@@ -1,16 +1,18 @@
 """Language-model checkpoints on disk -> an eager model in the export precision.
 
-- ``hf:PATH``: a Hugging Face checkpoint folder (``config.json``, ``*.safetensors`` or
-  ``pytorch_model*.bin``, tokenizer files), loaded with transformers' ``from_pretrained`` with
-  ``local_files_only=True``: nothing is downloaded.
+- ``hf:PATH``: a Hugging Face checkpoint folder (``config.json``, ``*.safetensors``, tokenizer files):
+  transformers builds the model from the config with its parameters on the meta device, and the
+  weights come from the safetensors files (:func:`load_hf`); nothing is downloaded.
 - ``llama:CHECKPOINT.pth`` with ``params.json``: a Meta / executorch llama checkpoint, loaded into
   executorch's example llama (``executorch.examples.models.llama``) with its KV cache.
 
 The weights are loaded straight into the export precision (float16 for ``fp16``, float32 for
 ``fp32``): the MPS delegate computes in that precision anyway, and loading at it avoids a second copy
-of the model. bfloat16 has no MPS support, so a bfloat16 checkpoint becomes float16 (or float32).
-A weight that does not fit float16 (|x| > 65504) is an error naming the tensor, or is clamped to
-±65504 when asked (``clamp_fp16=True``).
+of the model. A weight the checkpoint already stores in that precision is mapped from the file, not
+read (both loaders): the blob writer reads its pages and hands them back to the kernel
+(:mod:`mps_backend.pages`). bfloat16 has no MPS support, so a bfloat16 checkpoint becomes float16
+(or float32). A weight that does not fit float16 (|x| > 65504) is an error naming the tensor, or is
+clamped to ±65504 when asked (``clamp_fp16=True``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from mps_backend.pages import PageReleaser, map_copy_on_write, mapped_tensor
 from mps_backend.passes import FP16_MAX, largest_magnitude
 
 #: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
@@ -76,10 +79,12 @@ def check_fp16_range(model: torch.nn.Module, *, clamp: bool = False) -> int:
     or, with ``clamp``, clamp them to ±65504 in place; return how many values were clamped."""
     bad: list[str] = []
     clamped = 0
+    pages = PageReleaser()  # a weight mapped from the checkpoint is not kept resident by this look
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if t.dtype != torch.float16:
             continue
         over = torch.isinf(t)
+        pages.release(t)
         if not over.any():
             continue
         n = int(over.sum())
@@ -156,13 +161,22 @@ def _safetensors_index(path: pathlib.Path) -> tuple[int, dict[str, tuple[torch.d
     return 8 + n, entries
 
 
+def _check_size(path: pathlib.Path, name: str, dtype: torch.dtype, shape: list[int], start: int, end: int) -> None:
+    nbytes = dtype.itemsize
+    for d in shape:
+        nbytes *= int(d)
+    if nbytes != end - start:
+        raise CheckpointError(f"{path}: tensor {name} holds {end - start} bytes, its shape needs {nbytes}")
+    if end > path.stat().st_size:
+        raise CheckpointError(f"{path}: tensor {name} is truncated")
+
+
 def _read_tensor(
     f: Any, path: pathlib.Path, name: str, dtype: torch.dtype, shape: list[int], start: int, end: int
 ) -> torch.Tensor:
+    _check_size(path, name, dtype, shape, start, end)
     t = torch.empty(shape, dtype=dtype)
     nbytes = t.numel() * t.element_size()
-    if nbytes != end - start:
-        raise CheckpointError(f"{path}: tensor {name} holds {end - start} bytes, its shape needs {nbytes}")
     if nbytes:
         # read straight into the tensor's memory (no intermediate buffer). Nothing frees a weight early:
         # its storage lives until the last reference goes, which export_llm drops stage by stage (the
@@ -174,9 +188,12 @@ def _read_tensor(
 
 
 def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool, bar: Any = None) -> int:
-    """Read the checkpoint's tensors one at a time with plain file reads (no memory map: its pages
-    would count as resident memory next to the converted weights), convert each to ``dtype`` and
-    put it in place of the meta parameter. Returns how many values were clamped to float16."""
+    """Put the checkpoint's tensors in place of the meta parameters, one at a time. A tensor the
+    checkpoint stores in ``dtype`` (or a non-float one) is mapped from the file, not read
+    (:mod:`mps_backend.pages`: the blob writer reads its pages and hands them back, so the weights are
+    never resident as a whole next to the blob); one to convert is read with a plain file read (a
+    mapping's pages would stay resident next to the converted copy) and converted to ``dtype``.
+    Returns how many values were clamped to float16."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(
@@ -188,11 +205,19 @@ def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dty
     clamped = 0
     for path in files:
         _, entries = _safetensors_index(path)
+        mapping = None
         with open(path, "rb", buffering=0) as f:
             for name, (file_dtype, shape, start, end) in entries.items():
                 if name not in names:
                     continue
-                t = _read_tensor(f, path, name, file_dtype, shape, start, end)
+                t = None
+                if file_dtype == dtype or not file_dtype.is_floating_point:
+                    _check_size(path, name, file_dtype, shape, start, end)
+                    if mapping is None:
+                        mapping = map_copy_on_write(path)
+                    t = mapped_tensor(mapping, start, file_dtype, shape)
+                if t is None:
+                    t = _read_tensor(f, path, name, file_dtype, shape, start, end)
                 if bar is not None:
                     bar.update(end - start)
                 if t.is_floating_point() and t.dtype != dtype:
@@ -398,22 +423,30 @@ def _derived_llama_buffer(name: str) -> bool:
 def _materialize_llama_buffers(model: torch.nn.Module, args: Any, dtype: torch.dtype) -> None:
     """Rebuild the derived buffers left on the meta device from a one-layer, one-token-vocabulary
     twin built on the CPU (every layer's buffers have the same shape and contents: rope tables,
-    masks, empty KV caches); KV caches take the weights' dtype."""
+    masks), then give every float buffer the weights' dtype, as executorch's own llama export does
+    with ``model.to(dtype)``: rope tables and the KV caches (which executorch's KVCache creates on the
+    CPU in float32 whatever the device, so they are never meta)."""
     import dataclasses  # noqa: PLC0415
 
     from executorch.examples.models.llama.llama_transformer import construct_transformer  # noqa: PLC0415
 
-    meta = [name for name, b in model.named_buffers() if b.is_meta]
-    if not meta:
-        return
-    twin = dict(construct_transformer(dataclasses.replace(args, vocab_size=1, n_layers=1)).named_buffers())
-    for name in meta:
+    buffers = list(model.named_buffers(remove_duplicate=False))  # a buffer two modules share: both
+    meta = any(b.is_meta for _, b in buffers)
+    twin = dict(construct_transformer(dataclasses.replace(args, vocab_size=1, n_layers=1)).named_buffers()) if meta else {}
+    done: dict[int, torch.Tensor] = {}  # id of a buffer -> what replaces it, once per tensor
+    for name, buffer in buffers:
         module_name, _, leaf = name.rpartition(".")
-        parts = name.split(".")
-        if len(parts) > 2 and parts[0] == "layers":
-            parts[1] = "0"
-        value = twin[".".join(parts)].clone()
-        if value.is_floating_point() and "cache" in leaf:
-            value = value.to(dtype)
-        module = model.get_submodule(module_name) if module_name else model
-        module._buffers[leaf] = value
+        value = done.get(id(buffer))
+        if value is None:
+            value = buffer
+            if buffer.is_meta:
+                parts = name.split(".")
+                if len(parts) > 2 and parts[0] == "layers":
+                    parts[1] = "0"
+                value = twin[".".join(parts)].clone()
+            if value.is_floating_point() and value.dtype != dtype:
+                value = value.to(dtype)
+            done[id(buffer)] = value
+        if value is not buffer:
+            module = model.get_submodule(module_name) if module_name else model
+            module._buffers[leaf] = value

@@ -100,7 +100,7 @@ def load_checkpoint(
         raise CheckpointError(f"unknown dtype {dtype!r}: use fp16 or fp32")
     kind, path = parse_model_spec(spec)
     if kind == "hf":
-        bar = (lambda total: progress.bytes_bar("read weights", total)) if progress is not None else None
+        bar = (lambda total: progress.bytes_bar("load weights", total)) if progress is not None else None
         return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar)
     bar = (lambda total: progress.bytes_bar("convert weights", total)) if progress is not None else None
     return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16, bar=bar)
