@@ -294,6 +294,22 @@ def test_cli_export_and_generate(tmp_path, tokenizer):
     assert r2.stdout.splitlines()[-1] == expected
 
 
+def test_cli_llama_checkpoint_default_precision(tmp_path):
+    """`mps-backend export --model llama:CHECKPOINT.pth --params params.json` as a user types it: the
+    default float16, one delegate computing in float16, the runner's metadata."""
+    ckpt, params, p = save_llama_checkpoint(tmp_path)
+    out = tmp_path / "llama.pte"
+    r = _cli("export", "--model", f"llama:{ckpt}", "--params", params, "--max-seq-len", MAX_SEQ_LEN, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "MPS delegates    1" in r.stdout and "(float16)" in r.stdout
+    blob = read_blob(delegate_blobs(out.read_bytes())[0].blob)
+    assert {blob.graph.values[c].datatype.name for c in blob.graph.constant_ids} >= {"float16"}
+    meta = constant_method_values(out)
+    assert meta["get_n_layers"] == p["n_layers"] and meta["get_vocab_size"] == p["vocab_size"]
+    assert meta["get_max_seq_len"] == MAX_SEQ_LEN
+    assert len(generate_ids(out, PROMPT, 4)) == 4
+
+
 def test_cli_errors_are_one_line(tmp_path):
     r = _cli("export", "--model", f"hf:{tmp_path}", "-o", tmp_path / "x.pte")
     assert r.returncode == 2 and "no config.json" in r.stderr and "Traceback" not in r.stderr
