@@ -99,7 +99,10 @@ class PageReleaser:
         advised (0 when nothing was done). The tensor stays valid: its pages are read again if used."""
         if _PAGEOUT is None or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
             return 0
-        lo, hi = byte_span(t)
+        try:
+            lo, hi = byte_span(t)
+        except RuntimeError:  # a wrapper tensor subclass (no storage of its own)
+            return 0
         if hi - lo < PAGE or not self._in_file_mapping(lo, hi):
             return 0
         start = lo - lo % PAGE  # the pages the bytes touch (neighbours' bytes on them are refetched too)

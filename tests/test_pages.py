@@ -49,6 +49,18 @@ def test_release_keeps_what_the_process_wrote(tmp_path):
     assert np.array_equal(on_disk, values.numpy())  # the file never changes
 
 
+class _Wrapper(torch.Tensor):
+    """A tensor subclass without storage of its own (as torchao's quantized weights are)."""
+
+    @staticmethod
+    def __new__(cls, shape):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(func)
+
+
 def test_release_leaves_ordinary_memory_alone():
     t = torch.randn(2 * MIB)
     before = t.clone()
@@ -56,6 +68,10 @@ def test_release_leaves_ordinary_memory_alone():
     assert pages.release(t) == 0 and pages.released == 0
     assert pages.release(t.to(torch.float16)) == 0
     assert torch.equal(t, before)
+    # nothing to release, and no error: not tensors, tensors off the CPU, tensors without storage
+    assert pages.release(b"bytes") == pages.release(None) == 0
+    assert pages.release(torch.empty(2 * MIB, device="meta")) == 0
+    assert pages.release(_Wrapper((2 * MIB,))) == 0
 
 
 def test_mapped_tensor_refuses_unaligned_and_empty(tmp_path):
