@@ -133,7 +133,7 @@ def eager_greedy(folder: pathlib.Path, prompt: list[int], n: int, dtype=torch.fl
     return out[0, len(prompt) :].tolist()
 
 
-def save_llama_checkpoint(folder: pathlib.Path, seed: int = 0) -> tuple[pathlib.Path, pathlib.Path, dict]:
+def save_llama_checkpoint(folder: pathlib.Path, seed: int = 0, vocab_size: int = 160) -> tuple[pathlib.Path, pathlib.Path, dict]:
     """A Meta-format llama checkpoint (``consolidated.pth`` + ``params.json``) of executorch's example
     llama with random weights."""
     from executorch.examples.models.llama.llama_transformer import construct_transformer
@@ -144,7 +144,7 @@ def save_llama_checkpoint(folder: pathlib.Path, seed: int = 0) -> tuple[pathlib.
         "n_layers": 2,
         "n_heads": 4,
         "n_kv_heads": 2,
-        "vocab_size": 160,
+        "vocab_size": vocab_size,
         "multiple_of": 32,
         "norm_eps": 1e-5,
         "rope_theta": 10000.0,
@@ -156,3 +156,14 @@ def save_llama_checkpoint(folder: pathlib.Path, seed: int = 0) -> tuple[pathlib.
     torch.save(state, ckpt)
     pfile.write_text(json.dumps(params))
     return ckpt, pfile, params
+
+
+def save_tiktoken_model(path: pathlib.Path, merges=(b"th", b"he", b"the", b" t", b" the", b"qu", b"ick", b" quick")) -> int:
+    """A tiktoken ``tokenizer.model`` as Llama 3 ships one (base64 token, rank per line): the 256 bytes,
+    then ``merges``. Returns its vocabulary size with the 256 special tokens executorch's
+    pytorch_tokenizers reserves after the ranks."""
+    import base64
+
+    tokens = [bytes([i]) for i in range(256)] + list(merges)
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
+    return len(tokens) + 256

@@ -18,6 +18,8 @@ Speeds printed are of the emulation on this machine's CPU, not of a device.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pathlib
 import time
 from dataclasses import dataclass, field
@@ -26,17 +28,23 @@ from typing import Iterator
 import torch
 
 
+def tokenizer_file(path: str | pathlib.Path) -> pathlib.Path:
+    """The tokenizer file ``path`` names: itself, or in a folder its ``tokenizer.json`` (Hugging Face)
+    or else its ``tokenizer.model`` (Meta: SentencePiece or tiktoken)."""
+    p = pathlib.Path(path)
+    if p.is_dir():
+        p = next((p / name for name in ("tokenizer.json", "tokenizer.model") if (p / name).is_file()), p / "tokenizer.json")
+    if not p.is_file():
+        raise FileNotFoundError(f"{path}: no tokenizer file (tokenizer.json, tokenizer.model, or a folder holding one)")
+    return p
+
+
 class Tokenizer:
     """encode/decode over a Hugging Face ``tokenizer.json`` (or a folder holding one) or a
     ``tokenizer.model`` (SentencePiece or tiktoken, through executorch's pytorch_tokenizers)."""
 
     def __init__(self, path: str | pathlib.Path):
-        p = pathlib.Path(path)
-        if p.is_dir():
-            p = p / "tokenizer.json"
-        if not p.is_file():
-            raise FileNotFoundError(f"{path}: no tokenizer file (tokenizer.json, tokenizer.model, or a folder)")
-        self.path = p
+        p = self.path = tokenizer_file(path)
         if p.suffix == ".json":
             from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
 
@@ -46,7 +54,8 @@ class Tokenizer:
             from pytorch_tokenizers import get_tokenizer  # noqa: PLC0415
 
             self._hf = None
-            self._pt = get_tokenizer(str(p))
+            with contextlib.redirect_stdout(io.StringIO()):  # it prints "Using Tiktokenizer": stdout is the text
+                self._pt = get_tokenizer(str(p))
 
     def encode(self, text: str) -> list[int]:
         if self._hf is not None:
@@ -195,6 +204,9 @@ def generate(
         piece, done = text[len(done) :], text
         if piece:
             yield piece
+    text = tok.decode(out)  # bytes still held back at the end (no token completed them): as decoded
+    if text != done and text.startswith(done):
+        yield text[len(done) :]
 
 
 def generate_with_executorch_runner(
@@ -207,12 +219,16 @@ def generate_with_executorch_runner(
     load_emulator()  # registers MPSBackend in the libexecutorch the runner binding links
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner  # noqa: PLC0415
 
-    tok = pathlib.Path(tokenizer)
-    if tok.is_dir():
-        tok = tok / "tokenizer.json"
-    runner = TextLLMRunner(str(pte), str(tok))
+    runner = TextLLMRunner(str(pte), str(tokenizer_file(tokenizer)))
     pieces: list[str] = []
-    runner.generate(
-        prompt, GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False), token_callback=pieces.append
-    )
+    try:
+        runner.generate(
+            prompt, GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False), token_callback=pieces.append
+        )
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"executorch's runner binding cannot hand Python a token piece that is not UTF-8 on its own ({e.reason} "
+            f"after {len(pieces)} pieces: a byte-level token of a multi-byte character); the python runner "
+            "(--runner python) decodes such tokens together"
+        ) from e
     return pieces

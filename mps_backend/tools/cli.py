@@ -102,7 +102,11 @@ def cmd_generate(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.runner == "executorch":
-        pieces = generate_with_executorch_runner(pte, tok.path, args.prompt, args.max_new_tokens)
+        try:
+            pieces = generate_with_executorch_runner(pte, tok.path, args.prompt, args.max_new_tokens)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         print(args.prompt + "".join(pieces))
         return 0
     stats = GenerationStats()
