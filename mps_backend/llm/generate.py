@@ -40,8 +40,9 @@ def tokenizer_file(path: str | pathlib.Path) -> pathlib.Path:
 
 
 class Tokenizer:
-    """encode/decode over a Hugging Face ``tokenizer.json`` (or a folder holding one) or a
-    ``tokenizer.model`` (SentencePiece or tiktoken, through executorch's pytorch_tokenizers)."""
+    """encode/decode over a Hugging Face ``tokenizer.json`` or a
+    ``tokenizer.model`` (SentencePiece or tiktoken, through executorch's pytorch_tokenizers), or a folder
+    holding one (:func:`tokenizer_file`)."""
 
     def __init__(self, path: str | pathlib.Path):
         p = self.path = tokenizer_file(path)
