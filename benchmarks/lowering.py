@@ -225,8 +225,9 @@ def main() -> int:
         print(
             f"(b) {name}: to_edge {r['t_edge']:.2f}s; to_backend {r['t_backend']:.2f}s = partition "
             f"{r['partition']:.2f}s + preprocess {r['preprocess']:.2f}s + executorch {other:.2f}s; "
-            f"(partition + preprocess) / to_edge = {time_ratio:.3f} (target <= {TARGET_TIME}), "
-            f"to_backend / to_edge = {r['t_backend'] / r['t_edge']:.2f} (old backend 1.2)"
+            f"(partition + preprocess) / to_edge = {time_ratio:.3f} "
+            + (f"(target <= {TARGET_TIME}), " if name == "llama" else "(target applies to llama), ")
+            + f"to_backend / to_edge = {r['t_backend'] / r['t_edge']:.2f} (old backend 1.2)"
         )
         if r["peak_kib"] is None:
             print(f"(c) {name}: /proc/self/clear_refs not writable here, peak RSS not measured")
@@ -237,7 +238,9 @@ def main() -> int:
             print(
                 f"(c) {name}: RSS before to_backend {r['rss_before_kib'] / 1024:.0f} MiB, peak rise "
                 f"{rise / 2**20:.0f} MiB for {r['weight_bytes'] / 2**20:.0f} MiB of delegated fp16 weights: "
-                f"{rss_ratio:.2f}x (target <= {TARGET_RSS}, old backend 3.3)"
+                f"{rss_ratio:.2f}x ("
+                + (f"target <= {TARGET_RSS}" if name == "llama" else "no target: a few MiB of weights, within RSS noise")
+                + ", old backend 3.3)"
             )
         if name == "llama":
             missed += [] if time_ratio <= TARGET_TIME else ["(b) llama"]
