@@ -101,7 +101,7 @@ class PageReleaser:
             return 0
         try:
             lo, hi = byte_span(t)
-        except RuntimeError:  # a wrapper tensor subclass (no storage of its own)
+        except RuntimeError:  # a tensor without storage whose data pointer torch refuses to give
             return 0
         if hi - lo < PAGE or not self._in_file_mapping(lo, hi):
             return 0

@@ -174,8 +174,7 @@ def _check_size(path: pathlib.Path, name: str, dtype: torch.dtype, shape: list[i
 def _read_tensor(
     f: Any, path: pathlib.Path, name: str, dtype: torch.dtype, shape: list[int], start: int, end: int
 ) -> torch.Tensor:
-    _check_size(path, name, dtype, shape, start, end)
-    t = torch.empty(shape, dtype=dtype)
+    t = torch.empty(shape, dtype=dtype)  # its size checked by the caller (_check_size)
     nbytes = t.numel() * t.element_size()
     if nbytes:
         # read straight into the tensor's memory (no intermediate buffer). Nothing frees a weight early:
@@ -210,9 +209,9 @@ def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dty
             for name, (file_dtype, shape, start, end) in entries.items():
                 if name not in names:
                     continue
+                _check_size(path, name, file_dtype, shape, start, end)
                 t = None
                 if file_dtype == dtype or not file_dtype.is_floating_point:
-                    _check_size(path, name, file_dtype, shape, start, end)
                     if mapping is None:
                         mapping = map_copy_on_write(path)
                     t = mapped_tensor(mapping, start, file_dtype, shape)

@@ -195,7 +195,7 @@ def generate(
         if bos_id is not None and (not ids or ids[0] != int(bos_id)):
             ids = [int(bos_id), *ids]
     out: list[int] = []
-    done = ""
+    done = text = ""
     for token in iter_tokens(pte, ids, max_new_tokens, stats=stats):
         out.append(token)
         text = tok.decode(out)
@@ -205,7 +205,7 @@ def generate(
         piece, done = text[len(done) :], text
         if piece:
             yield piece
-    text = tok.decode(out)  # bytes still held back at the end (no token completed them): as decoded
+    # bytes still held back at the end (no token completed them): as the whole sequence decodes them
     if text != done and text.startswith(done):
         yield text[len(done) :]
 
