@@ -198,10 +198,13 @@ def bundle(
 
 
 def unbundle(data: bytes) -> bytes:
-    """The program inside a bundled program (``.bpte``)."""
-    from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program  # noqa: PLC0415
+    """The program inside a bundled program (``.bpte``), read by the project's bounded reader (no
+    ``flatc``); a malformed bundle raises ``ProgramFormatError``. The program itself is not checked
+    here: callers give it to ``check_program`` like any ``.pte``."""
+    from mps_backend.runtime.bundled_check import read_bundled  # noqa: PLC0415
+    from mps_backend.runtime.program_check import ProgramFormatError  # noqa: PLC0415
 
-    return bytes(deserialize_from_flatbuffer_to_bundled_program(data).program)
+    return bytes(read_bundled(data, ProgramFormatError)[0])
 
 
 def is_bundled(data: bytes) -> bool:

@@ -963,17 +963,32 @@ def verify_bundled(
     (executorch's bundled-program check: load the bundled inputs, execute, compare with the bundled
     expected outputs), with the MPS delegates emulated. One entry per test case: whether it matched."""
     data = _read_program(bpte, check=False)  # a bundled program: executorch's bundled loader reads it
+    cases = _check_bundled(data, method, os.fspath(bpte) if isinstance(bpte, (str, os.PathLike)) else None)
     emulator = load_emulator()
     with emulator.lock:
-        return _verify_bundled(emulator, data, method, mode, rtol, atol)
+        return _verify_bundled(emulator, data, cases, method, mode, rtol, atol)
 
 
-def _verify_bundled(emulator: Any, data: bytes, method: str, mode: str, rtol: float, atol: float) -> list[bool]:
+def _check_bundled(data: bytes, method: str, name: str | None = None) -> int:
+    """The number of test cases of ``method`` in the bundled program ``data``, after the bundle's own
+    tables (bounded reader) and its inner program (:func:`check_program`, as for a ``.pte``) are
+    checked: executorch's bundled loader trusts both."""
+    from mps_backend.runtime.bundled_check import read_bundled  # noqa: PLC0415
+    from mps_backend.runtime.program_check import ProgramFormatError, check_program  # noqa: PLC0415
+
+    try:
+        program, cases = read_bundled(data, ProgramFormatError)
+        check_program(program)
+    except ProgramFormatError as exc:
+        raise ProgramFormatError(f"{name}: {exc}" if name else str(exc)) from None
+    return cases.get(method, 0)
+
+
+def _verify_bundled(emulator: Any, data: bytes, cases: int, method: str, mode: str, rtol: float, atol: float) -> list[bool]:
     try:
         bundle = emulator.pybindings._load_bundled_program_from_buffer(data)
     except RuntimeError as exc:
         raise EmulatorError(f"ExecuTorch could not load the bundled program: {exc}") from exc
-    cases = _bundled_case_count(data, method)
     if not cases:
         raise EmulatorError(f"the bundled program has no test case for method {method!r}")
     results = []
@@ -988,16 +1003,6 @@ def _verify_bundled(emulator: Any, data: bytes, method: str, mode: str, rtol: fl
                     raise error from exc
                 results.append(False)
     return results
-
-
-def _bundled_case_count(data: bytes, method: str) -> int:
-    from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program  # noqa: PLC0415
-
-    try:
-        suites = deserialize_from_flatbuffer_to_bundled_program(data).method_test_suites
-    except Exception as exc:  # noqa: BLE001  (flatc/JSON errors of a damaged file)
-        raise EmulatorError(f"cannot read the bundled program's test cases: {exc}") from exc
-    return sum(len(s.test_cases) for s in suites if s.method_name == method)
 
 
 def constant_method_values(pte: bytes | str | os.PathLike) -> dict[str, Any]:
