@@ -110,3 +110,191 @@ def test_mutated_bundled_programs_are_refused_or_well_formed(bundled, tmp_path, 
     data[0:4] = (0xFFFFFFF0).to_bytes(4, "little")  # the root offset
     path.write_bytes(bytes(data))
     assert main(["inspect", str(path)]) == 2 and _one_line_error(capsys.readouterr().err)
+
+
+# ---------------------------------------------------------------- hf: checkpoint folders
+
+CONFIG = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 8,
+    "vocab_size": 16,
+    "intermediate_size": 16,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 64,
+}
+
+
+def _safetensors(tensors: dict[str, tuple[str, list[int]]], *, header: dict | None = None) -> bytes:
+    """A safetensors file of zero-filled tensors (name -> (dtype, shape)), or with ``header`` as given."""
+    import json
+    import math
+
+    from mps_backend.llm.folder_check import DTYPE_BYTES
+
+    if header is None:
+        header, at = {}, 0
+        for name, (dtype, shape) in tensors.items():
+            n = DTYPE_BYTES[dtype] * math.prod(shape)
+            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + n]}
+            at += n
+    ends = [v["data_offsets"][1] for v in header.values() if isinstance(v, dict) and "data_offsets" in v]
+    size = max([0, *(e for e in ends if isinstance(e, int) and e < 1 << 20)])
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + bytes(size)
+
+
+def _folder(path, *, config=None, tensors=None, files=None):
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(CONFIG if config is None else config))
+    if tensors is None:
+        tensors = {"model.embed_tokens.weight": ("F16", [16, 8]), "model.layers.1.mlp.up_proj.weight": ("F16", [16, 8])}
+    (path / "model.safetensors").write_bytes(_safetensors(tensors))
+    (path / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {}}}))
+    for name, data in (files or {}).items():
+        (path / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path
+
+
+def _header(**entry):
+    base = {"dtype": "F16", "shape": [2, 2], "data_offsets": [0, 8]}
+    return {"model.layers.0.w": {**base, **entry}}
+
+
+@pytest.mark.parametrize(
+    "config, tensors, header, message",
+    [
+        ({**CONFIG, "num_hidden_layers": 10**6}, None, None, "num_hidden_layers = 1000000 outside [1, 1024]"),
+        ({**CONFIG, "vocab_size": 2**40}, None, None, "vocab_size = 1099511627776 outside"),
+        ({**CONFIG, "hidden_size": 0}, None, None, "hidden_size = 0 outside"),
+        ({**CONFIG, "hidden_size": -8}, None, None, "hidden_size = -8 outside"),
+        ({**CONFIG, "hidden_size": "8"}, None, None, "hidden_size is '8', not an integer"),
+        ({**CONFIG, "num_hidden_layers": True}, None, None, "not an integer"),
+        ({**CONFIG, "num_hidden_layers": 1e6}, None, None, "not an integer"),
+        ({k: v for k, v in CONFIG.items() if k != "vocab_size"}, None, None, "no 'vocab_size'"),
+        ({**CONFIG, "num_key_value_heads": 3}, None, None, "not a multiple of num_key_value_heads"),
+        ({**CONFIG, "text_config": {"num_hidden_layers": 10**9}}, None, None, "text_config: num_hidden_layers"),
+        ([1, 2], None, None, "not a JSON object"),
+        (None, {"model.embed_tokens.weight": ("F16", [17, 8])}, None, "the config says [16, 8]"),
+        (None, {"model.layers.2.w": ("F16", [1])}, None, "is of layer 2, the config has 2 layers"),
+        (None, None, _header(dtype="F8_E9M9"), "unknown dtype 'F8_E9M9'"),
+        (None, None, _header(shape=[-2, 2]), "is not up to 8 non-negative integers"),
+        (None, None, _header(shape=[2**30, 2**30]), "its shape [1073741824, 1073741824] needs"),
+        (None, None, _header(data_offsets=[0, 2**40]), "outside the"),
+        (None, None, _header(data_offsets=[-8, 0]), "outside the"),
+        (None, None, _header(data_offsets=[0, "8"]), "outside the"),
+        (None, None, {**_header(), "model.layers.1.v": {"dtype": "F16", "shape": [2], "data_offsets": [4, 8]}}, "overlap"),
+        (None, None, {"__metadata__": {"a": 1}}, "__metadata__ is not an object of strings"),
+        (None, None, {"x": [1]}, "its entry is not an object"),
+    ],
+)
+def test_hf_folder_check_refuses_each_class(tmp_path, config, tensors, header, message):
+    from mps_backend.llm.folder_check import FolderError, check_folder
+
+    folder = _folder(tmp_path / "ck", config=config, tensors=tensors)
+    if header is not None:
+        (folder / "model.safetensors").write_bytes(_safetensors({}, header=header))
+    with pytest.raises(FolderError) as e:
+        check_folder(folder)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hf_folder_check_files(tmp_path):
+    """Header lengths beyond the file, offsets into the header, garbage tokenizers, shard indexes and
+    symlinks pointing out of the folder, FIFOs: refused without opening anything outside (an outside
+    FIFO would block the test if it were opened)."""
+    import json
+    import os
+
+    from mps_backend.llm.folder_check import FolderError, check_folder
+
+    good = _folder(tmp_path / "good")
+    assert check_folder(good)["num_hidden_layers"] == 2
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.mkfifo(outside / "secret.safetensors")
+    os.mkfifo(outside / "config.json")
+    index = {"weight_map": {"model.embed_tokens.weight": "model.safetensors"}}
+    st = _safetensors({"model.layers.0.w": ("F16", [2, 2])})
+    cases = {
+        "beyond the": {"model.safetensors": (10**9).to_bytes(8, "little") + b"{}"},
+        "not a safetensors file": {"model.safetensors": b"\x01\x00"},
+        "header is not JSON": {"model.safetensors": (4).to_bytes(8, "little") + b"\xff\xfe{}"},
+        "outside the 7 bytes": {"model.safetensors": st[:-1]},  # the data (offsets past the end)
+        "not valid JSON": {"tokenizer.json": "{garbage"},
+        "no 'model' object": {"tokenizer.json": "{}"},
+        "generation_config.json: not a JSON object": {"generation_config.json": "[]"},
+        "is not a file name in the folder": {
+            "model.safetensors.index.json": json.dumps({"weight_map": {"a": "../outside/secret.safetensors"}})
+        },
+        "is missing": {"model.safetensors.index.json": json.dumps({**index, "weight_map": {"a": "model-00002.safetensors"}})},
+        "no weight_map": {"model.safetensors.index.json": "{}"},
+    }
+    for i, (message, files) in enumerate(cases.items()):
+        folder = _folder(tmp_path / f"c{i}", files=files)
+        with pytest.raises(FolderError, match=message.replace("(", r"\(").replace("'", "'")):
+            check_folder(folder)
+    links = _folder(tmp_path / "links")
+    (links / "extra.safetensors").symlink_to(outside / "secret.safetensors")
+    with pytest.raises(FolderError, match="outside the checkpoint folder"):
+        check_folder(links)
+    (links / "extra.safetensors").unlink()
+    (links / "config.json").unlink()
+    (links / "config.json").symlink_to(outside / "config.json")
+    with pytest.raises(FolderError, match="outside the checkpoint folder"):
+        check_folder(links)
+    fifo = _folder(tmp_path / "fifo")
+    os.mkfifo(fifo / "w.safetensors")
+    with pytest.raises(FolderError, match="not a regular file"):
+        check_folder(fifo)
+    # the hub cache layout: snapshots/REV/f -> ../../blobs/HASH is inside the cache repository
+    repo = tmp_path / "models--x--y"
+    (repo / "blobs").mkdir(parents=True)
+    snap = _folder(repo / "snapshots" / "abc")
+    (repo / "blobs" / "h1").write_bytes((snap / "model.safetensors").read_bytes())
+    (snap / "model.safetensors").unlink()
+    (snap / "model.safetensors").symlink_to("../../blobs/h1")
+    assert check_folder(snap)["vocab_size"] == 16
+
+
+def test_hf_export_of_a_hostile_folder_is_one_line(tmp_path, capsys):
+    folder = _folder(tmp_path / "ck", config={**CONFIG, "num_hidden_layers": 10**6})
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(tmp_path / "x.pte")]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "num_hidden_layers" in err and not (tmp_path / "x.pte").exists()
+
+
+def test_checkpoint_fuzz_through_the_folder_check(tmp_path):
+    """Mutated safetensors headers and config.json values (a seeded campaign; the 10,000-case run is
+    in the report): each accepted or refused with FolderError, nothing else."""
+    from mps_backend.llm.folder_check import FolderError, check_config, check_safetensors
+
+    rng = random.Random(2626)
+    st = _safetensors({"model.embed_tokens.weight": ("F16", [16, 8]), "model.layers.1.w": ("F32", [3])})
+    sizes = check_config(CONFIG, "config")
+    path = tmp_path / "m.safetensors"
+    weird = [0, -1, 1 << 31, 1 << 64, 1e308, float("nan"), "", "x", None, True, [], {}, [1, 2], 10**6]
+    refused = 0
+    for n in range(600):
+        if n % 2:
+            config = dict(CONFIG)
+            for _ in range(rng.randint(1, 3)):
+                config[rng.choice([*CONFIG, "text_config", "head_dim"])] = rng.choice(weird)
+            try:
+                check_config(config, "config")
+            except FolderError:
+                refused += 1
+            continue
+        data = bytearray(st)
+        for _ in range(rng.randint(1, 4)):
+            pos = rng.randrange(len(data))
+            data[pos] = rng.choice((rng.randrange(256), *b'"[]{},:-09e'))
+        path.write_bytes(bytes(data))
+        try:
+            check_safetensors(path, path, sizes)
+        except FolderError:
+            refused += 1
+    assert refused > 200

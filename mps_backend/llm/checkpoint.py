@@ -279,6 +279,9 @@ def load_hf(
     folder = pathlib.Path(folder)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)")
+    from mps_backend.llm.folder_check import check_folder  # noqa: PLC0415
+
+    check_folder(folder)  # bounded checks of every file it will read, before any allocation (#26)
     try:
         import transformers  # noqa: PLC0415
     except ImportError as e:

@@ -1,0 +1,269 @@
+"""Check a Hugging Face checkpoint folder before anything loads it (``hf:FOLDER``).
+
+:func:`check_folder` reads only small, bounded parts of the folder (``config.json``, the JSON headers of
+the ``*.safetensors`` files, the shard index, the tokenizer and generation JSON files) and refuses, with
+one :class:`FolderError` line naming the file and the reason, before any weight or model is allocated:
+
+- a file that is not a regular file (a FIFO, a device, a directory named ``*.safetensors``), or a
+  symlink that resolves outside the folder (the Hugging Face cache's ``snapshots/REV/x -> ../../blobs/y``
+  layout is allowed: its target stays in the same cache repository); no file outside it is opened;
+- ``config.json`` that is not a JSON object, or whose sizes are missing, not integers, or out of the
+  bounds below (for the text config of a multimodal config too);
+- a safetensors header whose length is beyond the file or above 100 MiB, that is not a JSON object, has
+  a tensor of an unknown dtype, a shape that is not non-negative integers, data offsets that are not
+  ``[begin, end]`` within the data, point into one another (overlap) or disagree with the shape;
+- tensors that disagree with the config: the embedding and output matrices (``[vocab, hidden]``) and
+  layer indexes ``layers.N`` at or beyond ``num_hidden_layers``;
+- a shard index (``model.safetensors.index.json``) naming a file outside the folder (``..``, a path, an
+  absolute name) or a shard that is missing;
+- ``tokenizer.json``, ``tokenizer_config.json``, ``generation_config.json``, ``special_tokens_map.json``
+  that are not JSON objects (``tokenizer.json`` also needs its ``model``), or larger than the bounds.
+
+The bounds (:data:`CONFIG_BOUNDS`) are far above any released model and far below what would exhaust
+the memory of the machine building it (a layer count of 10^6 or a vocabulary of 2^40 would).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import stat
+from typing import Any
+
+from mps_backend.llm.checkpoint import CheckpointError
+
+#: config key -> (smallest, largest) accepted value. Largest released values today: 126 layers
+#: (Llama 3.1 405B), hidden 16384, vocabulary 262144 (Gemma 3), context 10M (Llama 4 Scout).
+CONFIG_BOUNDS = {
+    "num_hidden_layers": (1, 1024),
+    "hidden_size": (1, 1 << 16),
+    "vocab_size": (1, 1 << 22),
+    "intermediate_size": (1, 1 << 18),
+    "num_attention_heads": (1, 1024),
+    "num_key_value_heads": (1, 1024),
+    "head_dim": (1, 4096),
+    "max_position_embeddings": (1, 1 << 24),
+}
+REQUIRED = ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads")
+MAX_HEADER_BYTES = 100 << 20  # a safetensors JSON header
+MAX_JSON_BYTES = {"config.json": 16 << 20, "tokenizer.json": 512 << 20}
+DEFAULT_MAX_JSON_BYTES = 64 << 20
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+#: a decoder layer's tensor (not a vision or audio tower's): model.layers.N., model.language_model.layers.N.
+_LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)\.")
+
+
+class FolderError(CheckpointError):
+    """A checkpoint folder that must not be loaded: the message names the file and the reason."""
+
+
+def _inside(folder: pathlib.Path, path: pathlib.Path) -> pathlib.Path:
+    """``path`` resolved, refused if it leaves the folder (or, in a Hugging Face cache snapshot, its
+    cache repository), or is not a regular file."""
+    real = path.resolve()
+    root = folder.resolve()
+    allowed = [root]
+    if root.parent.name == "snapshots":  # hub cache: models--x--y/snapshots/REV/f -> ../../blobs/HASH
+        allowed.append(root.parent.parent / "blobs")
+    if not any(real == a or a in real.parents for a in allowed):
+        raise FolderError(f"{path}: resolves to {real}, outside the checkpoint folder {root}")
+    try:
+        st = os.stat(real)
+    except OSError as e:
+        raise FolderError(f"{path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise FolderError(f"{path}: not a regular file (a FIFO, device or directory is not a checkpoint file)")
+    return real
+
+
+def _open(real: pathlib.Path):
+    """Open a checked regular file without following a symlink swapped in since, nor blocking on a FIFO."""
+    fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FolderError(f"{real}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def _json_object(folder: pathlib.Path, name: str, *, required: bool = False) -> dict | None:
+    path = folder / name
+    if not os.path.lexists(path):
+        if required:
+            raise FolderError(f"{folder}: no {name}")
+        return None
+    real = _inside(folder, path)
+    limit = MAX_JSON_BYTES.get(name, DEFAULT_MAX_JSON_BYTES)
+    with _open(real) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise FolderError(f"{path}: larger than {limit >> 20} MiB")
+    try:
+        value = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise FolderError(f"{path}: not valid JSON ({str(e).splitlines()[0][:120]})") from None
+    if not isinstance(value, dict):
+        raise FolderError(f"{path}: not a JSON object")
+    return value
+
+
+def _bounded_int(config: dict, key: str, where: str, *, required: bool) -> int | None:
+    if key not in config or config[key] is None:
+        if required:
+            raise FolderError(f"{where}: no {key!r}")
+        return None
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FolderError(f"{where}: {key} is {value!r}, not an integer")
+    low, high = CONFIG_BOUNDS[key]
+    if not low <= value <= high:
+        raise FolderError(f"{where}: {key} = {value} outside [{low}, {high}]")
+    return value
+
+
+def check_config(config: dict, where: str) -> dict[str, int]:
+    """The bounded sizes of a config (its text config for a multimodal one); raise :class:`FolderError`."""
+    text = config.get("text_config")
+    if text is not None:
+        if not isinstance(text, dict):
+            raise FolderError(f"{where}: text_config is not an object")
+        config, where = {**{k: v for k, v in config.items() if k in CONFIG_BOUNDS}, **text}, f"{where} text_config"
+    sizes = {}
+    for key in CONFIG_BOUNDS:
+        value = _bounded_int(config, key, where, required=key in REQUIRED)
+        if value is not None:
+            sizes[key] = value
+    heads, kv = sizes["num_attention_heads"], sizes.get("num_key_value_heads")
+    if kv is not None and heads % kv:
+        raise FolderError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+    if "head_dim" not in sizes and sizes["hidden_size"] % heads:
+        raise FolderError(f"{where}: hidden_size {sizes['hidden_size']} is not a multiple of num_attention_heads {heads}")
+    return sizes
+
+
+def check_safetensors(path: pathlib.Path, real: pathlib.Path, sizes: dict[str, int] | None = None) -> dict[str, list[int]]:
+    """Tensor name -> shape of a safetensors file, its header checked against the file (and, with
+    ``sizes``, against the config); raise :class:`FolderError`."""
+    with _open(real) as f:
+        file_size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        if len(head) != 8:
+            raise FolderError(f"{path}: not a safetensors file ({file_size} bytes)")
+        n = int.from_bytes(head, "little")
+        if not 2 <= n <= min(MAX_HEADER_BYTES, file_size - 8):
+            raise FolderError(f"{path}: safetensors header length {n} beyond the {file_size}-byte file (or the 100 MiB bound)")
+        raw = f.read(n)
+    if len(raw) != n:
+        raise FolderError(f"{path}: truncated safetensors header")
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise FolderError(f"{path}: safetensors header is not JSON ({str(e).splitlines()[0][:120]})") from None
+    if not isinstance(header, dict):
+        raise FolderError(f"{path}: safetensors header is not a JSON object")
+    data_size = file_size - 8 - n
+    spans = []
+    shapes = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise FolderError(f"{path}: __metadata__ is not an object of strings")
+            continue
+        at = f"{path}: tensor {name[:200]!r}"
+        if not isinstance(info, dict):
+            raise FolderError(f"{at}: its entry is not an object")
+        itemsize = DTYPE_BYTES.get(info.get("dtype"))  # type: ignore[arg-type]
+        if itemsize is None:
+            raise FolderError(f"{at}: unknown dtype {str(info.get('dtype'))[:40]!r} (known: {', '.join(DTYPE_BYTES)})")
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 1 << 40 for d in shape) or len(shape) > 8:
+            raise FolderError(f"{at}: shape {str(shape)[:80]} is not up to 8 non-negative integers")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(type(o) is int for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= data_size
+        ):
+            raise FolderError(f"{at}: data offsets {str(offsets)[:80]} outside the {data_size} bytes of data")
+        nbytes = itemsize
+        for d in shape:
+            nbytes *= d
+        if nbytes != offsets[1] - offsets[0]:
+            raise FolderError(
+                f"{at}: data offsets {offsets} hold {offsets[1] - offsets[0]} bytes, its shape {shape} needs {nbytes}"
+            )
+        spans.append((offsets[0], offsets[1], name))
+        shapes[name] = shape
+    spans.sort()
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            raise FolderError(f"{path}: tensors {a[:200]!r} and {b[:200]!r} overlap in the file")
+    if sizes:
+        _check_shapes(path, shapes, sizes)
+    return shapes
+
+
+def _check_shapes(path: pathlib.Path, shapes: dict[str, list[int]], sizes: dict[str, int]) -> None:
+    vocab, hidden, layers = sizes["vocab_size"], sizes["hidden_size"], sizes["num_hidden_layers"]
+    for name, shape in shapes.items():
+        m = _LAYER.search(name)
+        if m and int(m.group(1)) >= layers:
+            raise FolderError(f"{path}: tensor {name!r} is of layer {m.group(1)}, the config has {layers} layers")
+        if name.endswith(("embed_tokens.weight", "lm_head.weight", "wte.weight")) and shape != [vocab, hidden]:
+            # a vocabulary padded beyond the config's (some checkpoints) is not something we load either
+            raise FolderError(f"{path}: tensor {name!r} has shape {shape}, the config says [{vocab}, {hidden}]")
+
+
+def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
+    """Check the checkpoint folder (module docstring); return the config's bounded sizes."""
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        raise FolderError(f"{folder}: not a checkpoint folder")
+    config = _json_object(folder, "config.json", required=True)
+    assert config is not None
+    sizes = check_config(config, f"{folder / 'config.json'}")
+    files = {p.name: p for p in folder.glob("*.safetensors")}
+    index = _json_object(folder, "model.safetensors.index.json")
+    if index is not None:
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise FolderError(f"{folder / 'model.safetensors.index.json'}: no weight_map object")
+        for shard in set(weight_map.values()):
+            if not isinstance(shard, str) or not shard or os.path.basename(shard) != shard or shard in (".", ".."):
+                raise FolderError(
+                    f"{folder / 'model.safetensors.index.json'}: shard {str(shard)[:200]!r} is not a file name in the folder"
+                )
+            if shard not in files:
+                raise FolderError(f"{folder}: shard {shard!r} named by model.safetensors.index.json is missing")
+    for name in sorted(files):
+        check_safetensors(files[name], _inside(folder, files[name]), sizes)
+    tok = _json_object(folder, "tokenizer.json")
+    if tok is not None and not isinstance(tok.get("model"), dict):
+        raise FolderError(f"{folder / 'tokenizer.json'}: not a tokenizer (no 'model' object)")
+    for name in ("tokenizer_config.json", "generation_config.json", "special_tokens_map.json"):
+        _json_object(folder, name)
+    for name in ("tokenizer.model",):
+        if os.path.lexists(folder / name):
+            _inside(folder, folder / name)
+    return sizes
+
+
+def check_tokenizer_json(path: str | pathlib.Path) -> Any:
+    """``tokenizer.json`` parsed as a bounded JSON object with its ``model``; raise :class:`FolderError`."""
+    path = pathlib.Path(path)
+    tok = _json_object(path.parent, path.name)
+    if tok is None or not isinstance(tok.get("model"), dict):
+        raise FolderError(f"{path}: not a tokenizer (no 'model' object)")
+    return tok
