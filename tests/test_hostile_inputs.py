@@ -298,3 +298,34 @@ def test_checkpoint_fuzz_through_the_folder_check(tmp_path):
         except FolderError:
             refused += 1
     assert refused > 200
+
+
+# ---------------------------------------------------------------- llama: pickles
+
+
+class _Payload:
+    """Unpickling this would run ``open(marker, 'w')`` (a pickle's ``__reduce__`` names any callable)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_llama_pickle_that_would_run_code_is_refused(tmp_path, capsys):
+    import json
+
+    marker = tmp_path / "ran"
+    ckpt = tmp_path / "consolidated.00.pth"
+    torch.save({"tok_embeddings.weight": torch.zeros(4, 2), "evil": _Payload(marker)}, ckpt)
+    (tmp_path / "params.json").write_text(json.dumps({"dim": 2, "n_layers": 1, "n_heads": 1, "vocab_size": 4}))
+    assert not marker.exists()
+    assert main(["export", "--model", f"llama:{ckpt}", "-o", str(tmp_path / "x.pte")]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "refused by torch.load(weights_only=True)" in err, err
+    assert len([line for line in err.splitlines() if line.startswith("error")]) == 1 and "\x1b" not in err
+    assert not marker.exists() and not (tmp_path / "x.pte").exists()
+    ckpt.write_bytes(b"\x80\x02garbage")  # a damaged pickle: one line too
+    assert main(["export", "--model", f"llama:{ckpt}", "-o", str(tmp_path / "x.pte")]) == 2
+    assert _one_line_error(capsys.readouterr().err)

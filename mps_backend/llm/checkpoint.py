@@ -361,7 +361,7 @@ def load_llama(
         max_context_len=max_seq_len,
         generate_full_logits=False,
     )
-    state = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
+    state = _load_pickle(checkpoint)
     if "model" in state and isinstance(state["model"], dict):
         state = state["model"]
     weight_bytes = sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
@@ -414,6 +414,29 @@ def load_llama(
         tokenizer_path=tok,
         notes=notes,
     )
+
+
+def _load_pickle(checkpoint: pathlib.Path) -> dict:
+    """The state dict of a ``.pth`` through ``torch.load(weights_only=True)``: its unpickler builds only
+    tensors and plain containers and executes nothing (a ``__reduce__`` naming a function is refused);
+    a refusal or a damaged file becomes one :class:`CheckpointError` line."""
+    import pickle  # noqa: PLC0415
+
+    try:
+        state = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError, AttributeError) as e:
+        import re  # noqa: PLC0415
+
+        text = str(e)
+        found = re.search(r"WeightsUnpickler error: ([^\n]*)", text)
+        lines = [line for line in text.splitlines() if line.strip()]
+        detail = (found.group(1) if found else lines[0] if lines else type(e).__name__)[:160]
+        if isinstance(e, pickle.UnpicklingError):
+            detail = f"the pickle would run code or build objects other than tensors: {detail}"
+        raise CheckpointError(f"{checkpoint}: refused by torch.load(weights_only=True): {detail}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{checkpoint}: not a state dict (a {type(state).__name__})")
+    return state
 
 
 def _derived_llama_buffer(name: str) -> bool:
