@@ -329,3 +329,41 @@ def test_llama_pickle_that_would_run_code_is_refused(tmp_path, capsys):
     ckpt.write_bytes(b"\x80\x02garbage")  # a damaged pickle: one line too
     assert main(["export", "--model", f"llama:{ckpt}", "-o", str(tmp_path / "x.pte")]) == 2
     assert _one_line_error(capsys.readouterr().err)
+
+
+# ---------------------------------------------------------------- program check: memory plan
+
+
+def test_program_check_memory_plan(bundled, monkeypatch):
+    """A planned tensor that lost its allocation_info is refused (it SIGSEGVed run); the plan budget is
+    exclusive (a plan of exactly MPS_BACKEND_MAX_PLAN_BYTES is refused)."""
+    import struct
+
+    from mps_backend.runtime import program_check
+    from mps_backend.serialization.program import open_program
+
+    pte, _ = bundled
+    program_check.check_program(pte)
+    tables = open_program(pte, ProgramFormatError)
+    fb = tables.fb
+    fb.layouts = program_check._LAYOUTS
+    plan = fb.table(tables.program["execution_plan"][0], "ExecutionPlan", "plan")
+    planned = []  # the fully delegated test program plans only its output: check it as an intermediate
+    for pos in plan["values"]:
+        tag, body = fb.table(pos, "EValue", "v")["val"]
+        if tag == program_check.TENSOR_TAG and fb.table(body, "Tensor", "t")["allocation_info"]:
+            planned.append(body)
+    assert planned, "the test program has no planned tensor"
+    data = bytearray(pte)
+    vt = planned[0] - struct.unpack_from("<i", data, planned[0])[0]
+    struct.pack_into("<H", data, vt + 4 + 2 * 6, 0)  # allocation_info's vtable slot: the field is absent
+    tables = open_program(bytes(data), ProgramFormatError)
+    mutated = tables.fb.table(tables.program["execution_plan"][0], "ExecutionPlan", "plan")
+    with pytest.raises(ProgramFormatError, match="no allocation_info"):
+        program_check._check_planned_tensors(tables.fb, {**mutated, "outputs": [], "inputs": []}, "m")
+    total = sum(plan["non_const_buffer_sizes"])
+    monkeypatch.setenv("MPS_BACKEND_MAX_PLAN_BYTES", str(total))
+    with pytest.raises(ProgramFormatError, match="beyond the"):
+        program_check.check_program(pte)
+    monkeypatch.setenv("MPS_BACKEND_MAX_PLAN_BYTES", str(total + 1))
+    program_check.check_program(pte)

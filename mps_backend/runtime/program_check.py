@@ -17,8 +17,11 @@ with :class:`ProgramFormatError` naming what and where:
 - a kernel call whose operator or argument values are out of range, that passes fewer arguments than the
   operator's schema has, or whose argument holds another kind of value than the schema's type (executorch's
   kernel wrappers unbox them unchecked: ``EValue::toInt`` of a Tensor aborts the process);
-- a memory plan (``non_const_buffer_sizes``) beyond the budget: ``MPS_BACKEND_MAX_PLAN_BYTES``, default
-  4 GiB per method (the planned activations and mutable buffers the runtime allocates up front).
+- a tensor value that is neither constant, planned (``allocation_info``), external nor a method input or
+  output (executorch leaves it a null pointer: the first kernel touching it crashes);
+- a memory plan (``non_const_buffer_sizes``) at or beyond the budget: ``MPS_BACKEND_MAX_PLAN_BYTES``,
+  default 4 GiB per method, exclusive (the planned activations and mutable buffers the runtime allocates
+  up front).
 
 Only the program's tables are decoded (no weights, no delegate payloads): cheap also on multi-GB files.
 The partial schema is ``serialization/program.py``.
@@ -29,10 +32,34 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mps_backend.serialization.flatbuf import FlatBuffer
+from mps_backend.serialization import program as _program
+from mps_backend.serialization.flatbuf import FlatBuffer, compile_schema
 from mps_backend.serialization.program import open_program
 
 DEFAULT_MAX_PLAN_BYTES = 4 << 30
+TENSOR_TAG = 5  # KernelTypes.Tensor
+
+
+def _tensor_layouts() -> Any:
+    """The program schema with the ``Tensor`` table (the memory-plan fields read here) added."""
+    f = _program._f
+    schema = {**_program._SCHEMA, "tables": dict(_program._SCHEMA["tables"])}
+    schema["tables"]["Tensor"] = [
+        f("scalar_type", "byte"),
+        f("storage_offset", "int"),
+        f("sizes", "[int]"),
+        f("dim_order", "[ubyte]"),
+        f("requires_grad", "bool"),
+        f("data_buffer_idx", "uint"),
+        f("allocation_info", "Opaque"),
+        f("layout", "byte"),
+        f("shape_dynamism", "byte"),
+        f("extra_tensor_info", "Opaque"),
+    ]
+    return compile_schema(schema)
+
+
+_LAYOUTS = _tensor_layouts()
 
 
 class ProgramFormatError(ValueError):
@@ -140,6 +167,30 @@ def _check_kernel_calls(fb: FlatBuffer, plan: dict, operators: list[tuple[str, s
                     )
 
 
+def _check_planned_tensors(fb: FlatBuffer, plan: dict, where: str) -> None:
+    """Every tensor the method computes has its memory: a constant (``data_buffer_idx``), planned
+    (``allocation_info``) or external (``extra_tensor_info``). Only the method's inputs and outputs may
+    have none (the caller provides them); executorch leaves any other one a null pointer and the first
+    kernel to touch it crashes."""
+    fb.layouts = _LAYOUTS
+    boundary = set(plan["inputs"]) | set(plan["outputs"])
+    for v, pos in enumerate(plan["values"]):
+        if v in boundary:
+            continue
+        tag, body = fb.table(pos, "EValue", f"{where} values[{v}]")["val"]
+        if tag != TENSOR_TAG or body is None:
+            continue
+        t = fb.table(body, "Tensor", f"{where} values[{v}]")
+        numel = 1
+        for d in t["sizes"] or ():
+            numel *= d
+        if t["data_buffer_idx"] == 0 and t["allocation_info"] is None and t["extra_tensor_info"] is None and numel:
+            raise fb.fail(
+                f"{where}: tensor value {v} (sizes {list(t['sizes'] or ())}) is neither a constant nor planned "
+                "(no allocation_info) nor an input or output of the method"
+            )
+
+
 def check_program(data: bytes | bytearray | memoryview) -> None:
     """Raise :class:`ProgramFormatError` if ``data`` is not a program the runtime can be given safely."""
     tables = open_program(data, ProgramFormatError)
@@ -173,6 +224,7 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
             overload = _name(fb, op["overload"], f"{where} operators[{i}].overload") if op["overload"] is not None else ""
             operators.append((name, overload))
         _check_kernel_calls(fb, plan, operators, where)
+        _check_planned_tensors(fb, plan, where)
         for d, d_pos in enumerate(plan["delegates"] or ()):
             delegate = fb.table(d_pos, "BackendDelegate", f"{where} delegates[{d}]")
             backend = _name(fb, delegate["id"], f"{where} delegates[{d}].id")
@@ -196,7 +248,7 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
         if any(s < 0 for s in sizes):
             raise fb.fail(f"{where}: negative memory-plan buffer size in {list(sizes)}")
         total = sum(sizes)
-        if total > budget:
+        if total >= budget:  # the bound is exclusive: a plan of exactly the budget is refused too
             raise ProgramFormatError(
                 f"{where}: its memory plan asks for {total / 2**30:.3g} GiB ({list(sizes)} bytes), beyond the "
                 f"{budget / 2**30:.3g} GiB budget (MPS_BACKEND_MAX_PLAN_BYTES)"
