@@ -67,6 +67,7 @@ graph holds none of them, which gives the same graph faster) and lowered per pre
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import zlib
 from dataclasses import dataclass, field
@@ -258,7 +259,8 @@ def lower(r: Row, precision: str) -> Lowered:
     whole-program test share it: tests/ops/conftest.py runs a row's tests one after the other)."""
     _, _, em = prepared(r)
     part = MPSPartitioner(use_fp16=precision == "fp16")
-    edge = em.to_backend({"forward": part})
+    # on a copy: lowering removes the lifted constants it consumed from the program it was given
+    edge = copy.deepcopy(em).to_backend({"forward": part})
     ep = edge.exported_program()
     gm = ep.graph_module
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == executorch_call_delegate]
