@@ -4,6 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# pytest-xdist workers for make test: 2 (the cores of the CI machine; each worker peaks at a few GiB, well
+# inside 24 GiB); tests sharing a cached preparation form one group (tests/conftest.py)
+TEST_WORKERS ?= 2
 
 .PHONY: demo test bench zoo compat fuzz lint status clean
 
@@ -32,7 +35,7 @@ $(COMPAT_STAMP): $(STAMP) Makefile
 	@touch $(COMPAT_STAMP)
 
 test: $(STAMP) $(COMPAT_STAMP)  ## the whole test suite (with the executorch 1.3.1 and 1.4.0 runtimes for the compatibility matrix)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: $(STAMP)  ## every benchmark in benchmarks/ (ratios to yardsticks measured in the same run); exit 1 on a missed target
 	$(BIN)/python benchmarks/run.py

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures (keep this file tiny)."""
+"""Shared pytest fixtures and the scheduling of tests over pytest-xdist workers."""
 
 from __future__ import annotations
 
@@ -16,3 +16,50 @@ def upstream_pte_dir() -> pathlib.Path:
     path = FIXTURES / "upstream-pte"
     assert path.is_dir(), f"wire-compatibility fixtures missing at {path}"
     return path
+
+
+#: test files whose tests share a module-level cache (functools.cache) rather than a fixture
+_SHARED_CACHES = frozenset({"test_zoo.py"})
+
+
+def _shares_fixtures(item) -> bool:
+    """The test uses a class/module/package/session fixture of a test file (not pytest's own, not this
+    file's: those are cheap) or the test file keeps a cache of its own (``_SHARED_CACHES``)."""
+    if item.path.name in _SHARED_CACHES:
+        return True
+    info = getattr(item, "_fixtureinfo", None)
+    here = pathlib.Path(__file__)
+    return any(
+        d.scope != "function" and here.parent in (path := pathlib.Path(d.func.__code__.co_filename)).parents and path != here
+        for defs in (info.name2fixturedefs.values() if info else ())
+        for d in defs
+        if getattr(d.func, "__code__", None) is not None
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (``make test``: ``-n 2 --dist loadgroup``)
+def pytest_collection_modifyitems(config, items):
+    """Scheduling: tests that share a cached preparation run one after the other on one worker.
+
+    - op-table rows (a ``row`` parameter under tests/ops): a row's tests (op table per precision,
+      whole-program path) are ordered together and form one xdist group, so they share the row's
+      export and lowerings (``tests/ops/harness.py``: ``prepared``, ``lower``);
+    - a test using a fixture wider than a function defined in its own file or folder (a module- or
+      session-scoped export shared by the file's tests): one group per file, so it is built once, on
+      one worker;
+    - every other test: no group (spread one by one over the workers).
+    """
+    first: dict = {}
+    keyed = []
+    for pos, item in enumerate(items):
+        row = getattr(getattr(item, "callspec", None), "params", {}).get("row")
+        rid = getattr(row, "id", None)
+        if rid is not None and item.path.parent.name == "ops":
+            first.setdefault(rid, pos)
+            group, key = f"op-row-{rid}", first[rid]
+        else:
+            group, key = (str(item.path) if _shares_fixtures(item) else None), pos
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        keyed.append((key, pos, item))
+    items[:] = [item for _, _, item in sorted(keyed, key=lambda k: k[:2])]

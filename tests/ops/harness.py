@@ -9,18 +9,23 @@ enough). A row is one case of one op::
     from .harness import row, randn, randint, values
 
     ROWS = [
-        row("unary-exp", torch.exp, randn(3, 4), kinds="MPSExp"),
-        row("clamp-int", lambda x: x.clamp(-2, 3), randint(-5, 5, (3, 4)), kinds="MPSClamp"),
+        row("aten.exp.default", "unary-exp", torch.exp, randn(3, 4), kinds="MPSExp"),
+        row("aten.clamp.default", "clamp-int", lambda x: x.clamp(-2, 3), randint(-5, 5, (3, 4)), kinds="MPSClamp"),
         # fp16: three f16 roundings in the decomposition (one per op) -> 3e-3
-        row("binary-atan2", torch.atan2, randn(8), randn(8), kinds={"MPSAtan"}, tol={"fp16": 3e-3}),
-        row("reduce-cumsum", lambda x: x.cumsum(0), randn(4), cpu_reason="no MPS lowering"),
-        row("binary-pow-neg", ..., xfail="device: MPSGraph power of negative bases is unverified"),
+        row("aten.atan2.default", "binary-atan2", torch.atan2, randn(8), randn(8), kinds={"MPSAtan"}, tol={"fp16": 3e-3}),
+        row("aten.cumsum.default", "reduce-cumsum", lambda x: x.cumsum(0), randn(4), cpu_reason="no MPS lowering"),
+        row("aten.pow.Tensor_Tensor", "binary-pow-neg", ..., xfail="device: MPSGraph power of negative bases is unverified"),
     ]
 
-``row(id, fn, *inputs, kinds=(), precisions=("fp32", "fp16"), tol=None, cpu_reason=None, xfail=None,
+``row(target, id, fn, *inputs, kinds=(), precisions=("fp32", "fp16"), tol=None, cpu_reason=None, xfail=None,
 module=None, non_core=())``
 
-- ``id``: unique test id; prefix it with the family (``unary-``, ``binary-``, ``index-`` ...).
+- ``target``: the registered ``OpOverload`` the row tests, by name (``"aten.gather.default"``): it
+  must be a node of the row's edge graph (checked), and the test ids start with it
+  (``aten.gather.default-index-gather-dim0-fp16``), so ``pytest -k gather`` runs every test of the op
+  (op table, whole-program path). Every target of the registry needs a row (``test_op_table.py``).
+- ``id``: the case, unique among the rows of its target (the test id is ``<target>-<id>``); prefix it
+  with the family (``unary-``, ``binary-``, ``index-`` ...). It seeds the inputs.
 - ``fn``: the op. A callable taking the inputs (wrapped in a tiny ``nn.Module``), an ``nn.Module``
   subclass (instantiated without arguments) or a zero-argument factory returning a module
   (``module=`` keyword instead of ``fn``: ``row("x", None, randn(2), module=lambda: Net(3))``).
@@ -62,6 +67,7 @@ graph holds none of them, which gives the same graph faster) and lowered per pre
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import zlib
 from dataclasses import dataclass, field
@@ -76,7 +82,7 @@ from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.program._program import _gen_edge_manager_for_partitioners
 
 from mps_backend import MPSPartitioner
-from mps_backend.operators.registry import default_registry
+from mps_backend.operators.registry import default_registry, op_key
 from mps_backend.runtime.interpreter import DECLARED_DTYPE, execute
 from mps_backend.serialization import DataType, read_blob
 from mps_backend.serialization.device_facts import NOT_DISPATCHED
@@ -100,7 +106,8 @@ class Op(torch.nn.Module):
 
 @dataclass(eq=False, frozen=True)
 class Row:
-    id: str
+    target: Any  # the OpOverload the row tests (a registry key; it must appear in the edge graph)
+    name: str  # the case, unique among the rows of its target (it seeds the inputs)
     module: Callable[[], torch.nn.Module]
     inputs: tuple
     kinds: frozenset = frozenset()
@@ -110,15 +117,33 @@ class Row:
     xfail: str | None = None
     non_core: tuple = ()
 
+    @property
+    def id(self) -> str:
+        """The test id: the target, then the case (``aten.gather.default-index-gather-dim0``), so
+        ``pytest -k gather`` selects every test of an op."""
+        return f"{target_name(self.target)}-{self.name}"
+
     def make_inputs(self) -> tuple:
-        torch.manual_seed(zlib.crc32(self.id.encode()))
+        torch.manual_seed(zlib.crc32(self.name.encode()))
         return tuple(x() if callable(x) else x.clone() for x in self.inputs)
 
     def tolerance(self, precision: str) -> float:
         return self.tol.get(precision, DEFAULT_TOL[precision])
 
 
+def target_name(target: Any) -> str:
+    """``aten.gather.default`` for ``torch.ops.aten.gather.default``."""
+    return str(target)
+
+
+def resolve_target(name: str) -> Any:
+    """The OpOverload named ``namespace.op.overload`` (``aten.gather.default``)."""
+    namespace, op, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload)
+
+
 def row(
+    target: str,
     id: str,
     fn: Callable | type | None,
     *inputs: Any,
@@ -139,7 +164,18 @@ def row(
     unknown = set(precisions) - set(PRECISIONS)
     if unknown or not precisions:
         raise ValueError(f"row {id}: precisions must be a non-empty subset of {PRECISIONS}")
-    return Row(id, module, tuple(inputs), kinds, tuple(precisions), dict(tol or {}), cpu_reason, xfail, tuple(non_core))
+    return Row(
+        resolve_target(target),
+        id,
+        module,
+        tuple(inputs),
+        kinds,
+        tuple(precisions),
+        dict(tol or {}),
+        cpu_reason,
+        xfail,
+        tuple(non_core),
+    )
 
 
 # ---- input factories ---------------------------------------------------------------------------
@@ -217,10 +253,14 @@ def prepared(r: Row):
     return module, inputs, em
 
 
+@functools.lru_cache(maxsize=4)
 def lower(r: Row, precision: str) -> Lowered:
+    """The row's partitioner lowering in one precision, once per process (the op table and the
+    whole-program test share it: tests/ops/conftest.py runs a row's tests one after the other)."""
     _, _, em = prepared(r)
     part = MPSPartitioner(use_fp16=precision == "fp16")
-    edge = em.to_backend({"forward": part})
+    # on a copy: lowering removes the lifted constants it consumed from the program it was given
+    edge = copy.deepcopy(em).to_backend({"forward": part})
     ep = edge.exported_program()
     gm = ep.graph_module
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target == executorch_call_delegate]
@@ -240,7 +280,15 @@ def lower(r: Row, precision: str) -> Lowered:
 # ---- checks ------------------------------------------------------------------------------------
 
 
+def check_target(r: Row) -> None:
+    """The row's target is a node of its edge graph (before partitioning)."""
+    _, _, em = prepared(r)
+    found = {op_key(n.target) for n in em.exported_program().graph.nodes if n.op == "call_function"}
+    assert r.target in found, f"target {target_name(r.target)} is not in the edge graph: {sorted(map(str, found))}"
+
+
 def check_cpu(r: Row) -> None:
+    check_target(r)
     low = lower(r, r.precisions[0])
     report = low.partitioner.report()
     reasons = [c.reason for c in report.on_cpu]
@@ -348,6 +396,7 @@ def _read_in_float32_only(graph, delegate_inputs) -> set[int]:
 
 def check_row(r: Row, precision: str) -> None:
     module, inputs, _ = prepared(r)
+    check_target(r)
     low = lower(r, precision)
     report = low.partitioner.report()
     assert report.on_cpu == [], f"not fully delegated:\n{report}"

@@ -64,8 +64,11 @@ class ConvBN(nn.Module):
 CONV_TOL = {"fp16": 2e-3}
 
 ROWS = [
-    row("conv2d-basic", None, randn(1, 3, 8, 8), module=conv(3, 4, 3), kinds="MPSConv2D", tol=CONV_TOL),
     row(
+        "aten.convolution.default", "conv2d-basic", None, randn(1, 3, 8, 8), module=conv(3, 4, 3), kinds="MPSConv2D", tol=CONV_TOL
+    ),
+    row(
+        "aten.convolution.default",
         "conv2d-stride-pad-dilation",
         None,
         randn(2, 4, 11, 9),
@@ -73,9 +76,26 @@ ROWS = [
         kinds="MPSConv2D",
         tol=CONV_TOL,
     ),
-    row("conv2d-no-bias", None, randn(1, 3, 6, 6), module=conv(3, 5, 1, bias=False), kinds="MPSConv2D", tol=CONV_TOL),
-    row("conv2d-groups", None, randn(1, 4, 7, 7), module=conv(4, 8, 3, groups=2, padding=1), kinds="MPSConv2D", tol=CONV_TOL),
     row(
+        "aten.convolution.default",
+        "conv2d-no-bias",
+        None,
+        randn(1, 3, 6, 6),
+        module=conv(3, 5, 1, bias=False),
+        kinds="MPSConv2D",
+        tol=CONV_TOL,
+    ),
+    row(
+        "aten.convolution.default",
+        "conv2d-groups",
+        None,
+        randn(1, 4, 7, 7),
+        module=conv(4, 8, 3, groups=2, padding=1),
+        kinds="MPSConv2D",
+        tol=CONV_TOL,
+    ),
+    row(
+        "aten.convolution.default",
         "conv2d-depthwise",
         None,
         randn(1, 6, 9, 9),
@@ -83,10 +103,27 @@ ROWS = [
         kinds="MPSDepthwiseConv2D",
         tol=CONV_TOL,
     ),
-    row("conv1d-basic", None, randn(2, 3, 16), module=conv1d(3, 4, 5, padding=2, stride=2), kinds="MPSConv2D", tol=CONV_TOL),
-    row("conv1d-depthwise-groups", None, randn(1, 4, 12), module=conv1d(4, 4, 3, groups=4), kinds="MPSConv2D", tol=CONV_TOL),
+    row(
+        "aten.convolution.default",
+        "conv1d-basic",
+        None,
+        randn(2, 3, 16),
+        module=conv1d(3, 4, 5, padding=2, stride=2),
+        kinds="MPSConv2D",
+        tol=CONV_TOL,
+    ),
+    row(
+        "aten.convolution.default",
+        "conv1d-depthwise-groups",
+        None,
+        randn(1, 4, 12),
+        module=conv1d(4, 4, 3, groups=4),
+        kinds="MPSConv2D",
+        tol=CONV_TOL,
+    ),
     # kernel == stride (upsampling): 1x1 conv to C_out*r*r channels + pixel shuffle
     row(
+        "aten.convolution.default",
         "conv-transposed-k2s2",
         None,
         randn(2, 3, 5, 6),
@@ -95,6 +132,7 @@ ROWS = [
         tol={"fp16": 2e-3},
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed-k3s3-no-bias",
         None,
         randn(1, 5, 4, 3),
@@ -104,6 +142,7 @@ ROWS = [
     ),
     # a computed weight and bias: permuted / broadcast on the device
     row(
+        "aten.convolution.default",
         "conv-transposed-weight-input",
         lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2),
         randn(1, 3, 4, 4),
@@ -114,6 +153,7 @@ ROWS = [
     ),
     # batch norm folded into the weights and bias: W * s, (b - mean) * s + beta
     row(
+        "aten.convolution.default",
         "conv-bn-folded",
         None,
         randn(2, 3, 7, 7),
@@ -122,6 +162,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten._native_batch_norm_legit_no_training.default",
         "conv-bn-folded-no-bias-depthwise",
         None,
         randn(1, 6, 9, 9),
@@ -130,6 +171,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten._native_batch_norm_legit_no_training.default",
         "conv1d-bn-folded-no-affine",
         None,
         randn(2, 4, 16),
@@ -138,6 +180,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-bn-conv-result-also-read",
         None,
         randn(1, 3, 6, 6),
@@ -147,6 +190,7 @@ ROWS = [
     ),
     # hardsigmoid(conv): x / 6 + 0.5 folded into the weights and bias, then one MPSHardTanh
     row(
+        "aten.hardsigmoid.default",
         "conv-hardsigmoid-folded",
         None,
         randn(1, 6, 5, 5, scale=4.0),
@@ -155,6 +199,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.hardsigmoid.default",
         "conv-hardsigmoid-result-also-read",
         None,
         randn(1, 3, 5, 5, scale=4.0),
@@ -164,9 +209,16 @@ ROWS = [
     ),
     # ---- argument forms: a one-entry int list means that value for every spatial dim (schema rule)
     row(
-        "conv2d-padding-valid", None, randn(1, 3, 8, 8), module=conv(3, 4, 3, padding="valid"), kinds="MPSConv2D", tol=CONV_TOL
+        "aten.convolution.default",
+        "conv2d-padding-valid",
+        None,
+        randn(1, 3, 8, 8),
+        module=conv(3, 4, 3, padding="valid"),
+        kinds="MPSConv2D",
+        tol=CONV_TOL,
     ),  # exports padding=[0]
     row(
+        "aten.convolution.default",
         "conv2d-padding-same",
         None,
         randn(1, 3, 7, 9),
@@ -176,6 +228,7 @@ ROWS = [
     ),
     # even kernel: "same" is an asymmetric constant_pad_nd, then the convolution
     row(
+        "aten.convolution.default",
         "conv2d-padding-same-even-kernel",
         None,
         randn(1, 3, 8, 8),
@@ -183,9 +236,26 @@ ROWS = [
         kinds={"MPSConstantPadND", "MPSConv2D"},
         tol=CONV_TOL,
     ),
-    row("conv1d-padding-valid", None, randn(2, 3, 10), module=conv1d(3, 4, 3, padding="valid"), kinds="MPSConv2D", tol=CONV_TOL),
-    row("conv1d-padding-same", None, randn(2, 3, 10), module=conv1d(3, 4, 4, padding="same"), kinds="MPSConv2D", tol=CONV_TOL),
     row(
+        "aten.convolution.default",
+        "conv1d-padding-valid",
+        None,
+        randn(2, 3, 10),
+        module=conv1d(3, 4, 3, padding="valid"),
+        kinds="MPSConv2D",
+        tol=CONV_TOL,
+    ),
+    row(
+        "aten.convolution.default",
+        "conv1d-padding-same",
+        None,
+        randn(2, 3, 10),
+        module=conv1d(3, 4, 4, padding="same"),
+        kinds="MPSConv2D",
+        tol=CONV_TOL,
+    ),
+    row(
+        "aten.convolution.default",
         "conv2d-int-stride-padding",
         None,
         randn(1, 3, 9, 9),
@@ -194,6 +264,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv2d-aten-one-entry-lists",
         lambda x, w, b: aten_conv(x, w, b, [2], [1], [2], False, [0], 1),
         randn(1, 3, 9, 8),
@@ -204,6 +275,7 @@ ROWS = [
     ),
     # output_padding is ignored by a forward convolution, whatever its value
     row(
+        "aten.convolution.default",
         "conv2d-aten-one-entry-lists-output-padding",
         lambda x, w: aten_conv(x, w, None, [1], [0], [1], False, [1], 1),
         randn(1, 3, 6, 6),
@@ -212,6 +284,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv1d-aten-one-entry-lists",
         lambda x, w: aten_conv(x, w, None, [3], [2], [1], False, [0], 1),
         randn(2, 3, 11),
@@ -220,6 +293,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv3d-aten-one-entry-lists",
         lambda x, w, b: aten_conv(x, w, b, [2], [1], [1], False, [0], 1),
         randn(1, 2, 5, 6, 5),
@@ -229,6 +303,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed2d-aten-one-entry-lists",
         lambda x, w, b: aten_conv(x, w, b, [2], [1], [1], True, [1], 1),
         randn(1, 3, 4, 5),
@@ -238,6 +313,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed1d-aten-one-entry-lists",
         lambda x, w: aten_conv(x, w, None, [3], [0], [2], True, [1], 1),
         randn(2, 3, 5),
@@ -247,8 +323,17 @@ ROWS = [
     ),
     # ---- transposed convolution: zero insertion (a constant pad), then a forward convolution with the
     # kernel flipped and its channel axes swapped (a constant re-laid out once)
-    row("conv-transposed", None, randn(1, 3, 5, 5), module=convt(3, 2, 3), kinds="MPSConv2D", tol=CONV_TOL),
     row(
+        "aten.convolution.default",
+        "conv-transposed",
+        None,
+        randn(1, 3, 5, 5),
+        module=convt(3, 2, 3),
+        kinds="MPSConv2D",
+        tol=CONV_TOL,
+    ),
+    row(
+        "aten.convolution.default",
         "conv-transposed-padded",
         None,
         randn(1, 3, 5, 5),
@@ -258,6 +343,7 @@ ROWS = [
     ),
     # DCGAN / VAE decoders' upsampling: k4 s2 p1
     row(
+        "aten.convolution.default",
         "conv-transposed-k4s2p1",
         None,
         randn(2, 4, 6, 5),
@@ -266,6 +352,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed-output-padding",
         None,
         randn(1, 3, 5, 4),
@@ -274,6 +361,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed-asymmetric-all",
         None,
         randn(2, 4, 5, 6),
@@ -283,6 +371,7 @@ ROWS = [
     ),
     # padding > dilation * (k - 1): the input is cropped (MPSSlice), the device's pads are non-negative
     row(
+        "aten.convolution.default",
         "conv-transposed-crop",
         None,
         randn(1, 2, 7, 7),
@@ -291,6 +380,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed-stride-crop",
         None,
         randn(1, 2, 5, 6),
@@ -299,6 +389,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed-depthwise",
         None,
         randn(1, 4, 6, 6),
@@ -307,6 +398,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed-dilation-groups",
         None,
         randn(1, 6, 5, 5),
@@ -316,6 +408,7 @@ ROWS = [
     ),
     # k == s on one axis only, and a 1x1 kernel: the general path (pixel shuffle needs a square r x r)
     row(
+        "aten.convolution.default",
         "conv-transposed-k2s2-rect",
         None,
         randn(1, 3, 4, 5),
@@ -323,9 +416,18 @@ ROWS = [
         kinds={"MPSConstantPadND", "MPSConv2D"},
         tol=CONV_TOL,
     ),
-    row("conv-transposed-1x1", None, randn(1, 3, 4, 5), module=convt(3, 5, 1), kinds="MPSConv2D", tol=CONV_TOL),
+    row(
+        "aten.convolution.default",
+        "conv-transposed-1x1",
+        None,
+        randn(1, 3, 4, 5),
+        module=convt(3, 5, 1),
+        kinds="MPSConv2D",
+        tol=CONV_TOL,
+    ),
     # a computed weight: channel axes swapped (MPSPermute) and kernel flipped (MPSIndexSelect) on the device
     row(
+        "aten.convolution.default",
         "conv-transposed-general-weight-input",
         lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1, groups=2),
         randn(1, 4, 4, 5),
@@ -334,8 +436,17 @@ ROWS = [
         kinds={"MPSPermute", "MPSIndexSelect", "MPSConv2D"},
         tol=CONV_TOL,
     ),
-    row("conv-transposed1d", None, randn(2, 3, 7), module=convt1d(3, 5, 3), kinds="MPSConv2D", tol=CONV_TOL),
     row(
+        "aten.convolution.default",
+        "conv-transposed1d",
+        None,
+        randn(2, 3, 7),
+        module=convt1d(3, 5, 3),
+        kinds="MPSConv2D",
+        tol=CONV_TOL,
+    ),
+    row(
+        "aten.convolution.default",
         "conv-transposed1d-stride-padding-output-padding",
         None,
         randn(2, 3, 7),
@@ -344,6 +455,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed1d-dilation-groups-crop",
         None,
         randn(1, 6, 9),
@@ -353,6 +465,7 @@ ROWS = [
     ),
     # depthwise 1-d stays MPSConv2D (MPSDepthwiseConv2D aborts on rank-3 weights, semantics §6 #23)
     row(
+        "aten.convolution.default",
         "conv-transposed1d-depthwise",
         None,
         randn(1, 5, 8),
@@ -361,6 +474,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed1d-weight-input",
         lambda x, w: F.conv_transpose1d(x, w, stride=2),
         randn(1, 3, 6),
@@ -369,8 +483,17 @@ ROWS = [
         tol=CONV_TOL,
     ),
     # ---- 3-d: one 2-d convolution over the depth taps stacked into channels (gather, permutes)
-    row("conv3d", None, randn(1, 2, 4, 4, 4), module=conv3d(2, 2, 3), kinds={"MPSIndexSelect", "MPSConv2D"}, tol=CONV_TOL),
     row(
+        "aten.convolution.default",
+        "conv3d",
+        None,
+        randn(1, 2, 4, 4, 4),
+        module=conv3d(2, 2, 3),
+        kinds={"MPSIndexSelect", "MPSConv2D"},
+        tol=CONV_TOL,
+    ),
+    row(
+        "aten.convolution.default",
         "conv3d-stride-padding-dilation",
         None,
         randn(2, 3, 7, 6, 8),
@@ -379,6 +502,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv3d-groups-no-bias",
         None,
         randn(1, 4, 5, 5, 5),
@@ -388,6 +512,7 @@ ROWS = [
     ),
     # kD = 1, stride 1: no gather, a depthwise 2-d convolution over N*D images
     row(
+        "aten.convolution.default",
         "conv3d-depthwise-k133",
         None,
         randn(2, 4, 3, 6, 6),
@@ -396,6 +521,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv3d-padding-same",
         None,
         randn(1, 2, 5, 6, 4),
@@ -404,6 +530,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv3d-weight-input",
         lambda x, w: F.conv3d(x, w, stride=(1, 2, 1)),
         randn(1, 2, 4, 5, 5),
@@ -411,8 +538,17 @@ ROWS = [
         kinds={"MPSIndexSelect", "MPSConv2D"},
         tol=CONV_TOL,
     ),
-    row("conv-transposed3d", None, randn(1, 3, 3, 4, 4), module=convt3d(3, 2, 3), kinds={"MPSConv2D"}, tol=CONV_TOL),
     row(
+        "aten.convolution.default",
+        "conv-transposed3d",
+        None,
+        randn(1, 3, 3, 4, 4),
+        module=convt3d(3, 2, 3),
+        kinds={"MPSConv2D"},
+        tol=CONV_TOL,
+    ),
+    row(
+        "aten.convolution.default",
         "conv-transposed3d-stride-padding-output-padding",
         None,
         randn(2, 2, 3, 4, 3),
@@ -421,6 +557,7 @@ ROWS = [
         tol=CONV_TOL,
     ),
     row(
+        "aten.convolution.default",
         "conv-transposed3d-groups-dilation",
         None,
         randn(1, 4, 3, 3, 3),

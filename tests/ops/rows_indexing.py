@@ -48,20 +48,41 @@ class ConstantIndex(torch.nn.Module):
 
 ROWS = [
     # ---- index_select ---------------------------------------------------------------------------
-    row("index-select-negdim", lambda x, i: x.index_select(-1, i), randn(2, 3, 4), i64([3, 0, 3]), kinds="MPSIndexSelect"),
     row(
+        "aten.index_select.default",
+        "index-select-negdim",
+        lambda x, i: x.index_select(-1, i),
+        randn(2, 3, 4),
+        i64([3, 0, 3]),
+        kinds="MPSIndexSelect",
+    ),
+    row(
+        "aten.index_select.default",
         "index-select-int32-index",
         lambda x, i: x.index_select(1, i),
         randn(2, 3, 4),
         values([2, 1], torch.int32),
         kinds="MPSIndexSelect",
     ),
-    row("index-select-0d-index", lambda x, i: x.index_select(1, i), randn(2, 3, 4), i64(2), kinds="MPSIndexSelect"),
     row(
-        "index-select-int-data", lambda x, i: x.index_select(0, i), randint(-9, 9, (4, 3)), i64([3, 3, 0]), kinds="MPSIndexSelect"
+        "aten.index_select.default",
+        "index-select-0d-index",
+        lambda x, i: x.index_select(1, i),
+        randn(2, 3, 4),
+        i64(2),
+        kinds="MPSIndexSelect",
+    ),
+    row(
+        "aten.index_select.default",
+        "index-select-int-data",
+        lambda x, i: x.index_select(0, i),
+        randint(-9, 9, (4, 3)),
+        i64([3, 3, 0]),
+        kinds="MPSIndexSelect",
     ),
     # ---- embedding: padding_idx must be written as -1 (the device zeroes padding rows) --------
     row(
+        "aten.embedding.default",
         "index-embedding-padding-idx",
         lambda w, i: F.embedding(i, w, padding_idx=0),
         randn(6, 5),
@@ -69,11 +90,19 @@ ROWS = [
         kinds="MPSEmbedding",
     ),
     row(
-        "index-embedding-int32", lambda w, i: F.embedding(i, w), randn(6, 5), values([5, 2, 2], torch.int32), kinds="MPSEmbedding"
+        "aten.embedding.default",
+        "index-embedding-int32",
+        lambda w, i: F.embedding(i, w),
+        randn(6, 5),
+        values([5, 2, 2], torch.int32),
+        kinds="MPSEmbedding",
     ),
-    row("index-embedding-0d", lambda w, i: F.embedding(i, w), randn(6, 5), i64(3), kinds="MPSEmbedding"),
+    row(
+        "aten.embedding.default", "index-embedding-0d", lambda w, i: F.embedding(i, w), randn(6, 5), i64(3), kinds="MPSEmbedding"
+    ),
     # ---- embedding_bag: bags from runtime offsets, one matmul with a membership mask -------------
     row(
+        "aten._embedding_bag_forward_only.default",
         "index-embedding-bag-mean",
         lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o),
         i64([1, 2, 4, 5, 4, 3, 2, 9]),
@@ -82,6 +111,7 @@ ROWS = [
         non_core=[BAG],
     ),
     row(
+        "aten._embedding_bag_forward_only.default",
         "index-embedding-bag-sum-empty-bags",
         lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o, mode="sum"),
         i64([1, 2, 4, 5, 4, 3, 2, 9]),
@@ -90,6 +120,7 @@ ROWS = [
         non_core=[BAG],
     ),
     row(
+        "aten._embedding_bag_forward_only.default",
         "index-embedding-bag-mean-empty-last",
         lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o, mode="mean"),
         i64([1, 2, 4]),
@@ -98,6 +129,7 @@ ROWS = [
         non_core=[BAG],
     ),
     row(
+        "aten._embedding_bag_forward_only.default",
         "index-embedding-bag-include-last-offset",
         lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o, mode="sum", include_last_offset=True),
         i64([1, 2, 4, 5, 4, 3]),
@@ -106,6 +138,7 @@ ROWS = [
         non_core=[BAG],
     ),
     row(
+        "aten._embedding_bag_forward_only.default",
         "index-embedding-bag-mean-include-last-offset-short",
         lambda i, o: F.embedding_bag(  # torch's divisor quirk
             i, torch.linspace(-2, 2, 50).reshape(10, 5), o, mode="mean", include_last_offset=True
@@ -116,6 +149,7 @@ ROWS = [
         non_core=[BAG],
     ),
     row(
+        "aten._embedding_bag_forward_only.default",
         "index-embedding-bag-padding-idx",
         lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o, mode="mean", padding_idx=2),
         i64([1, 2, 4, 2, 4, 3]),
@@ -124,6 +158,7 @@ ROWS = [
         non_core=[BAG],
     ),
     row(
+        "aten._embedding_bag_forward_only.default",
         "index-embedding-bag-per-sample-weights",
         lambda i, o, sw: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o, mode="sum", per_sample_weights=sw),
         i64([1, 2, 4, 5, 4]),
@@ -133,6 +168,7 @@ ROWS = [
         non_core=[BAG],
     ),
     row(
+        "aten._embedding_bag_forward_only.default",
         "index-embedding-bag-int32",
         lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o),
         values([9, 0, 3], torch.int32),
@@ -141,6 +177,7 @@ ROWS = [
         non_core=[BAG],
     ),
     row(
+        "aten._embedding_bag_forward_only.default",
         "index-embedding-bag-max",
         lambda i, o: F.embedding_bag(i, torch.linspace(-2, 2, 50).reshape(10, 5), o, mode="max"),
         i64([1, 2, 4, 5, 9, 0, 3]),
@@ -149,6 +186,7 @@ ROWS = [
         non_core=[BAG],
     ),
     row(
+        "aten._embedding_bag.default",
         "index-embedding-bag-max-indices-read",
         lambda i, o: torch.ops.aten._embedding_bag(torch.linspace(-2, 2, 50).reshape(10, 5), i, o, False, 2)[3],
         i64([1, 2, 4, 5]),
@@ -157,15 +195,44 @@ ROWS = [
         non_core=[BAG],
     ),
     # ---- index.Tensor: exactly one index -------------------------------------------------------
-    row("index-tensor-one-negative", lambda x, i: x[:, i], randn(2, 3, 4), i64([0, 2, -1, -3]), kinds="MPSIndexTensor"),
-    row("index-tensor-2d-index", lambda x, i: x[..., i], randn(2, 3, 4), i64([[0, -2], [3, 1]]), kinds="MPSIndexTensor"),
-    row("index-tensor-first", lambda x, i: x[i], randn(5, 3), values([4, 0, 4], torch.int32), kinds="MPSIndexTensor"),
-    row("index-tensor-constant-index", ConstantIndex, randn(2, 3, 4), kinds="MPSIndexTensor"),
+    row(
+        "aten.index.Tensor",
+        "index-tensor-one-negative",
+        lambda x, i: x[:, i],
+        randn(2, 3, 4),
+        i64([0, 2, -1, -3]),
+        kinds="MPSIndexTensor",
+    ),
+    row(
+        "aten.index.Tensor",
+        "index-tensor-2d-index",
+        lambda x, i: x[..., i],
+        randn(2, 3, 4),
+        i64([[0, -2], [3, 1]]),
+        kinds="MPSIndexTensor",
+    ),
+    row(
+        "aten.index.Tensor",
+        "index-tensor-first",
+        lambda x, i: x[i],
+        randn(5, 3),
+        values([4, 0, 4], torch.int32),
+        kinds="MPSIndexTensor",
+    ),
+    row("aten.index.Tensor", "index-tensor-constant-index", ConstantIndex, randn(2, 3, 4), kinds="MPSIndexTensor"),
     # several indices that are not an outer product: one linearized index, one MPSIndexSelect;
     # on non-adjacent axes (torch puts the index axes first) the data is permuted first
-    row("index-tensor-two", lambda x, i: x[i, :, i], randn(2, 3, 4), i64([0, -1]), kinds={"MPSPermute", "MPSIndexSelect"}),
+    row(
+        "aten.index.Tensor",
+        "index-tensor-two",
+        lambda x, i: x[i, :, i],
+        randn(2, 3, 4),
+        i64([0, -1]),
+        kinds={"MPSPermute", "MPSIndexSelect"},
+    ),
     # several indices: an outer product on adjacent axes is one index_select per axis ...
     row(
+        "aten.index.Tensor",
         "index-tensor-outer",
         lambda x, r, c: x[:, r[:, None], c],
         randn(2, 5, 4),
@@ -174,6 +241,7 @@ ROWS = [
         kinds="MPSIndexSelect",
     ),
     row(
+        "aten.index.Tensor",
         "index-tensor-outer-three",
         lambda x, a, r, c: x[a[:, None, None], r[:, None], c],
         randn(3, 5, 4),
@@ -184,6 +252,7 @@ ROWS = [
     ),
     # ... clamped at >= 0 (interpolation decompositions): no negative-index fix-up
     row(
+        "aten.index.Tensor",
         "index-tensor-outer-clamped",
         lambda x, r, c: x[:, :, r.clamp(0, 4)[:, None], c.clamp(min=0)],
         randn(1, 2, 5, 4),
@@ -193,6 +262,7 @@ ROWS = [
     ),
     # ... pairs of indices (a zip, not an outer product): rows * 4 + cols into the [20] view
     row(
+        "aten.index.Tensor",
         "index-tensor-zip",
         lambda x, r, c: x[r, c],
         randn(5, 4),
@@ -201,6 +271,7 @@ ROWS = [
         kinds={"MPSMul", "MPSAdd", "MPSIndexSelect"},
     ),
     row(
+        "aten.index.Tensor",
         "index-tensor-zip-middle-broadcast",
         lambda x, r, c: x[:, r, c],
         randn(2, 5, 4, 3),
@@ -209,6 +280,7 @@ ROWS = [
         kinds="MPSIndexSelect",
     ),
     row(
+        "aten.index.Tensor",
         "index-tensor-zip-three-int-data",
         lambda x, a, r, c: x[a, r, c],
         randint(-9, 9, (3, 5, 4), torch.int64),
@@ -218,6 +290,7 @@ ROWS = [
         kinds="MPSIndexSelect",
     ),
     row(
+        "aten.index.Tensor",
         "index-tensor-zip-non-adjacent",
         lambda x, r, c: x[r, :, c],
         randn(5, 2, 4, 3),
@@ -227,9 +300,16 @@ ROWS = [
     ),
     # ---- index_put: one index, accumulate=False, values_shape = full indexed shape --------------
     row(
-        "index-put-first", lambda x, i, v: x.index_put((i,), v), randn(4, 3, 2), i64([1, -4]), randn(2, 3, 2), kinds="MPSIndexPut"
+        "aten.index_put.default",
+        "index-put-first",
+        lambda x, i, v: x.index_put((i,), v),
+        randn(4, 3, 2),
+        i64([1, -4]),
+        randn(2, 3, 2),
+        kinds="MPSIndexPut",
     ),
     row(
+        "aten.index_put.default",
         "index-put-broadcast-values",
         lambda x, i, v: x.index_put((i,), v),
         randn(4, 3, 2),
@@ -237,9 +317,18 @@ ROWS = [
         randn(2),
         kinds="MPSIndexPut",
     ),
-    row("index-put-middle-axis", _put_middle, randn(2, 5, 3), i64([4, -1]), randn(2, 2, 3), kinds="MPSIndexPut"),
+    row(
+        "aten.index_put.default",
+        "index-put-middle-axis",
+        _put_middle,
+        randn(2, 5, 3),
+        i64([4, -1]),
+        randn(2, 2, 3),
+        kinds="MPSIndexPut",
+    ),
     # several indices: linearized, one MPSIndexPut on the view with the indexed axes as one
     row(
+        "aten.index_put.default",
         "index-put-two",
         lambda x, r, c, v: x.index_put((r, c), v),
         randn(5, 2),
@@ -249,6 +338,7 @@ ROWS = [
         kinds={"MPSIndexPut", "MPSView"},
     ),
     row(
+        "aten.index_put.default",
         "index-put-three-broadcast-values",
         lambda x, a, r, c, v: x.index_put((a, r, c), v),
         randn(5, 3, 2),
@@ -259,6 +349,7 @@ ROWS = [
         kinds="MPSIndexPut",
     ),
     row(
+        "aten.index_put.default",
         "index-put-four",
         lambda x, a, r, c, d, v: x.index_put((a, r, c, d), v),
         randn(5, 3, 2, 4),
@@ -270,6 +361,7 @@ ROWS = [
         kinds="MPSIndexPut",
     ),
     row(
+        "aten.index_put.default",
         "index-put-middle-zip",
         lambda x, r, c, v: torch.ops.aten.index_put(x, [None, r, c], v),
         randn(2, 5, 4, 3),
@@ -279,6 +371,7 @@ ROWS = [
         kinds="MPSIndexPut",
     ),
     row(
+        "aten.index_put.default",
         "index-put-non-adjacent",
         lambda x, r, c, v: torch.ops.aten.index_put(x, [r, None, c], v),
         randn(5, 3, 4),
@@ -288,6 +381,7 @@ ROWS = [
         kinds={"MPSPermute", "MPSIndexPut"},
     ),
     row(
+        "aten.index_put.default",
         "index-put-int-data",
         lambda x, r, c, v: x.index_put((r, c), v),
         randint(-9, 9, (4, 3)),
@@ -299,6 +393,7 @@ ROWS = [
     # accumulate=True (the device scatter overwrites, §6 #10): gather, add, scatter per entry in
     # index order, like torch's serial kernel: duplicates sum in torch's order
     row(
+        "aten.index_put.default",
         "index-put-accumulate",
         lambda x, i, v: x.index_put((i,), v, accumulate=True),
         randn(4, 3),
@@ -307,6 +402,7 @@ ROWS = [
         kinds={"MPSIndexSelect", "MPSAdd", "MPSIndexPut"},
     ),
     row(
+        "aten.index_put.default",
         "index-put-accumulate-middle-broadcast",
         lambda x, i, v: torch.ops.aten.index_put(x, [None, i], v, True),
         randn(2, 5, 3),
@@ -315,6 +411,7 @@ ROWS = [
         kinds="MPSIndexPut",
     ),
     row(
+        "aten.index_put.default",
         "index-put-accumulate-two",
         lambda x, r, c, v: x.index_put((r, c), v, accumulate=True),
         randn(5, 2),
@@ -324,6 +421,7 @@ ROWS = [
         kinds="MPSIndexPut",
     ),
     row(
+        "aten.index_put.default",
         "index-put-accumulate-int-wraps",
         lambda x, i, v: x.index_put((i,), v, accumulate=True),
         values([120, -5, 7], torch.int8),
@@ -332,6 +430,7 @@ ROWS = [
         kinds="MPSIndexPut",
     ),
     row(
+        "aten.index_put.default",
         "index-put-accumulate-many",
         lambda x, i, v: x.index_put((i,), v, accumulate=True),
         randn(8),
@@ -341,6 +440,7 @@ ROWS = [
     ),
     # ---- slice_scatter / select_scatter -------------------------------------------------------
     row(
+        "aten.slice_scatter.default",
         "index-slice-scatter",
         lambda x, s: torch.slice_scatter(x, s, 1, 1, 3),
         randn(2, 5, 3),
@@ -349,6 +449,7 @@ ROWS = [
     ),
     # upstream defect: negative / oversized start and end were not normalised
     row(
+        "aten.slice_scatter.default",
         "index-slice-scatter-neg-clamped",
         lambda x, s: torch.slice_scatter(x, s, -1, -3, 100),
         randn(2, 3, 5),
@@ -356,20 +457,48 @@ ROWS = [
         kinds="MPSCat",
     ),
     row(
+        "aten.slice_scatter.default",
         "index-slice-scatter-step",
         lambda x, s: torch.slice_scatter(x, s, 2, 1, None, 2),
         randn(2, 3, 6),
         randn(2, 3, 3),
         kinds="MPSScatter",
     ),
-    row("index-slice-scatter-start-only", lambda x, s: torch.slice_scatter(x, s, 0, 2), randn(5, 3), randn(3, 3), kinds="MPSCat"),
-    row("index-select-scatter", lambda x, s: torch.select_scatter(x, s, 1, -1), randn(2, 3, 4), randn(2, 4)),
-    row("index-select-scatter-preserved", lambda x, s: torch.select_scatter(x, s, 0, 1), randn(3, 4), randn(4), kinds="MPSCat"),
-    # ---- scatter (set mode) -> MPSScatter ---------------------------------------------------------
     row(
-        "index-scatter-src", lambda x, i, s: x.scatter(1, i, s), randn(3, 5), _perm_rows(3, 5, 2), randn(3, 2), kinds="MPSScatter"
+        "aten.slice_scatter.default",
+        "index-slice-scatter-start-only",
+        lambda x, s: torch.slice_scatter(x, s, 0, 2),
+        randn(5, 3),
+        randn(3, 3),
+        kinds="MPSCat",
     ),
     row(
+        "aten.select_scatter.default",
+        "index-select-scatter",
+        lambda x, s: torch.select_scatter(x, s, 1, -1),
+        randn(2, 3, 4),
+        randn(2, 4),
+    ),
+    row(
+        "aten.select_scatter.default",
+        "index-select-scatter-preserved",
+        lambda x, s: torch.select_scatter(x, s, 0, 1),
+        randn(3, 4),
+        randn(4),
+        kinds="MPSCat",
+    ),
+    # ---- scatter (set mode) -> MPSScatter ---------------------------------------------------------
+    row(
+        "aten.scatter.src",
+        "index-scatter-src",
+        lambda x, i, s: x.scatter(1, i, s),
+        randn(3, 5),
+        _perm_rows(3, 5, 2),
+        randn(3, 2),
+        kinds="MPSScatter",
+    ),
+    row(
+        "aten.scatter.src",
         "index-scatter-src-larger",
         lambda x, i, s: torch.scatter(x, 0, i, s),
         randn(4, 3),
@@ -379,6 +508,7 @@ ROWS = [
     ),  # src sliced to the index's shape
     # an index smaller than the data on another axis: scatter into the corner, cat the rest back
     row(
+        "aten.scatter.src",
         "index-scatter-corner",
         lambda x, i, s: x.scatter(2, i, s),
         randn(3, 4, 5),
@@ -387,6 +517,7 @@ ROWS = [
         kinds={"MPSScatter", "MPSCat"},
     ),
     row(
+        "aten.scatter.value",
         "index-scatter-value",
         lambda x, i: x.scatter(1, i, -2.5),
         randn(3, 5),
@@ -394,6 +525,7 @@ ROWS = [
         kinds={"MPSExpand", "MPSScatter"},
     ),
     row(
+        "aten.scatter.value",
         "index-scatter-value-int",
         lambda x, i: x.scatter(0, i, 7),
         randint(-9, 9, (4, 3), torch.int64),
@@ -401,6 +533,7 @@ ROWS = [
         kinds="MPSScatter",
     ),
     row(
+        "aten.scatter_add.default",
         "index-scatter-add",
         lambda x, i, s: x.scatter_add(1, i, s),
         randn(3, 5),
@@ -410,6 +543,7 @@ ROWS = [
     ),
     # ---- gather --------------------------------------------------------------------------------
     row(
+        "aten.gather.default",
         "index-gather",
         lambda x, i: torch.gather(x, 1, i),
         randn(2, 3, 4),
@@ -417,6 +551,7 @@ ROWS = [
         kinds="MPSIndexSelect",
     ),
     row(
+        "aten.gather.default",
         "index-gather-last-smaller-index",
         lambda x, i: torch.gather(x, -1, i),
         randn(2, 3, 4),
@@ -424,6 +559,7 @@ ROWS = [
         kinds="MPSIndexSelect",
     ),
     row(
+        "aten.gather.default",
         "index-gather-int32-index",
         lambda x, i: torch.gather(x, 0, i),
         randn(4, 3),

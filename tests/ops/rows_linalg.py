@@ -45,18 +45,20 @@ def _sdpa(**kw):
 
 
 ROWS = [
-    row("linalg-mm", torch.mm, randn(3, 4), randn(4, 5), kinds="MPSMatMul"),
-    row("linalg-bmm", torch.bmm, randn(2, 3, 4), randn(2, 4, 5), kinds="MPSMatMul"),
+    row("aten.mm.default", "linalg-mm", torch.mm, randn(3, 4), randn(4, 5), kinds="MPSMatMul"),
+    row("aten.bmm.default", "linalg-bmm", torch.bmm, randn(2, 3, 4), randn(2, 4, 5), kinds="MPSMatMul"),
     row(
+        "aten.mm.default",
         "linalg-mm-int",
         torch.mm,
         randint(-3, 3, (3, 4), torch.int64),
         randint(-3, 3, (4, 2), torch.int64),
         cpu_reason="integer matrix multiplication",
     ),
-    row("linalg-addmm", torch.addmm, randn(5), randn(3, 4), randn(4, 5), kinds="MPSAddmm"),
+    row("aten.addmm.default", "linalg-addmm", torch.addmm, randn(5), randn(3, 4), randn(4, 5), kinds="MPSAddmm"),
     # upstream defect: alpha / beta are keyword-only and were never read (always 1)
     row(
+        "aten.addmm.default",
         "linalg-addmm-alpha-beta",
         lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=-2.0),
         randn(3, 5),
@@ -67,6 +69,7 @@ ROWS = [
     ),  # fp16: alpha, beta products rounded
     # beta=0: torch ignores the bias (NaN included); the device would compute 0 * NaN
     row(
+        "aten.addmm.default",
         "linalg-addmm-beta0",
         lambda b, x, w: torch.addmm(b, x, w, beta=0, alpha=3),
         values([float("nan")] * 5),
@@ -76,6 +79,7 @@ ROWS = [
         tol={"fp16": 2e-3},
     ),  # fp16: product and scale rounded
     row(
+        "aten.bmm.default",
         "linalg-baddbmm",
         lambda b, x, w: torch.baddbmm(b, x, w, beta=0.5, alpha=2.0),
         randn(2, 3, 5),
@@ -84,27 +88,52 @@ ROWS = [
         kinds="MPSMatMul",
         tol={"fp16": 2e-3},
     ),  # fp16: 3 roundings
-    row("linalg-matmul-4d-2d", lambda a, b: a @ b, randn(2, 2, 3, 4), randn(4, 5), kinds="MPSMatMul"),
-    row("linalg-matmul-broadcast", lambda a, b: torch.matmul(a, b), randn(2, 1, 3, 4), randn(3, 4, 2), kinds="MPSMatMul"),
+    row("aten.mm.default", "linalg-matmul-4d-2d", lambda a, b: a @ b, randn(2, 2, 3, 4), randn(4, 5), kinds="MPSMatMul"),
+    row(
+        "aten.bmm.default",
+        "linalg-matmul-broadcast",
+        lambda a, b: torch.matmul(a, b),
+        randn(2, 1, 3, 4),
+        randn(3, 4, 2),
+        kinds="MPSMatMul",
+    ),
     # matrix @ vector reaches edge as mul + sum
     row(
-        "linalg-matmul-vec", lambda a, b: a @ b, randn(3, 4), randn(4), kinds={"MPSMul", "MPSMean"}, tol={"fp16": 2e-3}
+        "aten.mul.Tensor",
+        "linalg-matmul-vec",
+        lambda a, b: a @ b,
+        randn(3, 4),
+        randn(4),
+        kinds={"MPSMul", "MPSMean"},
+        tol={"fp16": 2e-3},
     ),  # fp16: product, mean and count scaling rounded
     # linear: kept whole (MPSAddmm with a bias for rank >= 2: broadcast matmul, else MPSMatMul);
-    row("linalg-linear-3d", Linear, randn(2, 3, 4), kinds="MPSAddmm"),
-    row("linalg-linear-4d", Linear, randn(2, 2, 3, 4), kinds="MPSAddmm"),
-    row("linalg-linear-no-bias", None, randn(2, 3, 4), kinds="MPSMatMul", module=lambda: Linear(bias=False)),
-    row("linalg-linear-2d", Linear, randn(3, 4), kinds="MPSAddmm"),
+    row("aten.linear.default", "linalg-linear-3d", Linear, randn(2, 3, 4), kinds="MPSAddmm"),
+    row("aten.linear.default", "linalg-linear-4d", Linear, randn(2, 2, 3, 4), kinds="MPSAddmm"),
+    row(
+        "aten.linear.default", "linalg-linear-no-bias", None, randn(2, 3, 4), kinds="MPSMatMul", module=lambda: Linear(bias=False)
+    ),
+    row("aten.linear.default", "linalg-linear-2d", Linear, randn(3, 4), kinds="MPSAddmm"),
     # out_features=1: the transposed [K, 1] weight has strides (1, K) yet reports contiguous
-    row("linalg-linear-one-output", None, randn(4, 16), kinds="MPSAddmm", module=lambda: Linear(i=16, o=1)),
-    row("linalg-linear-shared-weight", SharedLinear, randn(3, 4), kinds="MPSAddmm", tol={"fp16": 2e-3}),
-    row("linalg-linear-1d", Linear, randn(4)),
-    row("linalg-linear-tied-weight", TiedWeight, randn(3, 4), kinds="MPSMatMul"),
-    row("linalg-linear-weight-input", lambda x, w, b: F.linear(x, w, b), randn(2, 3, 4), randn(5, 4), randn(5)),
+    row(
+        "aten.linear.default", "linalg-linear-one-output", None, randn(4, 16), kinds="MPSAddmm", module=lambda: Linear(i=16, o=1)
+    ),
+    row("aten.linear.default", "linalg-linear-shared-weight", SharedLinear, randn(3, 4), kinds="MPSAddmm", tol={"fp16": 2e-3}),
+    row("aten.linear.default", "linalg-linear-1d", Linear, randn(4)),
+    row("aten.linear.default", "linalg-linear-tied-weight", TiedWeight, randn(3, 4), kinds="MPSMatMul"),
+    row(
+        "aten.linear.default",
+        "linalg-linear-weight-input",
+        lambda x, w, b: F.linear(x, w, b),
+        randn(2, 3, 4),
+        randn(5, 4),
+        randn(5),
+    ),
     # torch 2.14's SDPA decomposition: scaled bmm, softmax, the fully-masked-row guard
     # (eq -inf / logical_not / any.dim / where with full_like 0), bmm; causal adds arange/le/logical_and.
     # fp16: ~8 chained roundings through softmax and two matmuls (measured <= 7e-4)
     row(
+        "aten.mul.Scalar",
         "linalg-sdpa",
         _sdpa(),
         randn(2, 4, 8, 16),
@@ -114,6 +143,7 @@ ROWS = [
         tol={"fp16": 3e-3},
     ),
     row(
+        "aten._softmax.default",
         "linalg-sdpa-causal",
         _sdpa(is_causal=True),
         randn(1, 2, 6, 8),
@@ -123,6 +153,7 @@ ROWS = [
         tol={"fp16": 3e-3},
     ),
     row(
+        "aten._softmax.default",
         "linalg-sdpa-float-mask",
         _sdpa(),
         randn(1, 2, 6, 8),
@@ -134,6 +165,7 @@ ROWS = [
     ),
     # a fully masked row: torch returns zeros there (the guard), not NaN
     row(
+        "aten._softmax.default",
         "linalg-sdpa-bool-mask",
         _sdpa(),
         randn(1, 2, 4, 8),

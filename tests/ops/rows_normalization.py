@@ -28,6 +28,7 @@ ROWS = [
     # instance norm: view [1, N*C, H, W] -> batch statistics per channel: one MPSLayerNorm over [N*C, H*W];
     # fp16: normalisation and (affine) product and sum rounded -> 3 roundings
     row(
+        "aten._native_batch_norm_legit.no_stats",
         "norm-instance-norm-2d",
         None,
         randn(2, 3, 4, 5, scale=2.0, offset=1.0),
@@ -36,6 +37,7 @@ ROWS = [
         tol={"fp16": 3e-3},
     ),
     row(
+        "aten._native_batch_norm_legit.no_stats",
         "norm-instance-norm-2d-affine",
         AffineInstanceNorm,
         randn(2, 3, 4, 4),
@@ -43,6 +45,7 @@ ROWS = [
         tol={"fp16": 3e-3},
     ),
     row(
+        "aten._native_batch_norm_legit.no_stats",
         "norm-instance-norm-1d",
         None,
         randn(2, 4, 7),
@@ -51,6 +54,7 @@ ROWS = [
         tol={"fp16": 3e-3},
     ),
     row(
+        "aten._native_batch_norm_legit.no_stats",
         "norm-instance-norm-functional-eps",
         lambda x: F.instance_norm(x, eps=1e-3),
         randn(1, 2, 3, 3),
@@ -59,6 +63,7 @@ ROWS = [
     ),
     # batch norm with batch statistics (training=True, no running stats): channels moved first
     row(
+        "aten._native_batch_norm_legit.no_stats",
         "norm-batch-stats",
         lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
         randn(3, 4, 2, 2),
@@ -68,6 +73,7 @@ ROWS = [
         tol={"fp16": 3e-3},
     ),
     row(
+        "aten._native_batch_norm_legit.no_stats",
         "norm-batch-stats-rank2",
         lambda x: F.batch_norm(x, None, None, training=True),
         randn(5, 3),

@@ -40,18 +40,39 @@ class MaxPool3dIndices(torch.nn.Module):
 
 ROWS = [
     # ---- max_pool3d: H, W pooled per depth slice, then depth as a (kd, 1) pooling ------------------
-    row("pool3d-max", lambda x: F.max_pool3d(x, 2), randn(1, 2, 6, 6, 6), kinds=MAX),
+    row("aten.max_pool3d_with_indices.default", "pool3d-max", lambda x: F.max_pool3d(x, 2), randn(1, 2, 6, 6, 6), kinds=MAX),
     row(
+        "aten.max_pool3d_with_indices.default",
         "pool3d-max-padded-strided-dilated",
         lambda x: F.max_pool3d(x, (2, 3, 3), (1, 2, 2), 1, (2, 1, 1)),
         randn(2, 3, 7, 8, 9),
         kinds=MAX,
     ),
-    row("pool3d-max-unbatched", lambda x: F.max_pool3d(x, 3, 2, 1), randn(3, 5, 6, 7), kinds=MAX),
-    row("pool3d-max-depth-only", lambda x: F.max_pool3d(x, (3, 1, 1), (2, 1, 1)), randn(1, 2, 7, 3, 4), kinds=MAX),
-    row("pool3d-max-indices", None, randn(1, 2, 7, 8, 9), kinds=COMPOSED, module=lambda: MaxPool3dIndices(3, 2, 1)),
+    row(
+        "aten.max_pool3d_with_indices.default",
+        "pool3d-max-unbatched",
+        lambda x: F.max_pool3d(x, 3, 2, 1),
+        randn(3, 5, 6, 7),
+        kinds=MAX,
+    ),
+    row(
+        "aten.max_pool3d_with_indices.default",
+        "pool3d-max-depth-only",
+        lambda x: F.max_pool3d(x, (3, 1, 1), (2, 1, 1)),
+        randn(1, 2, 7, 3, 4),
+        kinds=MAX,
+    ),
+    row(
+        "aten.max_pool3d_with_indices.default",
+        "pool3d-max-indices",
+        None,
+        randn(1, 2, 7, 8, 9),
+        kinds=COMPOSED,
+        module=lambda: MaxPool3dIndices(3, 2, 1),
+    ),
     # torch keeps the first maximum in (d, h, w) order: so does the H, W stage then the depth stage
     row(
+        "aten.max_pool3d_with_indices.default",
         "pool3d-max-indices-ties",
         None,
         ties(2, 2, 6, 7, 8),
@@ -59,14 +80,22 @@ ROWS = [
         module=lambda: MaxPool3dIndices((2, 3, 2), (1, 2, 2), (1, 1, 0)),
     ),
     row(
+        "aten.max_pool3d_with_indices.default",
         "pool3d-max-indices-depth-only",
         None,
         randn(1, 2, 7, 3, 4),
         kinds={MAX, "MPSCast"},
         module=lambda: MaxPool3dIndices((3, 1, 1), (2, 1, 1)),
     ),
-    row("pool3d-max-ceil", lambda x: F.max_pool3d(x, 3, 2, 1, ceil_mode=True), randn(1, 2, 10, 10, 10), kinds=MAX),
     row(
+        "aten.max_pool3d_with_indices.default",
+        "pool3d-max-ceil",
+        lambda x: F.max_pool3d(x, 3, 2, 1, ceil_mode=True),
+        randn(1, 2, 10, 10, 10),
+        kinds=MAX,
+    ),
+    row(
+        "aten.max_pool3d_with_indices.default",
         "pool3d-max-ceil-indices",
         None,
         randn(1, 2, 8, 9, 10),
@@ -75,8 +104,11 @@ ROWS = [
     ),
     # ---- avg_pool3d: per-axis counts, so a 3-d window mean is a depth mean of H, W means ----------
     # fp16: two stages -> 2 roundings (3 with a divisor_override multiply)
-    row("pool3d-avg", lambda x: F.avg_pool3d(x, 2), randn(1, 2, 6, 6, 6), kinds=AVG, tol={"fp16": 2e-3}),
     row(
+        "aten.avg_pool3d.default", "pool3d-avg", lambda x: F.avg_pool3d(x, 2), randn(1, 2, 6, 6, 6), kinds=AVG, tol={"fp16": 2e-3}
+    ),
+    row(
+        "aten.avg_pool3d.default",
         "pool3d-avg-padded-strided",
         lambda x: F.avg_pool3d(x, (2, 3, 3), (1, 2, 2), 1),
         randn(2, 3, 5, 8, 9),
@@ -84,6 +116,7 @@ ROWS = [
         tol={"fp16": 2e-3},
     ),
     row(
+        "aten.avg_pool3d.default",
         "pool3d-avg-count-include-pad-false",
         lambda x: F.avg_pool3d(x, 3, 2, 1, count_include_pad=False),
         randn(1, 2, 7, 8, 9),
@@ -91,6 +124,7 @@ ROWS = [
         tol={"fp16": 2e-3},
     ),
     row(
+        "aten.avg_pool3d.default",
         "pool3d-avg-divisor-override",
         lambda x: F.avg_pool3d(x, 3, 2, 1, divisor_override=10),
         randn(1, 2, 7, 8, 9),
@@ -98,6 +132,7 @@ ROWS = [
         tol={"fp16": 3e-3},
     ),
     row(
+        "aten.avg_pool3d.default",
         "pool3d-avg-unbatched-depth-only",
         lambda x: F.avg_pool3d(x, (3, 1, 1), (2, 1, 1), (1, 0, 0)),
         randn(3, 7, 4, 5),
@@ -105,6 +140,7 @@ ROWS = [
     ),
     # ceil mode: torch counts the padding but not the tail -> zeros padded first (MPSConstantPadND)
     row(
+        "aten.avg_pool3d.default",
         "pool3d-avg-ceil",
         lambda x: F.avg_pool3d(x, 3, 2, 1, ceil_mode=True),
         randn(1, 2, 10, 10, 10),
@@ -112,6 +148,7 @@ ROWS = [
         tol={"fp16": 2e-3},
     ),
     row(
+        "aten.avg_pool3d.default",
         "pool3d-avg-ceil-count-include-pad-false",
         lambda x: F.avg_pool3d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
         randn(1, 2, 8, 9, 10),
@@ -119,6 +156,7 @@ ROWS = [
         tol={"fp16": 2e-3},
     ),
     row(
+        "aten.avg_pool3d.default",
         "pool3d-avg-ceil-divisor-override",
         lambda x: F.avg_pool3d(x, 2, 2, 1, ceil_mode=True, divisor_override=3),
         randn(1, 2, 6, 7, 8),
@@ -126,17 +164,43 @@ ROWS = [
         tol={"fp16": 3e-3},
     ),
     # ---- ceil_mode 1-d / 2-d: the tail padded explicitly, the device pools in floor mode -------------
-    row("pool-max-ceil", lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True), randn(1, 2, 10, 9), kinds=MAX),
     row(
+        "aten.max_pool2d_with_indices.default",
+        "pool-max-ceil",
+        lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True),
+        randn(1, 2, 10, 9),
+        kinds=MAX,
+    ),
+    row(
+        "aten.max_pool2d_with_indices.default",
         "pool-max-ceil-dilated-indices",
         lambda x: F.max_pool2d(x, 3, 2, 1, 2, ceil_mode=True, return_indices=True),
         randn(1, 2, 10, 11),
         kinds={MAX, "MPSCast"},
     ),
-    row("pool-max1d-ceil", lambda x: F.max_pool1d(x, 2, 2, ceil_mode=True), randn(2, 3, 9), kinds=MAX),
-    row("pool-avg-ceil", lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True), randn(1, 2, 10, 9), kinds={AVG, "MPSConstantPadND"}),
-    row("pool-avg-ceil-no-padding", lambda x: F.avg_pool2d(x, 3, 2, ceil_mode=True), randn(1, 2, 8, 10), kinds=AVG),
     row(
+        "aten.max_pool2d_with_indices.default",
+        "pool-max1d-ceil",
+        lambda x: F.max_pool1d(x, 2, 2, ceil_mode=True),
+        randn(2, 3, 9),
+        kinds=MAX,
+    ),
+    row(
+        "aten.avg_pool2d.default",
+        "pool-avg-ceil",
+        lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True),
+        randn(1, 2, 10, 9),
+        kinds={AVG, "MPSConstantPadND"},
+    ),
+    row(
+        "aten.avg_pool2d.default",
+        "pool-avg-ceil-no-padding",
+        lambda x: F.avg_pool2d(x, 3, 2, ceil_mode=True),
+        randn(1, 2, 8, 10),
+        kinds=AVG,
+    ),
+    row(
+        "aten.avg_pool2d.default",
         "pool-avg-ceil-count-include-pad-false",
         lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
         randn(1, 2, 10, 9),
@@ -144,18 +208,38 @@ ROWS = [
     ),
     # fp16: the window mean and the scale are rounded separately -> 2 roundings
     row(
+        "aten.avg_pool2d.default",
         "pool-avg-ceil-divisor-override",
         lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, divisor_override=4),
         randn(1, 2, 10, 9),
         kinds={AVG, "MPSMul"},
         tol={"fp16": 2e-3},
     ),
-    row("pool-avg1d-ceil", lambda x: F.avg_pool1d(x, 3, 2, 1, ceil_mode=True), randn(2, 3, 10), kinds={AVG, "MPSConstantPadND"}),
+    row(
+        "aten.avg_pool2d.default",
+        "pool-avg1d-ceil",
+        lambda x: F.avg_pool1d(x, 3, 2, 1, ceil_mode=True),
+        randn(2, 3, 10),
+        kinds={AVG, "MPSConstantPadND"},
+    ),
     # ---- adaptive average pooling with uneven bins: stride-t poolings of each bin length + gather ---
     # one bin length per axis: one pooling for the plane, then the bins picked (1 rounding)
-    row("pool-adaptive-avg-uneven", lambda x: F.adaptive_avg_pool2d(x, (4, 4)), randn(1, 2, 6, 6), kinds={AVG, "MPSIndexSelect"}),
-    row("pool-adaptive-avg-strided-bins", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), randn(2, 3, 5, 7), kinds=AVG),
     row(
+        "aten._adaptive_avg_pool2d.default",
+        "pool-adaptive-avg-uneven",
+        lambda x: F.adaptive_avg_pool2d(x, (4, 4)),
+        randn(1, 2, 6, 6),
+        kinds={AVG, "MPSIndexSelect"},
+    ),
+    row(
+        "aten._adaptive_avg_pool2d.default",
+        "pool-adaptive-avg-strided-bins",
+        lambda x: F.adaptive_avg_pool2d(x, (2, 3)),
+        randn(2, 3, 5, 7),
+        kinds=AVG,
+    ),
+    row(
+        "aten._adaptive_avg_pool2d.default",
         "pool-adaptive-avg-larger-output",
         lambda x: F.adaptive_avg_pool2d(x, (5, 7)),
         randn(1, 2, 3, 4),
@@ -163,6 +247,7 @@ ROWS = [
     ),
     # two bin lengths on an axis: one pooling per length, concatenated; one stage per axis -> 2e-3
     row(
+        "aten._adaptive_avg_pool2d.default",
         "pool-adaptive-avg-two-lengths",
         lambda x: F.adaptive_avg_pool2d(x, (3, 5)),
         randn(2, 3, 7, 8),
@@ -170,14 +255,23 @@ ROWS = [
         tol={"fp16": 2e-3},
     ),
     row(
+        "aten._adaptive_avg_pool2d.default",
         "pool-adaptive-avg1d-uneven",
         lambda x: F.adaptive_avg_pool1d(x, 5),
         randn(2, 3, 7),
         kinds={AVG, "MPSCat", "MPSIndexSelect"},
     ),
     # ---- adaptive max pooling (1-d, 2-d): values and indices --------------------------------------
-    row("pool-adaptive-max", lambda x: F.adaptive_max_pool2d(x, (3, 2)), randn(2, 3, 6, 6), kinds=MAX, non_core=AMAX2),
     row(
+        "aten.adaptive_max_pool2d.default",
+        "pool-adaptive-max",
+        lambda x: F.adaptive_max_pool2d(x, (3, 2)),
+        randn(2, 3, 6, 6),
+        kinds=MAX,
+        non_core=AMAX2,
+    ),
+    row(
+        "aten.adaptive_max_pool2d.default",
         "pool-adaptive-max-uneven-indices",
         lambda x: F.adaptive_max_pool2d(x, (4, 5), return_indices=True),
         randn(1, 2, 7, 8),
@@ -186,14 +280,23 @@ ROWS = [
     ),
     # W stage first, then H: the first maximum in (h, w) order, as torch
     row(
+        "aten.adaptive_max_pool2d.default",
         "pool-adaptive-max-indices-ties",
         lambda x: F.adaptive_max_pool2d(x, (5, 3), return_indices=True),
         ties(2, 2, 7, 8),
         kinds={MAX, "MPSIndexSelect", "MPSCast"},
         non_core=AMAX2,
     ),
-    row("pool-adaptive-max-unbatched", lambda x: F.adaptive_max_pool2d(x, (2, 4)), randn(3, 5, 9), kinds=MAX, non_core=AMAX2),
     row(
+        "aten.adaptive_max_pool2d.default",
+        "pool-adaptive-max-unbatched",
+        lambda x: F.adaptive_max_pool2d(x, (2, 4)),
+        randn(3, 5, 9),
+        kinds=MAX,
+        non_core=AMAX2,
+    ),
+    row(
+        "aten.adaptive_max_pool2d.default",
         "pool-adaptive-max1d-indices",
         lambda x: F.adaptive_max_pool1d(x, 5, return_indices=True),
         randn(2, 3, 7),
@@ -202,8 +305,16 @@ ROWS = [
     ),
     # ---- adaptive 3-d pooling: the H, W plane as above, then depth ---------------------------------
     # fp16: plane then depth -> 2 roundings (3 when the plane needs one stage per axis)
-    row("pool3d-adaptive-avg", lambda x: F.adaptive_avg_pool3d(x, 2), randn(1, 2, 4, 6, 8), kinds=AVG, tol={"fp16": 2e-3}),
     row(
+        "aten._adaptive_avg_pool3d.default",
+        "pool3d-adaptive-avg",
+        lambda x: F.adaptive_avg_pool3d(x, 2),
+        randn(1, 2, 4, 6, 8),
+        kinds=AVG,
+        tol={"fp16": 2e-3},
+    ),
+    row(
+        "aten._adaptive_avg_pool3d.default",
         "pool3d-adaptive-avg-uneven",
         lambda x: F.adaptive_avg_pool3d(x, (2, 4, 6)),
         randn(1, 2, 8, 8, 8),
@@ -211,22 +322,34 @@ ROWS = [
         tol={"fp16": 2e-3},
     ),
     row(
+        "aten._adaptive_avg_pool3d.default",
         "pool3d-adaptive-avg-two-lengths",
         lambda x: F.adaptive_avg_pool3d(x, 4),
         randn(2, 3, 7, 9, 11),
         kinds={AVG, "MPSCat", "MPSIndexSelect"},
         tol={"fp16": 3e-3},
     ),
-    row("pool3d-adaptive-avg-1x1x1", lambda x: F.adaptive_avg_pool3d(x, 1), randn(1, 2, 4, 5, 6), kinds="MPSMean"),
     row(
+        "aten.mean.dim", "pool3d-adaptive-avg-1x1x1", lambda x: F.adaptive_avg_pool3d(x, 1), randn(1, 2, 4, 5, 6), kinds="MPSMean"
+    ),
+    row(
+        "aten._adaptive_avg_pool3d.default",
         "pool3d-adaptive-avg-unbatched",
         lambda x: F.adaptive_avg_pool3d(x, (4, 2, 3)),
         randn(3, 6, 5, 4),
         kinds={AVG, "MPSIndexSelect"},
         tol={"fp16": 2e-3},
     ),
-    row("pool3d-adaptive-max", lambda x: F.adaptive_max_pool3d(x, 2), randn(1, 2, 4, 6, 8), kinds=MAX, non_core=AMAX3),
     row(
+        "aten.adaptive_max_pool3d.default",
+        "pool3d-adaptive-max",
+        lambda x: F.adaptive_max_pool3d(x, 2),
+        randn(1, 2, 4, 6, 8),
+        kinds=MAX,
+        non_core=AMAX3,
+    ),
+    row(
+        "aten.adaptive_max_pool3d.default",
         "pool3d-adaptive-max-uneven-indices",
         lambda x: F.adaptive_max_pool3d(x, 4, return_indices=True),
         randn(1, 2, 7, 9, 11),
@@ -234,6 +357,7 @@ ROWS = [
         non_core=AMAX3,
     ),
     row(
+        "aten.adaptive_max_pool3d.default",
         "pool3d-adaptive-max-indices-ties",
         lambda x: F.adaptive_max_pool3d(x, (5, 3, 6), return_indices=True),
         ties(2, 2, 7, 8, 9),
