@@ -4,8 +4,11 @@
   upstream lowering never read them). ``beta == 0`` is a plain product (torch ignores the bias then,
   NaN/inf included, while the device would compute ``0 * bias``), ``alpha != 1`` a scalar multiply.
 - ``linear`` (``preserve``): ``x @ w.T (+ bias)``. A constant weight whose only readers are linear
-  nodes is stored transposed, in place of the original (the blob holds one copy); otherwise the
-  device transposes it (MPSPermute). An input of rank >= 2 with a bias is one MPSAddmm (its product is
+  nodes is stored transposed, in place of the original (the blob holds one copy). Any other weight
+  (a dequantized int4/int8 weight, a head tied to the embedding table, a computed weight) larger than
+  the input and output together is read untransposed as the left operand, ``(W @ x.T).T``, so only
+  activation-sized values are permuted (a decode step permutes one row, not the weight); otherwise the
+  device transposes the weight (MPSPermute). An input of rank >= 2 with a bias is one MPSAddmm (its product is
   MPSGraph's broadcasting matmul, like MPSMatMul: ``[..., K] @ [K, N]``); without a bias one MPSMatMul;
   a rank-1 input is viewed as ``[1, K]`` and back.
 """
@@ -16,6 +19,7 @@ import torch
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.passes._graph import is_call
 
 from ._util import is_float, rank, shape, val
 from .emit import binary, permute, view
@@ -82,9 +86,55 @@ def _weight_t(b: GraphBuilder, w: Node) -> int:
     return permute(b, b.id(w), [1, 0])
 
 
+def _numel(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def _weight_prepared(w: Node) -> bool:
+    """``w`` is the ``permute(W.T)`` that ``linear_weights`` made of a stored-transposed constant."""
+    return is_call(w, aten.permute_copy.default)
+
+
+def _linear_weight_left(node: Node, b: GraphBuilder) -> None:
+    """``(W @ x.T).T``: the weight is read untransposed, as the left operand; only activation-sized
+    values are permuted (a decode step's one row), never a dequantized weight or a tied table."""
+    x, w = node.args[:2]
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    xs, out_shape = shape(x), shape(node)
+    n_out = shape(w)[0]
+    dt = b.dtype(node)
+    if rank(x) == 1:  # x as a column: no permute at all
+        col = view(b, b.id(x), [xs[0], 1])
+        mm = b.new_value(dt, [n_out, 1])
+        b.emit("MPSMatMul", input1_id=b.id(w), input2_id=col, output_id=mm)
+        res = view(b, mm, [n_out], out=None if bias is not None else b.out(node))
+        if bias is not None:
+            binary(b, "MPSAdd", res, b.id(bias), out=b.out(node))
+        return
+    rows = _numel(xs[:-1])
+    x2 = b.id(x) if rank(x) == 2 else view(b, b.id(x), [rows, xs[-1]])
+    xt = permute(b, x2, [1, 0])
+    mm = b.new_value(dt, [n_out, rows])
+    b.emit("MPSMatMul", input1_id=b.id(w), input2_id=xt, output_id=mm)
+    flat = rank(x) == 2 and bias is None
+    res = permute(b, mm, [1, 0], out=b.out(node) if flat else None)
+    if flat:
+        return
+    if bias is not None:
+        res = binary(b, "MPSAdd", res, b.id(bias), out=b.out(node) if rank(x) == 2 else None)
+    if rank(x) > 2:
+        view(b, res, out_shape, out=b.out(node))
+
+
 def _linear(node: Node, b: GraphBuilder) -> None:
     x, w = node.args[:2]
     bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    if not _weight_prepared(w) and _numel(shape(x)) + _numel(shape(node)) < _numel(shape(w)):
+        _linear_weight_left(node, b)
+        return
     wt = _weight_t(b, w)
     if bias is not None and rank(x) >= 2:
         b.emit("MPSAddmm", input1_id=b.id(bias), input2_id=b.id(x), input3_id=wt, output_id=b.out(node), beta=1.0, alpha=1.0)

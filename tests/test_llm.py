@@ -110,6 +110,25 @@ def test_fp16_logits_close_to_eager_fp16(tmp_path, tokenizer, arch):
     assert err <= FP16_LOGIT_TOL, f"fp16 logits off by {err:.3g} of their scale"
 
 
+def _weights_moved(graph, kinds=("MPSPermute", "MPSCast")) -> list[str]:
+    """MPSPermute / MPSCast nodes whose input is at least as large as the smallest stored weight matrix
+    or a dequantized weight: a weight-sized value re-laid out every step (#23)."""
+    import math
+
+    made_by = {n.fields.get("output_id"): n.op for n in graph.nodes}
+    weights = [graph.values[c] for c in graph.constant_ids if len(graph.values[c].dims) == 2]
+    big = min(math.prod(v.dims) for v in weights)
+    bad = []
+    for i, n in enumerate(graph.nodes):
+        if n.op in kinds:
+            src = n.fields["input1_id"]
+            if math.prod(graph.values[src].dims) >= big and (
+                src in graph.constant_ids or made_by.get(src) == "MPSDequantizePerChannelGroup"
+            ):
+                bad.append(f"node {i} {n.op} of value {src} {graph.values[src].dims}")
+    return bad
+
+
 def test_tied_embeddings_stored_once(tmp_path, tokenizer):
     folder = save_checkpoint(tmp_path / "smollm", "smollm", tokenizer=tokenizer)
     result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN)
@@ -119,6 +138,8 @@ def test_tied_embeddings_stored_once(tmp_path, tokenizer):
     stored = sum(blob.graph.values[c].constant_buffer_size for c in blob.graph.constant_ids)
     # every weight once (the tied table is read by the embedding and by lm_head), plus small constants
     assert sum(unique.values()) <= stored <= sum(unique.values()) * 1.002 + 4096
+    # the tied lm_head reads the table untransposed ((W @ x.T).T): no permute of the table per step
+    assert not _weights_moved(blob.graph), _weights_moved(blob.graph)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
@@ -380,6 +401,9 @@ def test_quantized_llm(tmp_path, tokenizer, scheme):
     kinds = {n.op for n in blob.graph.nodes}
     if scheme == "int4":
         assert "MPSDequantizePerChannelGroup" in kinds
+        # a dequantized weight goes into its matmul untransposed (this fp32 program casts it: the
+        # device's dequantize always yields float16, device-semantics.md; an fp16 program has no cast)
+        assert not _weights_moved(blob.graph, ("MPSPermute",)), _weights_moved(blob.graph, ("MPSPermute",))
     else:
         assert any(blob.graph.values[c].datatype.name == "int8" for c in blob.graph.constant_ids)
     # quantized weights are stored at their width: 1 or 0.5 byte per weight plus one (at most 4-byte)
