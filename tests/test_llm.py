@@ -509,3 +509,14 @@ def test_cli_quantized_export(tmp_path, tokenizer, scheme, capsys):
     assert n_float * 2 <= stored["float16"] <= (n_float + scales) * 2 + 64, (stored, n_float, scales)
     assert sum(stored.values()) < (n_float + n_linear) * 2 * (0.5 if scheme == "int4" else 0.65)
     assert len(generate_ids(out, PROMPT[:3], 4)) == 4
+
+
+def test_kv_cache_beyond_the_plan_budget_is_refused_before_allocation(tmp_path, tokenizer):
+    """#26: --max-seq-len 10^9 asked for a 64 GB cache (a traceback); now one CheckpointError, nothing written."""
+    folder = save_checkpoint(tmp_path / "hf", "llama", tokenizer=tokenizer)
+    with pytest.raises(CheckpointError, match=r"KV cache would take .* GiB.*at most \d+ positions fit"):
+        export_llm(f"hf:{folder}", tmp_path / "a.pte", dtype="fp32", max_seq_len=10**9)
+    checkpoint, params, _ = save_llama_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="KV cache would take"):
+        export_llm(f"llama:{checkpoint}", tmp_path / "b.pte", dtype="fp32", params=params, max_seq_len=10**9)
+    assert not list(tmp_path.glob("*.pte*"))

@@ -331,6 +331,21 @@ def load_hf(
     )
 
 
+def check_kv_cache_size(n_layers: int, kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype) -> None:
+    """Refuse, before anything is allocated, a KV cache the runtime could never plan: the K and V buffers
+    of every layer beyond the program check's memory-plan budget (``MPS_BACKEND_MAX_PLAN_BYTES``, 4 GiB)."""
+    from mps_backend.runtime.program_check import max_plan_bytes  # noqa: PLC0415
+
+    per_token = 2 * int(n_layers) * int(kv_heads) * int(head_dim) * torch.empty((), dtype=dtype).element_size()
+    need, budget = per_token * int(max_seq_len), max_plan_bytes()
+    if need >= budget:
+        raise CheckpointError(
+            f"--max-seq-len {max_seq_len}: the KV cache would take {need / 2**30:.3g} GiB "
+            f"({per_token} bytes per position), beyond the {budget / 2**30:.3g} GiB a program's planned memory may hold "
+            f"(MPS_BACKEND_MAX_PLAN_BYTES); at most {max(2, (budget - 1) // per_token)} positions fit"
+        )
+
+
 def load_llama(
     checkpoint: str | pathlib.Path,
     params: str | pathlib.Path | None,
@@ -361,6 +376,8 @@ def load_llama(
         max_context_len=max_seq_len,
         generate_full_logits=False,
     )
+    n_kv = args.n_kv_heads or args.n_heads
+    check_kv_cache_size(args.n_layers, n_kv, args.head_dim or args.dim // args.n_heads, max_seq_len, dtype)
     state = _load_pickle(checkpoint)
     if "model" in state and isinstance(state["model"], dict):
         state = state["model"]

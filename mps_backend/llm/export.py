@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, load_hf, load_llama
+from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
 from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
@@ -202,6 +202,12 @@ def export_llm(
         lm = load_checkpoint(model, dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16, progress=prog)
     notes = list(lm.notes)
     seq_len, note = resolve_max_seq_len(lm, max_seq_len)
+    if lm.kind == "hf":
+        cfg = lm.model.config
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        kv = getattr(cfg, "num_key_value_heads", None) or heads
+        check_kv_cache_size(cfg.num_hidden_layers, kv, head_dim, seq_len, lm.dtype)
     if note:
         notes.append(note)
     if quantize:
