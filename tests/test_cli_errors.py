@@ -70,3 +70,19 @@ def test_export_replaces_a_file_only_when_complete(demo, tmp_path):
     assert main(["export", "--fp32", "-o", str(target)]) == 0
     assert target.read_bytes()[4:8] == b"ET12"
     assert [p.name for p in tmp_path.iterdir()] == ["keep.pte"]  # no temporary left behind
+
+
+@pytest.mark.parametrize("flag", ["--etdump", "--out", "--debug-buffer"])
+def test_run_output_that_is_a_directory_or_device_is_one_line(demo, tmp_path, capsys, flag):
+    """#26: `run --etdump DIR` ended in a traceback; a directory, a device or a missing folder is refused
+    before the program runs, and nothing is written."""
+    extra = ["--etdump", str(tmp_path / "t.etdp")] if flag == "--debug-buffer" else []
+    for target, why in (
+        (tmp_path, "is a directory"),
+        ("/dev/null", "not a regular file"),
+        (tmp_path / "no" / "f", "does not exist"),
+    ):
+        assert main(["run", str(demo), *extra, flag, str(target)]) == 2
+        err = capsys.readouterr().err
+        assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "t.etdp").exists()

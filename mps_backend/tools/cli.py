@@ -303,11 +303,15 @@ def cmd_run(args) -> int:
             for shape, dtype in program_input_specs(pte)
         ]
     tracing = args.etdump or args.etrecord
+    if args.out:
+        _check_output_file(args.out, "--out")
     if tracing:
         from mps_backend.runtime.emulator import run_with_etdump  # noqa: PLC0415
 
         etdump = pathlib.Path(args.etdump or pathlib.Path(args.file).with_suffix(".etdp").name)
         debug_buffer = pathlib.Path(args.debug_buffer or etdump.with_suffix(".debug.bin"))
+        _check_output_file(etdump, "--etdump")
+        _check_output_file(debug_buffer, "--debug-buffer")
         outputs = run_with_etdump(pte, inputs, etdump, debug_buffer)
         print(
             f"wrote {etdump} (ETDump: one event per MPS node, times emulated on this CPU) and "
@@ -327,6 +331,18 @@ def cmd_run(args) -> int:
     if args.etrecord:
         print(_numeric_gap_table(etdump, args.etrecord, debug_buffer))
     return 0
+
+
+def _check_output_file(path, flag: str) -> None:
+    """A file ``run`` writes must be a regular file (or not exist yet) in an existing folder: a directory,
+    a device or a FIFO there is refused before anything runs."""
+    p = pathlib.Path(path)
+    if p.is_dir():
+        raise UserError(f"{flag} {p}: is a directory, not a file to write")
+    if p.exists() and not p.is_file():
+        raise UserError(f"{flag} {p}: not a regular file (a device or FIFO); give a file path")
+    if not p.parent.is_dir():
+        raise UserError(f"{flag} {p}: folder {p.parent} does not exist")
 
 
 def _etrecord_inputs(path: str):
