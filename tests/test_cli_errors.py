@@ -86,3 +86,18 @@ def test_run_output_that_is_a_directory_or_device_is_one_line(demo, tmp_path, ca
         err = capsys.readouterr().err
         assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "t.etdp").exists()
+
+
+def test_generate_on_a_non_llm_program_or_a_garbage_tokenizer_is_one_line(demo, tmp_path, capsys):
+    """#26: `generate --runner executorch` on a non-LLM .pte and a garbage tokenizer.json were tracebacks."""
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "nonsense"}}')
+    assert main(["generate", str(demo), "--tokenizer", str(tmp_path), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable tokenizer" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    from tests.llm_helpers import train_tokenizer
+
+    train_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    for runner in ("executorch", "python"):
+        assert main(["generate", str(demo), "--tokenizer", str(tmp_path), "--prompt", "hi", "--runner", runner]) == 2
+        err = capsys.readouterr().err
+        assert "not an LLM export" in err and "Traceback" not in err, err

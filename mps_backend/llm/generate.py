@@ -49,7 +49,10 @@ class Tokenizer:
         if p.suffix == ".json":
             from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
 
-            self._hf = HFTokenizer.from_file(str(p))
+            try:
+                self._hf = HFTokenizer.from_file(str(p))
+            except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception
+                raise ValueError(f"{p}: not a readable tokenizer ({str(e).splitlines()[0][:160]})") from None
             self._pt = None
         else:
             from pytorch_tokenizers import get_tokenizer  # noqa: PLC0415
@@ -217,6 +220,7 @@ def generate_with_executorch_runner(
     text pieces its token callback received."""
     from mps_backend.runtime.emulator import load_emulator  # noqa: PLC0415
 
+    read_metadata(pte)  # a program without the runner's methods is one ValueError, not a runner abort
     load_emulator()  # registers MPSBackend in the libexecutorch the runner binding links
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner  # noqa: PLC0415
 

@@ -98,7 +98,7 @@ def cmd_generate(args) -> int:
         return 2
     try:
         tok = Tokenizer(args.tokenizer)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.runner == "executorch":
