@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.fx import Node
 
@@ -86,13 +88,6 @@ def _weight_t(b: GraphBuilder, w: Node) -> int:
     return permute(b, b.id(w), [1, 0])
 
 
-def _numel(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return n
-
-
 def _weight_prepared(w: Node) -> bool:
     """``w`` is the ``permute(W.T)`` that ``linear_weights`` made of a stored-transposed constant."""
     return is_call(w, aten.permute_copy.default)
@@ -114,7 +109,7 @@ def _linear_weight_left(node: Node, b: GraphBuilder) -> None:
         if bias is not None:
             binary(b, "MPSAdd", res, b.id(bias), out=b.out(node))
         return
-    rows = _numel(xs[:-1])
+    rows = math.prod(xs[:-1])
     x2 = b.id(x) if rank(x) == 2 else view(b, b.id(x), [rows, xs[-1]])
     xt = permute(b, x2, [1, 0])
     mm = b.new_value(dt, [n_out, rows])
@@ -132,7 +127,7 @@ def _linear_weight_left(node: Node, b: GraphBuilder) -> None:
 def _linear(node: Node, b: GraphBuilder) -> None:
     x, w = node.args[:2]
     bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
-    if not _weight_prepared(w) and _numel(shape(x)) + _numel(shape(node)) < _numel(shape(w)):
+    if not _weight_prepared(w) and math.prod(shape(x)) + math.prod(shape(node)) < math.prod(shape(w)):
         _linear_weight_left(node, b)
         return
     wt = _weight_t(b, w)
