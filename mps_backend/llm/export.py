@@ -60,6 +60,8 @@ class LLMExportResult:
     quantize: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: the self-check (``verify_steps``): a :class:`mps_backend.llm.verify.LLMVerification`
+    verification: Any = None
 
     def summary(self) -> str:
         r = self.report
@@ -76,6 +78,8 @@ class LLMExportResult:
         lines += [f"note             {n}" for n in self.notes]
         if r.on_cpu:
             lines.append(str(r).split("\n", 1)[1])
+        if self.verification is not None:
+            lines.append(str(self.verification))
         return "\n".join(lines)
 
 
@@ -180,6 +184,7 @@ def export_llm(
     progress: bool | Progress = False,
     target_runtime: str | None = DEFAULT_TARGET,
     allow_missing_kernels: bool = False,
+    verify_steps: int = 0,
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` with ``params``)
     to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
@@ -187,7 +192,9 @@ def export_llm(
     ``dtype``: ``fp16`` (default) or ``fp32`` on the device. ``quantize``: ``int4`` or ``int8``
     weight-only (torchao, ``group_size`` as in ``mps-backend export``). ``max_seq_len``: the static
     KV-cache length (default 2048 capped by the model's positions). ``target_runtime``: as in
-    :func:`mps_backend.export.export_model` (checked before anything is written)."""
+    :func:`mps_backend.export.export_model` (checked before anything is written). ``verify_steps``:
+    after writing, run that many decode steps of the ``.pte`` against the eager float32 model
+    (:mod:`mps_backend.llm.verify`; the CLI's default is 4) into ``result.verification``."""
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower  # noqa: PLC0415
 
     from mps_backend.export import drop_unused_constants  # noqa: PLC0415
@@ -241,7 +248,8 @@ def export_llm(
         bar = prog.bytes_bar("write", 0)
         size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
         bar.close()
-    return LLMExportResult(
+    program = None  # released before the verification loads the eager model
+    result = LLMExportResult(
         path=out,
         model_type=model_type,
         precision="float16" if dtype == "fp16" else "float32",
@@ -255,6 +263,29 @@ def export_llm(
         seconds=dict(prog.seconds),
         notes=notes,
     )
+    if verify_steps:
+        from mps_backend.llm.verify import verify_export  # noqa: PLC0415
+
+        def export_truncated(spec: str, path: pathlib.Path, truncated_params: str | None) -> None:
+            export_llm(
+                spec,
+                path,
+                dtype=dtype,
+                quantize=quantize,
+                group_size=group_size,
+                max_seq_len=seq_len,
+                params=truncated_params,
+                clamp_fp16=clamp_fp16,
+                target_runtime=target_runtime,
+                allow_missing_kernels=allow_missing_kernels,
+            )
+
+        with prog.stage(f"verify {verify_steps} steps"):
+            result.verification = verify_export(
+                result, model, steps=verify_steps, group_size=group_size, params=params, export=export_truncated
+            )
+        result.seconds = dict(prog.seconds)
+    return result
 
 
 def _count_mps_delegates(edge) -> int:

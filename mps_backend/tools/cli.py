@@ -59,11 +59,8 @@ def cmd_export_llm(args) -> int:
     from mps_backend.progress import Progress  # noqa: PLC0415
     from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
 
-    if args.verify:
-        raise SystemExit(
-            "--verify applies to single-step models; for a language model run "
-            "`mps-backend generate OUT.pte --tokenizer ...` (tests/test_llm.py compares with eager)"
-        )
+    if args.verify and args.no_verify:
+        raise SystemExit("error: --verify and --no-verify contradict each other")
     if args.bundled or args.etrecord:
         raise SystemExit("error: --bundled and --etrecord apply to single-step models, not to language models")
     out = _output_path(args, _use_fp16(args))
@@ -80,13 +77,14 @@ def cmd_export_llm(args) -> int:
             progress=Progress(enabled=True),
             target_runtime=_target_runtime(args),
             allow_missing_kernels=args.allow_missing_kernels,
+            verify_steps=0 if args.no_verify else args.verify_steps,
         )
     except (CheckpointError, FileNotFoundError, RuntimeCompatError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.summary())
     print(f"wrote {result.path}")
-    return 0
+    return 0 if result.verification is None or result.verification.ok else 1
 
 
 def cmd_generate(args) -> int:
@@ -491,7 +489,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="language models: clamp weights beyond the float16 range to ±65504 instead of failing",
     )
-    p.add_argument("--verify", action="store_true", help="run the .pte in the device model and compare with eager")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="run the .pte in the device model and compare with eager, exit 1 on a mismatch "
+        "(language models: always, unless --no-verify)",
+    )
+    p.add_argument(
+        "--verify-steps",
+        type=int,
+        default=4,
+        metavar="N",
+        help="language models: after writing, run the first N decode steps (default %(default)s) of the .pte "
+        "on the emulated runtime against the eager float32 model on the same tokens; exit 1 when "
+        "max |logit diff| / max |eager logit| exceeds 1e-05 (fp32), 0.01 (fp16), at least 0.002 with int4. "
+        "A model whose eager float32 copy exceeds half the available memory is checked on a copy of its "
+        "first 2 layers",
+    )
+    p.add_argument("--no-verify", action="store_true", help="language models: skip the --verify-steps check")
     p.add_argument("-o", "--output", help="output path (default: <output_dir>/<model>_mps_<fp16|fp32>.pte)")
     p.add_argument(
         "--output_dir",
