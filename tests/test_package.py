@@ -7,6 +7,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import re
 import warnings
 from pathlib import Path
 
@@ -102,3 +103,47 @@ def test_the_cli_turns_every_project_error_into_one_line(capsys, monkeypatch):
         assert cli.main(["ops"]) == status
         err = capsys.readouterr().err
         assert err.startswith(prefix) and err.count("\n") == 1, err
+
+
+PYTHON_FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def python_snippets(markdown: Path) -> list[str]:
+    return PYTHON_FENCE.findall(markdown.read_text())
+
+
+def resolve(dotted: str) -> object:
+    """The object ``mps_backend.a.b.c`` names: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)  # AttributeError: the name does not exist
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_the_package_exports_what_the_readme_imports_from_it():
+    import mps_backend
+
+    imported = {}
+    for snippet in python_snippets(ROOT / "README.md"):
+        for node in ast.walk(ast.parse(snippet)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "mps_backend":
+                for alias in node.names:
+                    imported[f"{node.module}.{alias.name}"] = (node.module, alias.name)
+    assert "mps_backend.MPSPartitioner" in imported and len(imported) >= 5, imported
+    for module, name in imported.values():
+        exported = importlib.import_module(module).__all__
+        assert name in exported, f"the README imports {name} from {module}, whose __all__ lacks it"
+    # what the README, the docs and the package's own messages send users to call is exported at the top
+    for name in ("export_model", "make_static", "edge_compile_config", "PartitionReport", "LoweringError", "MPSBackendError"):
+        assert name in mps_backend.__all__, name
+    for name in mps_backend.__all__:
+        assert getattr(mps_backend, name) is not None and name in dir(mps_backend), name
+    for name in (n for n in mps_backend.__all__ if n != "__version__"):
+        obj = getattr(mps_backend, name)
+        assert obj is resolve(f"{obj.__module__}.{name}"), name
