@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from mps_backend.errors import MPSBackendWarning
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, edge_compile_config
 from mps_backend.passes import check_fp16_constants, drop_unused_constants
 from mps_backend.runtime_compat import DEFAULT_TARGET, check_program
@@ -75,7 +76,7 @@ def make_static(ep: torch.export.ExportedProgram, example_inputs: Sequence[torch
     )
     if symbolic:
         shapes = ", ".join(str(list(x.shape)) for x in example_inputs if isinstance(x, torch.Tensor))
-        warnings.warn(f"dynamic dimensions {', '.join(symbolic)} made static: inputs {shapes}", stacklevel=2)
+        warnings.warn(f"dynamic dimensions {', '.join(symbolic)} made static: inputs {shapes}", MPSBackendWarning, stacklevel=2)
     return drop_unused_constants(torch.export.export(ep.module(), tuple(example_inputs), strict=False))
 
 

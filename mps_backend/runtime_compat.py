@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Iterable
 
+from mps_backend.errors import MPSBackendError, MPSBackendWarning
+
 #: the releases the MPS delegate runtime shipped in, oldest first (patch releases share the kernel set
 #: of the latest patch listed in the data)
 RUNTIME_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
@@ -30,11 +32,11 @@ DEFAULT_TARGET = RUNTIME_VERSIONS[0]
 LIBRARIES = ("portable", "quantized", "prim")
 
 
-class RuntimeCompatError(ValueError):
+class RuntimeCompatError(MPSBackendError, ValueError):
     """The program needs a CPU kernel the target executorch runtime does not register."""
 
 
-class RuntimeCompatWarning(UserWarning):
+class RuntimeCompatWarning(MPSBackendWarning):
     """As :class:`RuntimeCompatError`, when the caller asked for warnings."""
 
 

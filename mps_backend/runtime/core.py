@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mps_backend.errors import MPSBackendError
 from mps_backend.serialization.model import DataType, Node
 
 #: serialized dtype -> device torch dtype (semantics §3.1); absent = the runtime aborts
@@ -50,7 +51,7 @@ def max_tensor_bytes() -> int:
     return int(value) if value and value.isdigit() else DEFAULT_MAX_TENSOR_BYTES
 
 
-class DeviceError(RuntimeError):
+class DeviceError(MPSBackendError, RuntimeError):
     """What the device would do is abort, refuse to build the graph, or return NotImplemented."""
 
     def __init__(self, reason: str, node_index: int | None = None, op: str | None = None):

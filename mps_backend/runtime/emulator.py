@@ -47,6 +47,8 @@ from typing import Any
 
 import torch
 
+from mps_backend.errors import MPSBackendError, MPSBackendWarning
+
 __all__ = [
     "EmulatorBuildError",
     "EmulatorError",
@@ -65,7 +67,7 @@ _SHIM_SOURCE = Path(__file__).with_name("shim") / "mps_emulator.cpp"
 _BUILD_TIMEOUT_S = 600
 
 
-class EmulatorError(RuntimeError):
+class EmulatorError(MPSBackendError, RuntimeError):
     """The emulator could not be set up, or a program could not be loaded or run."""
 
 
@@ -73,7 +75,7 @@ class EmulatorBuildError(EmulatorError):
     """The C++ shim could not be compiled (no compiler, or the compiler failed)."""
 
 
-class InputMismatchError(ValueError):
+class InputMismatchError(EmulatorError, ValueError):
     """The inputs given to :func:`run_pte` do not match what the method expects."""
 
 
@@ -468,6 +470,7 @@ def build_shim(*, force: bool = False) -> Path:
         warnings.warn(
             f"the MPS emulator cache {target.parent} is not usable ({exc}); building in "
             f"{fallback.parent} (set MPS_BACKEND_CACHE_DIR to choose)",
+            MPSBackendWarning,
             stacklevel=2,
         )
         try:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mps_backend.errors import MPSBackendError
 from mps_backend.serialization import program as _program
 from mps_backend.serialization.flatbuf import FlatBuffer, compile_schema
 from mps_backend.serialization.program import open_program
@@ -62,7 +63,7 @@ def _tensor_layouts() -> Any:
 _LAYOUTS = _tensor_layouts()
 
 
-class ProgramFormatError(ValueError):
+class ProgramFormatError(MPSBackendError, ValueError):
     """A ``.pte`` the runtime must not be given: the message says what is wrong and where."""
 
 

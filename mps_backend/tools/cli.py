@@ -8,6 +8,8 @@ import pathlib
 import sys
 import zipfile
 
+from mps_backend.errors import InternalError, MPSBackendError
+
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
@@ -401,30 +403,8 @@ def cmd_zoo(args) -> int:
     return zoo.main(args.zoo_args)
 
 
-class UserError(Exception):
+class UserError(MPSBackendError):
     """A problem with what the user asked for: printed as one line, exit status 2."""
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean "this input cannot be used" rather than a bug: one line, no traceback."""
-    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
-    from mps_backend.passes import Float16RangeError  # noqa: PLC0415
-    from mps_backend.runtime.emulator import EmulatorError, InputMismatchError  # noqa: PLC0415
-    from mps_backend.runtime.program_check import ProgramFormatError  # noqa: PLC0415
-    from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
-    from mps_backend.serialization import MPSFormatError  # noqa: PLC0415
-
-    return (
-        UserError,
-        CheckpointError,
-        Float16RangeError,
-        EmulatorError,
-        InputMismatchError,
-        MPSFormatError,
-        ProgramFormatError,
-        RuntimeCompatError,
-        OSError,
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -605,11 +585,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except Exception as e:  # noqa: BLE001  (user errors become one line; anything else is a bug: re-raised)
-        if isinstance(e, _user_errors()):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
+    except InternalError as e:  # a bug of mps_backend, not the input's fault: one line, exit 1
+        print(f"internal error (a bug of mps_backend, please report it): {e}", file=sys.stderr)
+        return 1
+    except (MPSBackendError, OSError) as e:  # this input cannot be used: one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

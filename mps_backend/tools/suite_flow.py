@@ -74,6 +74,7 @@ from executorch.backends.test.harness import Tester
 from executorch.backends.test.harness.stages import Serialize, StageType, ToEdgeTransformAndLower
 from executorch.backends.test.suite.flow import TestFlow
 
+from mps_backend.errors import MPSBackendError
 from mps_backend.export import TOLERANCE as _EXPORT_TOLERANCE
 from mps_backend.partitioner import MPSPartitioner
 from mps_backend.tools.run_suite import CLASS_TEXT
@@ -102,11 +103,11 @@ FP16_SCALE_TOLERANCE = _EXPORT_TOLERANCE[True]
 FAILURE_CLASSES = CLASS_TEXT
 
 
-class MPSDelegateError(RuntimeError):
+class MPSDelegateError(MPSBackendError, RuntimeError):
     """An MPS delegate failed while ExecuTorch ran the program (the device model raised)."""
 
 
-class SuiteTimeout(Exception):
+class SuiteTimeout(MPSBackendError):
     """A suite test ran longer than its timeout marker allows."""
 
 

@@ -1,0 +1,149 @@
+"""The installed package as a user meets it: one error hierarchy, the public names the docs send users to,
+and the product apart from its harnesses."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import re
+import warnings
+from pathlib import Path
+
+import tomllib
+
+from mps_backend.errors import InternalError, MPSBackendError, MPSBackendWarning
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def installed_packages() -> list[str]:
+    """The packages pyproject.toml installs (the flatc bindings aside: generated code)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return [p for p in config["packages"] if ".generated" not in p]
+
+
+def installed_modules() -> list[str]:
+    """Every module of the installed package, imported (their import is what a user's import does)."""
+    names = []
+    for package in installed_packages():
+        names.append(package)
+        pkg = importlib.import_module(package)
+        names += [f"{package}.{m.name}" for m in pkgutil.iter_modules(pkg.__path__) if not m.ispkg]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in names:
+            importlib.import_module(name)
+    return names
+
+
+def test_every_exception_and_warning_class_derives_from_the_base():
+    classes = {
+        f"{name}.{cls.__name__}": cls
+        for name in installed_modules()
+        for cls in vars(importlib.import_module(name)).values()
+        if inspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == name
+    }
+    assert "mps_backend.backend.LoweringError" in classes and "mps_backend.llm.checkpoint.CheckpointError" in classes
+    assert "mps_backend.serialization.errors.MPSFormatError" in classes, sorted(classes)
+    stray = [
+        n
+        for n, c in classes.items()
+        if not (issubclass(c, MPSBackendWarning) if issubclass(c, Warning) else issubclass(c, MPSBackendError))
+    ]
+    assert not stray, f"not under MPSBackendError / MPSBackendWarning: {stray}"
+    # the builtin bases user code may catch are kept
+    from mps_backend.backend import LoweringBug, LoweringError
+    from mps_backend.llm.checkpoint import CheckpointError
+    from mps_backend.runtime.emulator import EmulatorError, InputMismatchError
+
+    assert issubclass(CheckpointError, ValueError) and issubclass(LoweringError, RuntimeError)
+    assert issubclass(InputMismatchError, EmulatorError) and issubclass(InputMismatchError, ValueError)
+    assert issubclass(LoweringBug, InternalError) and not issubclass(CheckpointError, InternalError)
+
+
+def _warn_category(call: ast.Call, namespace: dict) -> type | None:
+    """The category a ``warnings.warn(...)`` call emits, resolved in its module's namespace."""
+    expr = next((k.value for k in call.keywords if k.arg == "category"), call.args[1] if len(call.args) > 1 else None)
+    if expr is None and call.args and isinstance(call.args[0], ast.Call):
+        expr = call.args[0].func  # warnings.warn(SomeWarning("..."))
+    if expr is None:
+        return UserWarning
+    return eval(compile(ast.Expression(expr), "<category>", "eval"), namespace)  # a name or attribute
+
+
+def test_every_warning_the_package_emits_is_a_project_warning():
+    emitted = []
+    for name in installed_modules():
+        module = importlib.import_module(name)
+        for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("warnings.warn", "warn"):
+                namespace = {**vars(module), "warnings": warnings}
+                emitted.append((f"{name}:{node.lineno}", _warn_category(node, namespace)))
+    assert len(emitted) >= 6, emitted
+    stray = [where for where, cat in emitted if not (inspect.isclass(cat) and issubclass(cat, MPSBackendWarning))]
+    assert not stray, f"warnings.warn without an MPSBackendWarning category: {stray}"
+
+
+def test_the_cli_turns_every_project_error_into_one_line(capsys, monkeypatch):
+    from mps_backend.backend import LoweringBug
+    from mps_backend.runtime.core import DeviceError
+    from mps_backend.tools import cli
+
+    for error, status, prefix in (
+        (DeviceError("the graph aborts", 3, "gather"), 2, "error: node 3 (gather): the graph aborts"),
+        (LoweringBug("node x (aten.add): no lowering"), 1, "internal error (a bug of mps_backend"),
+    ):
+
+        def ops(args, error=error):
+            raise error
+
+        monkeypatch.setattr(cli, "cmd_ops", ops)
+        assert cli.main(["ops"]) == status
+        err = capsys.readouterr().err
+        assert err.startswith(prefix) and err.count("\n") == 1, err
+
+
+PYTHON_FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+
+def python_snippets(markdown: Path) -> list[str]:
+    return PYTHON_FENCE.findall(markdown.read_text())
+
+
+def resolve(dotted: str) -> object:
+    """The object ``mps_backend.a.b.c`` names: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)  # AttributeError: the name does not exist
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_the_package_exports_what_the_readme_imports_from_it():
+    import mps_backend
+
+    imported = {}
+    for snippet in python_snippets(ROOT / "README.md"):
+        for node in ast.walk(ast.parse(snippet)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "mps_backend":
+                for alias in node.names:
+                    imported[f"{node.module}.{alias.name}"] = (node.module, alias.name)
+    assert "mps_backend.MPSPartitioner" in imported and len(imported) >= 5, imported
+    for module, name in imported.values():
+        exported = importlib.import_module(module).__all__
+        assert name in exported, f"the README imports {name} from {module}, whose __all__ lacks it"
+    # what the README, the docs and the package's own messages send users to call is exported at the top
+    for name in ("export_model", "make_static", "edge_compile_config", "PartitionReport", "LoweringError", "MPSBackendError"):
+        assert name in mps_backend.__all__, name
+    for name in mps_backend.__all__:
+        assert getattr(mps_backend, name) is not None and name in dir(mps_backend), name
+    for name in (n for n in mps_backend.__all__ if n != "__version__"):
+        obj = getattr(mps_backend, name)
+        assert obj is resolve(f"{obj.__module__}.{name}"), name
