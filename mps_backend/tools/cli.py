@@ -594,7 +594,25 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, _user_errors()):
             print(f"error: {e}", file=sys.stderr)
             return 2
+        message = _runtime_failure(e)
+        if message is not None:
+            print(f"error: {message}", file=sys.stderr)
+            return 2
         raise
+
+
+def _runtime_failure(e: BaseException) -> str | None:
+    """One line for a failure of the program being run rather than of the CLI: an emulated MPS delegate
+    the device would abort on (DeviceError, raised out of executorch's execute), or memory running out
+    (a MemoryError, which is also what a C++ std::bad_alloc inside executorch or torch becomes)."""
+    from mps_backend.runtime.core import DeviceError  # noqa: PLC0415
+
+    if isinstance(e, DeviceError):
+        return f"the MPS delegate failed on the device model: {e}"
+    if isinstance(e, MemoryError):
+        detail = f" ({e})" if str(e) else ""
+        return f"out of memory{detail}: the program or model needs more memory than this machine has"
+    return None
 
 
 if __name__ == "__main__":
