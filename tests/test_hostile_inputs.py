@@ -367,3 +367,62 @@ def test_program_check_memory_plan(bundled, monkeypatch):
         program_check.check_program(pte)
     monkeypatch.setenv("MPS_BACKEND_MAX_PLAN_BYTES", str(total + 1))
     program_check.check_program(pte)
+
+
+# ---------------------------------------------------------------- run: delegate failures, memory
+
+
+def _blob_field_offset(blob: bytes, op: str, field: str) -> int:
+    """Byte offset in ``blob`` of the scalar ``field`` of the first ``op`` node (to patch in place)."""
+    import struct
+
+    from mps_backend.serialization import reader
+    from mps_backend.serialization.model import HEADER_SIZE, UNION_MEMBERS, UNION_NAMES
+
+    header = reader.read_header(blob)
+    fb = reader._FlatBuffer(memoryview(blob)[HEADER_SIZE : header.segment_offset], "blob")
+    graph = fb.table(fb.deref(0, "root"), "MPSGraph", "graph")
+    for pos in graph["mps_nodes"]:
+        tag, body = fb.table(pos, "MPSNode", "node")["mpsnode_union"]
+        if UNION_NAMES[tag] == op:
+            (slot,) = [f.slot for f in reader._LAYOUTS[UNION_MEMBERS[op]] if f.name == field]
+            vtable = body - struct.unpack_from("<i", fb.buf, body)[0]
+            return HEADER_SIZE + body + struct.unpack_from("<H", fb.buf, vtable + 4 + 2 * slot)[0]
+    raise AssertionError(f"no {op} node")
+
+
+def test_run_of_a_program_the_device_aborts_on_is_one_line(tmp_path, capsys, monkeypatch):
+    """A max-pool padding of 2**30 passes the program check and inspect; the emulated delegate refuses it
+    (DeviceError out of executorch's execute, was a traceback) and run says so in one line naming the
+    MPS delegate, the node and the cause. A MemoryError (what std::bad_alloc becomes) is one line too."""
+    import struct
+
+    from mps_backend.export import export_model
+    from mps_backend.serialization.pte import delegate_blobs
+
+    model = torch.nn.Sequential(torch.nn.MaxPool2d(2, 2, padding=1)).eval()
+    pte = bytes(export_model(model, [torch.randn(1, 1, 4, 4)], use_fp16=False).pte)
+    blob = delegate_blobs(pte)[0].blob
+    data = bytearray(pte)
+    at = pte.index(blob) + _blob_field_offset(blob, "MPSMaxPool2DWithIndices", "padding_left")
+    assert struct.unpack_from("<i", data, at) == (1,)
+    struct.pack_into("<i", data, at, 2**30)
+    path = tmp_path / "pool.pte"
+    path.write_bytes(bytes(data))
+    assert main(["inspect", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err), err
+    line = next(line for line in err.splitlines() if line.startswith("error: "))
+    assert "MPS delegate" in line and "MPSMaxPool2DWithIndices" in line and "padded to" in line, line
+
+    import mps_backend.runtime
+
+    def bad_alloc(*args, **kwargs):
+        raise MemoryError("std::bad_alloc")
+
+    monkeypatch.setattr(mps_backend.runtime, "run_pte", bad_alloc)
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "out of memory (std::bad_alloc)" in err, err

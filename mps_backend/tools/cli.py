@@ -588,9 +588,23 @@ def main(argv: list[str] | None = None) -> int:
     except InternalError as e:  # a bug of mps_backend, not the input's fault: one line, exit 1
         print(f"internal error (a bug of mps_backend, please report it): {e}", file=sys.stderr)
         return 1
-    except (MPSBackendError, OSError) as e:  # this input cannot be used: one line, exit 2
-        print(f"error: {e}", file=sys.stderr)
+    except (MPSBackendError, OSError, MemoryError) as e:  # this input cannot be used: one line, exit 2
+        print(f"error: {_runtime_failure(e) or e}", file=sys.stderr)
         return 2
+
+
+def _runtime_failure(e: BaseException) -> str | None:
+    """One line for a failure of the program being run rather than of the CLI: an emulated MPS delegate
+    the device would abort on (DeviceError, raised out of executorch's execute), or memory running out
+    (a MemoryError, which is also what a C++ std::bad_alloc inside executorch or torch becomes)."""
+    from mps_backend.runtime.core import DeviceError  # noqa: PLC0415
+
+    if isinstance(e, DeviceError):
+        return f"the MPS delegate failed on the device model: {e}"
+    if isinstance(e, MemoryError):
+        detail = f" ({e})" if str(e) else ""
+        return f"out of memory{detail}: the program or model needs more memory than this machine has"
+    return None
 
 
 if __name__ == "__main__":
