@@ -92,7 +92,11 @@ def test_the_cli_turns_every_project_error_into_one_line(capsys, monkeypatch):
     from mps_backend.tools import cli
 
     for error, status, prefix in (
-        (DeviceError("the graph aborts", 3, "gather"), 2, "error: node 3 (gather): the graph aborts"),
+        (
+            DeviceError("the graph aborts", 3, "gather"),
+            2,
+            "error: the MPS delegate failed on the device model: node 3 (gather): the graph aborts",
+        ),
         (LoweringBug("node x (aten.add): no lowering"), 1, "internal error (a bug of mps_backend"),
     ):
 
