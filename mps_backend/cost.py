@@ -205,8 +205,8 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
     consumers: dict[int, list[int]] = collections.defaultdict(list)
     operands: list[list[int]] = []
     for i, n in enumerate(graph.nodes):
-        ins = [v for v in dict.fromkeys(node_value_ids(n.fields, outputs=False)) if 0 <= v < len(values)]
-        ins = [v for v in ins if not _ignored(n, v)]
+        read = {k: v for k, v in n.fields.items() if (n.op, k) not in IGNORED_IDS}
+        ins = [v for v in dict.fromkeys(node_value_ids(read, outputs=False)) if 0 <= v < len(values)]
         operands.append(ins)
         for v in ins:
             consumers[v].append(i)
@@ -288,7 +288,8 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
     naive, fused = Traffic(), Traffic()
     costs: list[NodeCost] = []
     for i, n in enumerate(graph.nodes):
-        outs = [v for v in node_value_ids(n.fields, outputs=True) if 0 <= v < len(values) and not _ignored(n, v)]
+        defined = {k: v for k, v in n.fields.items() if (n.op, k) not in IGNORED_IDS}
+        outs = [v for v in node_value_ids(defined, outputs=True) if 0 <= v < len(values)]
         t_naive, t_fused = Traffic(), Traffic()
         if n.op not in RESHAPES:
             taken = sum(size[v] for v in outs)
@@ -326,10 +327,6 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
 def _out(n: Node) -> int:
     v = n.fields.get("output_id", n.fields.get("output1_id"))
     return v if isinstance(v, int) else -1
-
-
-def _ignored(n: Node, v: int) -> bool:
-    return any((n.op, f) in IGNORED_IDS and n.fields.get(f) == v for f in n.fields)
 
 
 def _gathered(n: Node, v: int) -> bool:
