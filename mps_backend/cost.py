@@ -26,7 +26,8 @@ and caches is unknown to it. Its assumptions:
 - CPU kernels (the program's non-delegate instructions) read their tensor arguments and write their
   outputs in full (per the operator's schema: mutated and trailing ``out`` arguments are outputs); an
   in-place index write (``index_put_``, ``index_copy_``, ``scatter``) writes only its source rows.
-- The **floor**: every constant read once, every state buffer read once, the rows written into state
+- The **floor**: every constant read once (one read only by gathers: the rows they take), every state
+  buffer read once, the rows written into state
   (an index_put's values) and the method's outputs written once. The ratios are naive / floor and
   fused / floor.
 """
@@ -183,7 +184,8 @@ def _b(n: int) -> str:
 
 @dataclass
 class GraphCost:
-    """The cost of one MPS graph; ``rows`` is the floor's rows written into state (index_put values)."""
+    """The cost of one MPS graph. The floor's parts: ``constants`` (each once; one only gathered from:
+    the rows taken), ``state`` (the state inputs once), ``rows`` (written into state: index_put values)."""
 
     nodes_by_kind: dict[str, int]
     naive: Traffic
@@ -313,12 +315,19 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
         if n.op in INDEX_WRITES and operands[i] and reads(operands[i][0], False)[0][1] in state:
             src = n.fields.get("values_id", n.fields.get("src_id"))
             rows += size[src] if isinstance(src, int) and 0 <= src < len(values) else 0
+    floor_constants = 0  # each constant once; one only gathered from: the rows taken
+    for v in constants:
+        if not 0 <= v < len(values):
+            continue
+        cs = real_consumers(v)
+        gathers = [c for c in cs if graph.nodes[c].op in GATHERS and reads(operands[c][0], False)[0][1] == v]
+        floor_constants += sum(size[_out(graph.nodes[c])] for c in gathers) if cs and gathers == cs else size[v]
     return GraphCost(
         dict(collections.Counter(n.op for n in graph.nodes)),
         naive,
         fused,
         costs,
-        sum(size[v] for v in constants if 0 <= v < len(values)),
+        floor_constants,
         sum(size[v] for v in state if 0 <= v < len(values)),
         rows,
     )

@@ -97,6 +97,9 @@ def test_embedding_reads_only_the_rows_it_gathers():
     c = graph_cost(g)
     assert c.naive.total == c.fused.total == 96 + 24 + 96
     assert roles(c.naive) == {"weights": 96, "activations": 120}
+    assert c.constants == 96  # the floor reads the rows taken, not the table
+    g.nodes.append(Node("MPSMatMul", {"input1_id": 2, "input2_id": 0, "output_id": 2}))  # a tied lm_head
+    assert graph_cost(g).constants == 3200
 
 
 def test_kv_cache_update_expand_and_transpose():
