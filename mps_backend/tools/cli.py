@@ -1,4 +1,4 @@
-"""The ``mps-backend`` command: export | inspect | run | generate | ops | zoo."""
+"""The ``mps-backend`` command: export | inspect | cost | run | generate | ops | zoo."""
 
 from __future__ import annotations
 
@@ -388,6 +388,16 @@ def cmd_debug(args) -> int:
     return 0
 
 
+def cmd_cost(args) -> int:
+    from mps_backend.cost import cost_of_program  # noqa: PLC0415
+
+    if args.top < 0:
+        raise UserError(f"--top {args.top}: give a count of 0 or more")
+    cost = cost_of_program(_read_pte(args.file, mapped=True), args.method, top=args.top)
+    print(cost.to_json() if args.json else cost.format())
+    return 0
+
+
 def cmd_ops(args) -> int:
     from mps_backend.operators import default_registry  # noqa: PLC0415
 
@@ -528,6 +538,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("file")
     p.add_argument("--values", action="store_true", help="list every value")
     p.set_defaults(fn=cmd_inspect)
+    p = sub.add_parser(
+        "cost",
+        help="bytes a method of a .pte moves per execution on the device, naive and fused, vs the floor "
+        "(a model, not a device measurement: docs/device-cost.md)",
+    )
+    p.add_argument("file")
+    p.add_argument("--method", default=None, help="the method (default: forward)")
+    p.add_argument("--json", action="store_true", help="print the cost as JSON")
+    p.add_argument("--top", type=int, default=10, help="how many of the costliest nodes to list (default: %(default)s)")
+    p.set_defaults(fn=cmd_cost)
     p = sub.add_parser("run", help="run a .pte through the emulated MPS runtime")
     p.add_argument("file")
     src = p.add_mutually_exclusive_group()
