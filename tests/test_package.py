@@ -208,3 +208,25 @@ def test_layering_the_product_imports_no_harness_and_the_pipeline_nothing_above_
     assert not upward, upward
     # the check sees imports at any depth: the harness does import pytest
     assert any(n == "pytest" for _, n in imported_names(ROOT / "harness" / "suite_flow.py"))
+
+
+def test_one_meaning_per_dtype_table_and_per_check_name():
+    from mps_backend import dtypes, runtime_compat
+    from mps_backend.runtime import core, program_check
+    from mps_backend.serialization import device_facts
+
+    # torch dtypes the lowering emits (dtypes.DEVICE_DTYPES) map into the serialized types the device
+    # creates (device_facts.DEVICE_DATATYPES), which are exactly what the device model holds (core.DEVICE_DTYPE)
+    assert dtypes.DEVICE_DTYPES == frozenset(dtypes.TORCH_TO_MPS) == frozenset(core.BINARY_DTYPES)
+    assert set(dtypes.TORCH_TO_MPS.values()) <= device_facts.DEVICE_DATATYPES == frozenset(core.DEVICE_DTYPE)
+    assert dtypes.FLOAT_DTYPES <= dtypes.DEVICE_DTYPES
+    # one definition of each table: the device model imports the float set, nothing redefines it
+    for name in installed_modules():
+        tree = ast.parse(Path(importlib.import_module(name).__file__).read_text())
+        for node in tree.body:
+            targets = [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+            for table in ("FLOAT_DTYPES", "DEVICE_DTYPES"):
+                assert table not in targets or name == "mps_backend.dtypes", f"{name} defines its own {table}"
+    # "check_program" is the format check of a .pte; the kernel-availability check is check_kernels
+    assert callable(program_check.check_program) and callable(runtime_compat.check_kernels)
+    assert not hasattr(runtime_compat, "check_program")
