@@ -17,7 +17,7 @@ import math
 from typing import Any, Mapping
 
 from .device_facts import (
-    DEVICE_DTYPES,
+    DEVICE_DATATYPES,
     IGNORED_IDS,
     NOT_DISPATCHED,
     NULLABLE,
@@ -210,7 +210,7 @@ def _check_constants(graph: Graph, header: Header) -> None:
     for vid in graph.constant_ids:
         t = graph.values[vid]
         where = f"constant value {vid}"
-        if t.datatype not in DEVICE_DTYPES:
+        if t.datatype not in DEVICE_DATATYPES:
             raise MPSFormatError(f"{where}: dtype {t.datatype.name} is not supported on the device")
         size, off = t.constant_buffer_size, t.segment_offset
         if size <= 0:
@@ -242,7 +242,7 @@ def validate_graph(graph: Graph, header: Header) -> None:
         )
     for vid in graph.input_ids:
         dt = graph.values[vid].datatype
-        if dt not in DEVICE_DTYPES:
+        if dt not in DEVICE_DATATYPES:
             raise MPSFormatError(f"input value {vid}: dtype {dt.name} is not supported on the device")
     _check_constants(graph, header)
 

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.lowered_backend_module import get_lowered_submodules
 
+from harness import zoo
 from mps_backend import MPSPartitioner
-from mps_backend.tools import zoo
 
 
 def _expansion(fn, *inputs, use_fp16=False, module=None):

@@ -151,3 +151,86 @@ def test_the_package_exports_what_the_readme_imports_from_it():
     for name in (n for n in mps_backend.__all__ if n != "__version__"):
         obj = getattr(mps_backend, name)
         assert obj is resolve(f"{obj.__module__}.{name}"), name
+
+
+def imported_names(path: Path, package: str = "") -> list[tuple[int, str]]:
+    """Every module an ``import`` statement of the file names, at any depth (lazy imports too), absolute
+    (relative imports resolved against ``package``, the file's package)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against the installed package name
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            found += [(node.lineno, base)] + [(node.lineno, f"{base}.{a.name}") for a in node.names]
+    return found
+
+
+def installed_files() -> dict[str, Path]:
+    """Installed module name -> its source file (``mps_backend.operators`` is ./operators, ...)."""
+    return {name: Path(importlib.import_module(name).__file__) for name in installed_modules()}
+
+
+#: the lowering pipeline: exported program -> MP00 blob
+PIPELINE = (
+    "mps_backend.backend",
+    "mps_backend.builder",
+    "mps_backend.partitioner",
+    "mps_backend.simplify",
+    "mps_backend.compile_specs",
+    "mps_backend.dtypes",
+    "mps_backend.errors",
+    "mps_backend.passes",
+    "mps_backend.operators",
+    "mps_backend.serialization",
+)
+#: what the pipeline must not import: the CLI and tooling, the LLM path, the device model and emulator
+ABOVE_THE_PIPELINE = ("mps_backend.tools", "mps_backend.llm", "mps_backend.runtime", "mps_backend.export")
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_layering_the_product_imports_no_harness_and_the_pipeline_nothing_above_it():
+    files = installed_files()
+    assert "harness" not in {p.split(".")[0] for p in installed_packages()}
+    assert not any(_within(n, ("mps_backend.tools.zoo", "mps_backend.tools.run_suite")) for n in files)
+    harness_or_pytest, upward = [], []
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for line, imported in imported_names(path, package):
+            where = f"{name}:{line} imports {imported}"
+            if _within(imported, ("pytest", "_pytest", "harness")):
+                harness_or_pytest.append(where)
+            if _within(name, PIPELINE) and _within(imported, ABOVE_THE_PIPELINE):
+                upward.append(where)
+    assert not harness_or_pytest, harness_or_pytest
+    assert not upward, upward
+    # the check sees imports at any depth: the harness does import pytest
+    assert any(n == "pytest" for _, n in imported_names(ROOT / "harness" / "suite_flow.py"))
+
+
+def test_one_meaning_per_dtype_table_and_per_check_name():
+    from mps_backend import dtypes, runtime_compat
+    from mps_backend.runtime import core, program_check
+    from mps_backend.serialization import device_facts
+
+    # torch dtypes the lowering emits (dtypes.DEVICE_DTYPES) map into the serialized types the device
+    # creates (device_facts.DEVICE_DATATYPES), which are exactly what the device model holds (core.DEVICE_DTYPE)
+    assert dtypes.DEVICE_DTYPES == frozenset(dtypes.TORCH_TO_MPS) == frozenset(core.BINARY_DTYPES)
+    assert set(dtypes.TORCH_TO_MPS.values()) <= device_facts.DEVICE_DATATYPES == frozenset(core.DEVICE_DTYPE)
+    assert dtypes.FLOAT_DTYPES <= dtypes.DEVICE_DTYPES
+    # one definition of each table: the device model imports the float set, nothing redefines it
+    for name in installed_modules():
+        tree = ast.parse(Path(importlib.import_module(name).__file__).read_text())
+        for node in tree.body:
+            targets = [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+            for table in ("FLOAT_DTYPES", "DEVICE_DTYPES"):
+                assert table not in targets or name == "mps_backend.dtypes", f"{name} defines its own {table}"
+    # "check_program" is the format check of a .pte; the kernel-availability check is check_kernels
+    assert callable(program_check.check_program) and callable(runtime_compat.check_kernels)
+    assert not hasattr(runtime_compat, "check_program")

@@ -198,7 +198,7 @@ def export_llm(
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower  # noqa: PLC0415
 
     from mps_backend.export import drop_unused_constants  # noqa: PLC0415
-    from mps_backend.runtime_compat import check_program  # noqa: PLC0415
+    from mps_backend.runtime_compat import check_kernels  # noqa: PLC0415
 
     out = pathlib.Path(output)
     kind, source = parse_model_spec(model)
@@ -243,7 +243,7 @@ def export_llm(
             warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected", category=UserWarning)
             program = edge.to_executorch(ExecutorchBackendConfig())
         del edge
-        check_program(program, target_runtime, warn_only=allow_missing_kernels)
+        check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
     with prog.stage(f"write {out.name}", ticker=False):
         bar = prog.bytes_bar("write", 0)
         size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))

@@ -34,7 +34,6 @@ DEVICE_DTYPE: dict[DataType, torch.dtype] = {
 
 #: device dtypes that the binary helpers accept (semantics §3.1, last paragraph)
 BINARY_DTYPES = (torch.float16, torch.float32, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
-FLOAT_DTYPES = (torch.float16, torch.float32)
 
 
 #: the device model refuses any single tensor larger than this (bytes; $MPS_BACKEND_MAX_TENSOR_BYTES

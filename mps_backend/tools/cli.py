@@ -408,9 +408,17 @@ def cmd_ops(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    from mps_backend.tools import zoo  # noqa: PLC0415
+    """The model zoo is a harness of the source checkout (harness/zoo.py), not installed: run it from there."""
+    import importlib  # noqa: PLC0415
 
-    return zoo.main(args.zoo_args)
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    if not (checkout / "harness" / "zoo.py").is_file():
+        raise UserError(
+            "mps-backend zoo runs the model zoo of a source checkout (harness/zoo.py, `make zoo`); this installation has none"
+        )
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    return importlib.import_module("harness.zoo").main(args.zoo_args)
 
 
 class UserError(MPSBackendError):
@@ -420,7 +428,7 @@ class UserError(MPSBackendError):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["zoo"]:  # its own options (argparse.REMAINDER would not take leading --options)
-        return cmd_zoo(argparse.Namespace(zoo_args=argv[1:]))
+        return _run(cmd_zoo, argparse.Namespace(zoo_args=argv[1:]))
     from mps_backend.runtime_compat import DEFAULT_TARGET, RUNTIME_VERSIONS  # noqa: PLC0415 - stdlib only
 
     parser = argparse.ArgumentParser(prog="mps-backend", description="Lower PyTorch models to the ExecuTorch MPS delegate.")
@@ -598,13 +606,20 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("ops", help="list the aten targets with an MPS lowering")
     p.set_defaults(fn=cmd_ops)
     p = sub.add_parser(
-        "zoo", add_help=False, help="export, verify and measure the model zoo (mps_backend/tools/zoo.py; --help for options)"
+        "zoo",
+        add_help=False,
+        help="export, verify and measure the model zoo (harness/zoo.py of a source checkout; --help for options)",
     )
     p.add_argument("zoo_args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_zoo)
     args = parser.parse_args(argv)
+    return _run(args.fn, args)
+
+
+def _run(fn, args) -> int:
+    """``fn(args)``, any error of mps_backend (or the file system) told in one line."""
     try:
-        return args.fn(args)
+        return fn(args)
     except InternalError as e:  # a bug of mps_backend, not the input's fault: one line, exit 1
         print(f"internal error (a bug of mps_backend, please report it): {e}", file=sys.stderr)
         return 1
