@@ -426,3 +426,43 @@ def test_run_of_a_program_the_device_aborts_on_is_one_line(tmp_path, capsys, mon
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
     assert _one_line_error(err) and "out of memory (std::bad_alloc)" in err, err
+
+
+def test_blob_value_sizes_are_bounded():
+    """A value whose byte size overflows int64 (dims of 2**31-1 in five axes) is refused by read_blob
+    (it passed, and the device model then failed in torch); one just within is left to the device model's
+    per-tensor budget (a DeviceError). A host allocation failing inside a kernel is a DeviceError too."""
+    import sys
+    from pathlib import Path
+
+    from mps_backend.runtime.core import DeviceError
+    from mps_backend.runtime.interpreter import Interpreter
+    from mps_backend.serialization import MPSFormatError, read_blob
+    from mps_backend.serialization.model import DataType
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.runtime.helpers import GraphSpec
+
+    def blob(dims):
+        g = GraphSpec()
+        x = g.value(DataType.float32, dims)
+        g.graph.input_ids.append(x)
+        o = g.value(DataType.float32, dims)
+        g.node("MPSExp", input1_id=x, output_id=o)
+        return g.output(o).to_bytes()
+
+    for dims in ([2**31 - 1] * 5, [2**31 - 1, 2**31 - 1, 2**30]):
+        with pytest.raises(MPSFormatError, match=r"not below 2\*\*63"):
+            read_blob(blob(dims))
+    near = blob([2**31 - 1, 2**30])  # 2**63 - 2**32 bytes: a valid blob the device model refuses
+    read_blob(near)
+    with pytest.raises(DeviceError, match="beyond the device model"):
+        Interpreter(near)
+
+    def no_memory(*args):
+        raise MemoryError
+
+    interp = Interpreter(blob([2]))
+    interp._plan = [(i, node, no_memory) for i, node, _ in interp._plan]
+    with pytest.raises(DeviceError, match="ran out of host memory"):
+        interp.run([torch.ones(2)])
