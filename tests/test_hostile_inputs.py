@@ -466,3 +466,31 @@ def test_blob_value_sizes_are_bounded():
     interp._plan = [(i, node, no_memory) for i, node, _ in interp._plan]
     with pytest.raises(DeviceError, match="ran out of host memory"):
         interp.run([torch.ones(2)])
+
+
+# ---------------------------------------------------------------- export: every program loads or is refused
+
+
+def test_argsort_is_refused_for_the_target_runtime_or_named_at_load(tmp_path):
+    """torch.argsort stays on CPU (the device has no sort) as aten::sort.values, which executorch 1.0's
+    kernel libraries lack: export refuses it with the reason in both precisions (here as the warning of
+    allow_missing_kernels). With the check skipped that way (or target_runtime=None, --target-runtime none)
+    the program exports, and loading it names the missing kernel (it said "a delegate failed to initialise")."""
+    from mps_backend.export import export_model
+    from mps_backend.runtime import EmulatorError, run_pte
+    from mps_backend.runtime_compat import RuntimeCompatWarning
+
+    class Argsort(torch.nn.Module):
+        def forward(self, x):
+            return torch.argsort(x, dim=-1)
+
+    x = torch.randn(2, 8)
+    for fp16 in (False, True):  # allow_missing_kernels: the refusal as a warning, and the program
+        with pytest.warns(RuntimeCompatWarning, match=r"aten::sort\.values .*no kernel in executorch 1\.0"):
+            result = export_model(Argsort().eval(), [x], use_fp16=fp16, allow_missing_kernels=True)
+        assert "no MPS lowering for aten.sort.default" in str(result.report)
+        with pytest.raises(EmulatorError, match=r"runs aten::sort\.values on CPU and this executorch runtime has no kernel"):
+            run_pte(result.pte, [x])
+    path = tmp_path / "argsort.pte"
+    path.write_bytes(bytes(result.pte))
+    assert main(["run", str(path)]) == 2

@@ -445,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_TARGET,
         choices=(*RUNTIME_VERSIONS, "none"),
         help="the oldest executorch release the app ships (default: %(default)s, the oldest with the MPS "
-        "delegate): an operator left on CPU without a kernel there is an error; none: no check",
+        "delegate): an operator left on CPU without a kernel there is an error; none: no check (such a "
+        "program then fails to load, naming the missing kernel)",
     )
     p.add_argument(
         "--allow-missing-kernels",
