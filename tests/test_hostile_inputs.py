@@ -494,3 +494,47 @@ def test_argsort_is_refused_for_the_target_runtime_or_named_at_load(tmp_path):
     path = tmp_path / "argsort.pte"
     path.write_bytes(bytes(result.pte))
     assert main(["run", str(path)]) == 2
+
+
+# ---------------------------------------------------------------- export outputs
+
+
+def test_export_outputs_devices_fifos_symlinks_full_disk(tmp_path, capsys):
+    """-o naming a FIFO (or a device: /dev/full was replaced, rc 0) is refused in one line before the
+    export runs and is left as it was; a symlink is written through (the link stays, its target gets
+    the program); a write failing with ENOSPC is one OSError line, leaves no .partial file and the old
+    file intact."""
+    import errno
+    import os
+    import stat
+
+    from mps_backend.llm.export import write_atomically
+
+    fifo = tmp_path / "out.pte"
+    os.mkfifo(fifo)
+    for argv in (["export", "-o", str(fifo)], ["export", "--model", f"hf:{tmp_path}", "-o", str(fifo)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and "not a regular file" in err, err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    (tmp_path / "link.pte").symlink_to(fifo)
+    with pytest.raises(FileExistsError, match="a symlink to .*not a regular file"):
+        write_atomically(tmp_path / "link.pte", lambda f: f.write(b"x"))
+
+    target = tmp_path / "real" / "model.pte"
+    target.parent.mkdir()
+    target.write_bytes(b"old")
+    link = tmp_path / "link2.pte"
+    link.symlink_to(target)
+    assert write_atomically(link, lambda f: f.write(b"new program")) == len(b"new program")
+    assert link.is_symlink() and target.read_bytes() == b"new program"
+
+    def full_disk(f):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(OSError) as e:
+        write_atomically(target, full_disk)
+    assert e.value.errno == errno.ENOSPC and "\n" not in str(e.value) and "nothing was replaced" in str(e.value)
+    assert target.read_bytes() == b"new program"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model.pte"]  # no .partial left
