@@ -426,3 +426,115 @@ def test_run_of_a_program_the_device_aborts_on_is_one_line(tmp_path, capsys, mon
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
     assert _one_line_error(err) and "out of memory (std::bad_alloc)" in err, err
+
+
+def test_blob_value_sizes_are_bounded():
+    """A value whose byte size overflows int64 (dims of 2**31-1 in five axes) is refused by read_blob
+    (it passed, and the device model then failed in torch); one just within is left to the device model's
+    per-tensor budget (a DeviceError). A host allocation failing inside a kernel is a DeviceError too."""
+    import sys
+    from pathlib import Path
+
+    from mps_backend.runtime.core import DeviceError
+    from mps_backend.runtime.interpreter import Interpreter
+    from mps_backend.serialization import MPSFormatError, read_blob
+    from mps_backend.serialization.model import DataType
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.runtime.helpers import GraphSpec
+
+    def blob(dims):
+        g = GraphSpec()
+        x = g.value(DataType.float32, dims)
+        g.graph.input_ids.append(x)
+        o = g.value(DataType.float32, dims)
+        g.node("MPSExp", input1_id=x, output_id=o)
+        return g.output(o).to_bytes()
+
+    for dims in ([2**31 - 1] * 5, [2**31 - 1, 2**31 - 1, 2**30]):
+        with pytest.raises(MPSFormatError, match=r"not below 2\*\*63"):
+            read_blob(blob(dims))
+    near = blob([2**31 - 1, 2**30])  # 2**63 - 2**32 bytes: a valid blob the device model refuses
+    read_blob(near)
+    with pytest.raises(DeviceError, match="beyond the device model"):
+        Interpreter(near)
+
+    def no_memory(*args):
+        raise MemoryError
+
+    interp = Interpreter(blob([2]))
+    interp._plan = [(i, node, no_memory) for i, node, _ in interp._plan]
+    with pytest.raises(DeviceError, match="ran out of host memory"):
+        interp.run([torch.ones(2)])
+
+
+# ---------------------------------------------------------------- export: every program loads or is refused
+
+
+def test_argsort_is_refused_for_the_target_runtime_or_named_at_load(tmp_path):
+    """torch.argsort stays on CPU (the device has no sort) as aten::sort.values, which executorch 1.0's
+    kernel libraries lack: export refuses it with the reason in both precisions (here as the warning of
+    allow_missing_kernels). With the check skipped that way (or target_runtime=None, --target-runtime none)
+    the program exports, and loading it names the missing kernel (it said "a delegate failed to initialise")."""
+    from mps_backend.export import export_model
+    from mps_backend.runtime import EmulatorError, run_pte
+    from mps_backend.runtime_compat import RuntimeCompatWarning
+
+    class Argsort(torch.nn.Module):
+        def forward(self, x):
+            return torch.argsort(x, dim=-1)
+
+    x = torch.randn(2, 8)
+    for fp16 in (False, True):  # allow_missing_kernels: the refusal as a warning, and the program
+        with pytest.warns(RuntimeCompatWarning, match=r"aten::sort\.values .*no kernel in executorch 1\.0"):
+            result = export_model(Argsort().eval(), [x], use_fp16=fp16, allow_missing_kernels=True)
+        assert "no MPS lowering for aten.sort.default" in str(result.report)
+        with pytest.raises(EmulatorError, match=r"runs aten::sort\.values on CPU and this executorch runtime has no kernel"):
+            run_pte(result.pte, [x])
+    path = tmp_path / "argsort.pte"
+    path.write_bytes(bytes(result.pte))
+    assert main(["run", str(path)]) == 2
+
+
+# ---------------------------------------------------------------- export outputs
+
+
+def test_export_outputs_devices_fifos_symlinks_full_disk(tmp_path, capsys):
+    """-o naming a FIFO (or a device: /dev/full was replaced, rc 0) is refused in one line before the
+    export runs and is left as it was; a symlink is written through (the link stays, its target gets
+    the program); a write failing with ENOSPC is one OSError line, leaves no .partial file and the old
+    file intact."""
+    import errno
+    import os
+    import stat
+
+    from mps_backend.llm.export import write_atomically
+
+    fifo = tmp_path / "out.pte"
+    os.mkfifo(fifo)
+    for argv in (["export", "-o", str(fifo)], ["export", "--model", f"hf:{tmp_path}", "-o", str(fifo)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and "not a regular file" in err, err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    (tmp_path / "link.pte").symlink_to(fifo)
+    with pytest.raises(FileExistsError, match="a symlink to .*not a regular file"):
+        write_atomically(tmp_path / "link.pte", lambda f: f.write(b"x"))
+
+    target = tmp_path / "real" / "model.pte"
+    target.parent.mkdir()
+    target.write_bytes(b"old")
+    link = tmp_path / "link2.pte"
+    link.symlink_to(target)
+    assert write_atomically(link, lambda f: f.write(b"new program")) == len(b"new program")
+    assert link.is_symlink() and target.read_bytes() == b"new program"
+
+    def full_disk(f):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(OSError) as e:
+        write_atomically(target, full_disk)
+    assert e.value.errno == errno.ENOSPC and "\n" not in str(e.value) and "nothing was replaced" in str(e.value)
+    assert target.read_bytes() == b"new program"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model.pte"]  # no .partial left

@@ -151,16 +151,36 @@ def metadata(lm: LoadedLM, max_seq_len: int) -> dict[str, Any]:
     return meta
 
 
+def output_target(path: str | os.PathLike) -> pathlib.Path:
+    """The file an export to ``path`` replaces, checked before any work: ``path`` itself, or for a
+    symlink the file it points to (written through: the link stays, its target gets the new program,
+    as ``cp`` does). A directory, or anything else that is not a regular file (a device such as
+    /dev/full, a FIFO, a socket), is refused with OSError; so is a missing folder."""
+    path = pathlib.Path(path)
+    target = path.resolve() if path.is_symlink() else path
+    shown = f"{path} (a symlink to {target})" if target != path else str(path)
+    if target.is_dir():
+        raise IsADirectoryError(f"{shown} is a directory, not a file to write")
+    if target.exists() and not target.is_file():
+        raise FileExistsError(f"{shown} is not a regular file (a device, FIFO or socket): refusing to replace it")
+    if path.is_symlink() and not target.parent.is_dir():
+        raise FileNotFoundError(f"{shown}: folder {target.parent} does not exist")
+    return target
+
+
 def write_atomically(path: pathlib.Path, write) -> int:
-    """``write(f)`` into a temporary file beside ``path``, then rename it to ``path``: an interrupted
-    export never leaves a truncated file nor destroys the file that was there. Returns the size."""
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory, not a file to write")
+    """``write(f)`` into a temporary file beside the target (:func:`output_target`), then rename it
+    there: an interrupted export never leaves a truncated file nor destroys the file that was there,
+    and a failed write (a full disk) leaves no temporary file. Returns the size."""
+    path = output_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+        except OSError as e:  # ENOSPC, EIO, EDQUOT...: one line, the old file is intact
+            raise OSError(e.errno, f"writing {path} failed ({e.strerror or e}); nothing was replaced") from e
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what open() would have given
@@ -201,6 +221,7 @@ def export_llm(
     from mps_backend.runtime_compat import check_kernels  # noqa: PLC0415
 
     out = pathlib.Path(output)
+    output_target(out)  # a directory, device or FIFO is refused before the checkpoint is read
     kind, source = parse_model_spec(model)
     if out.resolve() == pathlib.Path(source).resolve():
         raise CheckpointError(f"output {out} is the input checkpoint")

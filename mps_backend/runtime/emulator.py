@@ -822,6 +822,7 @@ class LoadedMethod:
         try:
             self._method = self._program.load_method(method)
         except RuntimeError as exc:
+            _refuse_missing_kernels(_C, self._data, method, exc)
             raise EmulatorError(
                 f"ExecuTorch could not load method {method!r} (a delegate failed to initialise, "
                 f"e.g. an MPSBackend payload that is not an MP00 blob, or a backend that is not "
@@ -883,6 +884,22 @@ class LoadedMethod:
                     raise error from exc
                 raise EmulatorError(f"ExecuTorch failed to execute {self.name!r}: {exc}") from exc
         return list(loaded.get_outputs(clone_outputs=True))
+
+
+def _refuse_missing_kernels(_C: Any, data: bytes, method: str, exc: BaseException) -> None:
+    """After executorch failed to load ``method``: if the program names CPU operators this runtime has
+    no kernel for ("Missing operator"), raise an EmulatorError listing them (an export whose runtime
+    check was skipped, ``--target-runtime none`` or ``--allow-missing-kernels``, can name such ones)."""
+    from mps_backend.runtime.program_check import method_operators  # noqa: PLC0415
+
+    registered = set(_C._get_operator_names())
+    missing = [op for op in method_operators(data, method) if op not in registered]
+    if missing:
+        raise EmulatorError(
+            f"ExecuTorch could not load method {method!r}: it runs {', '.join(missing)} on CPU and this "
+            f"executorch runtime has no kernel for {'them' if len(missing) > 1 else 'it'} (export checks the "
+            "target runtime's kernels unless --target-runtime none or --allow-missing-kernels)"
+        ) from exc
 
 
 def run_pte(
@@ -950,6 +967,7 @@ def run_with_etdump(
                     error, state.error = state.error, None
                     if error is not None:
                         raise error from exc
+                    _refuse_missing_kernels(_C, data, method, exc)
                     raise EmulatorError(f"ExecuTorch failed to execute {method!r}: {exc}") from exc
             module.write_etdump_result_to_file(
                 os.fspath(etdump_path), None if debug_buffer_path is None else os.fspath(debug_buffer_path)

@@ -192,6 +192,29 @@ def _check_planned_tensors(fb: FlatBuffer, plan: dict, where: str) -> None:
             )
 
 
+def _operators(fb: FlatBuffer, plan: dict, where: str) -> list[tuple[str, str]]:
+    operators = []
+    for i, op_pos in enumerate(plan["operators"] or ()):
+        op = fb.table(op_pos, "Operator", f"{where} operators[{i}]")
+        name = _name(fb, op["name"], f"{where} operators[{i}].name")
+        overload = _name(fb, op["overload"], f"{where} operators[{i}].overload") if op["overload"] is not None else ""
+        operators.append((name, overload))
+    return operators
+
+
+def method_operators(data: bytes | bytearray | memoryview, method: str) -> list[str]:
+    """The operators (``"aten::sort.values"``) the execution plan ``method`` names, i.e. the CPU kernels
+    the runtime resolves when it loads the method (read with the bounded reader; ``[]`` if no such
+    method)."""
+    tables = open_program(data, ProgramFormatError)
+    fb = tables.fb
+    for p, pos in enumerate(tables.program["execution_plan"] or ()):
+        plan = fb.table(pos, "ExecutionPlan", f"execution_plan[{p}]")
+        if _name(fb, plan["name"], f"execution_plan[{p}].name") == method:
+            return [f"{n}.{o}" if o else n for n, o in _operators(fb, plan, f"method {method!r}")]
+    return []
+
+
 def check_program(data: bytes | bytearray | memoryview) -> None:
     """Raise :class:`ProgramFormatError` if ``data`` is not a program the runtime can be given safely."""
     tables = open_program(data, ProgramFormatError)
@@ -218,12 +241,7 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
             bad = [i for i in plan[field] if not 0 <= i < n_values]
             if bad:
                 raise fb.fail(f"{where}: {field} {bad} outside the {n_values} values")
-        operators = []
-        for i, op_pos in enumerate(plan["operators"] or ()):
-            op = fb.table(op_pos, "Operator", f"{where} operators[{i}]")
-            name = _name(fb, op["name"], f"{where} operators[{i}].name")
-            overload = _name(fb, op["overload"], f"{where} operators[{i}].overload") if op["overload"] is not None else ""
-            operators.append((name, overload))
+        operators = _operators(fb, plan, where)
         _check_kernel_calls(fb, plan, operators, where)
         _check_planned_tensors(fb, plan, where)
         for d, d_pos in enumerate(plan["delegates"] or ()):

@@ -145,6 +145,9 @@ def cmd_export(args) -> int:
         model = quantize_model(model, args.quantize, group)
     use_fp16 = _use_fp16(args)
     out = _output_path(args, use_fp16)
+    from mps_backend.llm.export import output_target  # noqa: PLC0415
+
+    output_target(out)  # a directory, device or FIFO is refused before the export runs
     source = args.model.split(":", 1)[0] if ".py:" in args.model else args.model
     if pathlib.Path(source).exists() and out.resolve() == pathlib.Path(source).resolve():
         raise UserError(f"output {out} is the input model {source}: choose another -o")
@@ -441,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_TARGET,
         choices=(*RUNTIME_VERSIONS, "none"),
         help="the oldest executorch release the app ships (default: %(default)s, the oldest with the MPS "
-        "delegate): an operator left on CPU without a kernel there is an error; none: no check",
+        "delegate): an operator left on CPU without a kernel there is an error; none: no check (such a "
+        "program then fails to load, naming the missing kernel)",
     )
     p.add_argument(
         "--allow-missing-kernels",
@@ -505,7 +509,13 @@ def main(argv: list[str] | None = None) -> int:
         "first 2 layers",
     )
     p.add_argument("--no-verify", action="store_true", help="language models: skip the --verify-steps check")
-    p.add_argument("-o", "--output", help="output path (default: <output_dir>/<model>_mps_<fp16|fp32>.pte)")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="output path (default: <output_dir>/<model>_mps_<fp16|fp32>.pte); written atomically (a temporary "
+        "file beside it, then renamed); a symlink is written through (its target gets the program, the link "
+        "stays); a directory, device or FIFO is refused",
+    )
     p.add_argument(
         "--output_dir",
         "--output-dir",
