@@ -194,25 +194,33 @@ def _pte_logits(pte: pathlib.Path, first: int, steps: int) -> tuple[list[int], t
     return tokens, torch.stack(logits)
 
 
-def _eager_logits(kind: str, path: pathlib.Path, params, tokens: list[int], quantize, group_size, max_seq_len: int):
-    """Float32 eager logits after each of ``tokens`` (the model quantized as the export was)."""
+def _eager_logits(kind: str, path: pathlib.Path, params, tokens: list[int], quantize, group_size, max_seq_len: int, dtype: str):
+    """Float32 eager logits after each of ``tokens``. A quantized export's reference quantizes the
+    weights as the export did (in the export precision: scales of float16 weights differ from those of
+    the float32 ones) and computes in float32 with those weights dequantized."""
+    load = torch.float16 if quantize and dtype == "fp16" else torch.float32
     if kind == "hf":
         import transformers  # noqa: PLC0415
 
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, attn_implementation="eager", local_files_only=True
+            path, dtype=load, attn_implementation="eager", local_files_only=True
         ).eval()
         reference = "eager transformers float32"
     else:
         from mps_backend.llm.checkpoint import load_llama  # noqa: PLC0415
 
-        model = load_llama(path, params, torch.float32, max_seq_len).model
+        model = load_llama(path, params, load, max_seq_len).model
         reference = "eager executorch llama float32"
     if quantize:
         from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
 
         quantize_model(model, quantize, resolve_group_size(quantize, group_size))
-        reference += f" ({quantize} weights quantized alike)"
+        for m in model.modules():
+            w = getattr(m, "weight", None)
+            if isinstance(w, torch.Tensor) and type(w) not in (torch.Tensor, torch.nn.Parameter):
+                m.weight = torch.nn.Parameter(w.dequantize().float(), requires_grad=False)
+        model.float()
+        reference += f" ({quantize} weights quantized alike, dequantized)"
     with torch.no_grad():
         if kind == "hf":
             logits = model(input_ids=torch.tensor([tokens])).logits[0].float()
@@ -248,7 +256,7 @@ def verify_llm(
     if max_seq_len is not None and steps > max_seq_len:
         raise CheckpointError(f"--verify-steps {steps} exceeds --max-seq-len {max_seq_len}")
     tokens, dev = _pte_logits(pte, bos_id if bos_id is not None else 0, steps)
-    ref, reference = _eager_logits(kind, path, params, tokens[:-1], quantize, group_size, max_seq_len or steps + 1)
+    ref, reference = _eager_logits(kind, path, params, tokens[:-1], quantize, group_size, max_seq_len or steps + 1, dtype)
     if ref.shape != dev.shape:
         raise CheckpointError(f"the .pte's logits {list(dev.shape)} and the eager model's {list(ref.shape)} differ in shape")
     agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
