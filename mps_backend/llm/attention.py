@@ -157,14 +157,10 @@ class _GroupedSDPA(torch.nn.Module):
         self.dim = dim
 
     def forward(self, input_pos, q, k_t, v, bsz, seqlen, mask):
-        b, h, t, d = q.shape
-        kv, s = k_t.shape[1], k_t.shape[-1]
-        g = h // kv
-        scores = torch.matmul((q * float(d) ** -0.5).reshape(b, kv, g * t, d), k_t)
-        additive = torch.where(mask, 0.0, float("-inf")).to(scores.dtype)  # [T, S]
-        scores = (scores.view(b, kv, g, t, s) + additive).view(b, kv, g * t, s)
-        out = torch.matmul(torch.softmax(scores, dim=-1), v)
-        return out.view(b, h, t, d).transpose(1, 2).reshape(bsz, seqlen, self.dim)
+        d = q.shape[-1]
+        additive = torch.where(mask, 0.0, float("-inf")).to(q.dtype)  # [T, S]
+        out, _ = grouped_attention(self, q, k_t, v, additive.view(1, 1, *additive.shape), scaling=float(d) ** -0.5)
+        return out.reshape(bsz, seqlen, self.dim)
 
 
 def group_llama_attention(model: torch.nn.Module) -> int:
