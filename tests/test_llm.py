@@ -507,8 +507,11 @@ def test_cli_quantized_export(tmp_path, tokenizer, scheme, capsys):
     else:
         assert stored["int8"] == n_linear and "int4" not in stored
         scales = sum(w.shape[0] for w in linears)
-    # float16: the embedding, norms, biases and the scales; no linear weight left in float
-    assert n_float * 2 <= stored["float16"] <= (n_float + scales) * 2 + 64, (stored, n_float, scales)
+    # float16: the embedding, norms, biases, the scales and RoPE's cos/sin tables (16 positions each,
+    # computed in float32 at export); no linear weight left in float
+    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    rope = 2 * 16 * head_dim
+    assert (n_float + rope) * 2 <= stored["float16"] <= (n_float + scales + rope) * 2 + 64, (stored, n_float, scales, rope)
     assert sum(stored.values()) < (n_float + n_linear) * 2 * (0.5 if scheme == "int4" else 0.65)
     assert len(generate_ids(out, PROMPT[:3], 4)) == 4
 
