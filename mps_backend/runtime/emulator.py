@@ -642,7 +642,8 @@ class _Emulator:
         # Nothing may escape: ctypes would print the exception and return 0 (= success).
         try:
             mode = getattr(self.state, "mode", None) or "faithful"
-            blob = ctypes.string_at(blob_ptr, blob_len)
+            # (not ctypes.string_at: its size is a C int, negative for a blob of 2 GiB or more)
+            blob = bytes((ctypes.c_char * blob_len).from_address(blob_ptr))
             descs = [args[i] for i in range(n_args)]
             n_in, n_out = _io_counts(blob)
             if n_in + n_out != n_args:
