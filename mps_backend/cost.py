@@ -12,8 +12,9 @@ and caches is unknown to it. Its assumptions:
   - a gather (``MPSEmbedding``, ``MPSIndexSelect``, ``MPSIndexTensor``) and a slice (``MPSSlice``,
     ``MPSSelect``) read only what they take (as many bytes as they write) plus their indices.
 - **fused** model, the naive one plus what a fusing compiler could at best do:
-  - an elementwise node's result consumed only by elementwise nodes (and not a graph output) is neither
-    written nor read: the chain is one kernel, which reads each distinct outside operand once;
+  - an elementwise node's result consumed only by elementwise nodes (a cast between elementwise nodes
+    counts as one; not a graph output) is neither written nor read: the chain is one kernel, which
+    reads each distinct outside operand once;
   - a permute, expand, slice, select or cast of an operand is folded into its consumer (not written;
     the consumer reads the permute's/expand's/cast's source, or what the slice takes);
   - a dequantize whose result goes (through such folds) only to matmuls is folded into them: they read
@@ -251,6 +252,14 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
                 out.append(c)
         return out
 
+    def elementwise_use(c: int) -> bool:
+        """Node ``c`` is elementwise, or a cast whose every use is (a cast between elementwise nodes)."""
+        n = graph.nodes[c]
+        if n.op == "MPSCast":
+            uses = real_consumers(_out(n))
+            return _out(n) not in escapes and bool(uses) and all(elementwise_use(u) for u in uses)
+        return n.op in ELEMENTWISE
+
     folded: set[int] = set()  # values not materialized in the fused model (reshapes aside)
     for n in graph.nodes:
         v = _out(n)
@@ -260,7 +269,7 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
             folded.add(v)
         elif n.op in ELEMENTWISE:
             cs = real_consumers(v)
-            if cs and all(graph.nodes[c].op in ELEMENTWISE or graph.nodes[c].op == "MPSCast" for c in cs):
+            if cs and all(elementwise_use(c) for c in cs):
                 folded.add(v)
     for n in graph.nodes:
         v = _out(n)
