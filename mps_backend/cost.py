@@ -411,8 +411,11 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
         raise CostError(f"the program has no method {method!r} (methods: {', '.join(map(str, names))})")
     plan, first = plans[names.index(method)]
     evalues = plan["values"] or ()
+    n_plan_delegates = len(plan["delegates"] or ())
 
     def tensor(v: int) -> dict | None:
+        if not 0 <= v < len(evalues):
+            raise CostError(f"method {method!r}: value {v} outside its {len(evalues)} values")
         tag, body = fb.table(evalues[v], "EValue", f"values[{v}]")["val"]
         return fb.table(body, "Tensor", f"values[{v}]") if tag == 5 and body is not None else None
 
@@ -435,6 +438,8 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
             tag, body = fb.table(instr_pos, "Instruction", f"instruction {k}")["instr_args"]
             if tag == 2:  # DelegateCall
                 call = fb.table(body, "DelegateCall", f"instruction {k}")
+                if not 0 <= call["delegate_index"] < n_plan_delegates:
+                    raise CostError(f"instruction {k}: delegate {call['delegate_index']} of {n_plan_delegates}")
                 d = payloads[first + call["delegate_index"]]
                 if d.backend_id != "MPSBackend":
                     continue
@@ -457,6 +462,8 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
                 written.update(out_args)
             elif tag == 1:  # KernelCall
                 call = fb.table(body, "KernelCall", f"instruction {k}")
+                if not 0 <= call["op_index"] < len(operators):
+                    raise CostError(f"instruction {k}: operator {call['op_index']} of {len(operators)}")
                 op = operators[call["op_index"]]
                 name = f"{op['name']}.{op['overload'] or 'default'}"
                 cpu_kernels[name] += 1
