@@ -235,6 +235,9 @@ class ZooResult:
     #: edge targets lowered to more MPS nodes than edge nodes (when MPS nodes > delegated edge nodes):
     #: target -> (edge nodes, MPS nodes)
     expansion: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: the device cost model's bytes per execution / its floor (mps_backend/cost.py; a model)
+    naive_ratio: float = float("nan")
+    fused_ratio: float = float("nan")
     error: str = ""
 
     @property
@@ -289,6 +292,7 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
 
     from mps_backend import MPSPartitioner  # noqa: PLC0415
+    from mps_backend.cost import cost_of_program  # noqa: PLC0415
     from mps_backend.export import compare, export_program  # noqa: PLC0415
     from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph  # noqa: PLC0415
     from mps_backend.serialization.model import Header  # noqa: PLC0415
@@ -315,6 +319,8 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     lowered = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module) if m.backend_id == "MPSBackend"]
     res.casts = boundary_casts(lowered, use_fp16)
     pte = stage("to_executorch", edge.to_executorch).buffer
+    cost = cost_of_program(pte)
+    res.naive_ratio, res.fused_ratio = cost.naive_ratio, cost.fused_ratio
     res.peak_rss_kib = _vm_kib("VmHWM")
     r = partitioner.report()
     res.delegates, res.delegated, res.total = len(lowered), len(r.delegated), r.total
@@ -445,13 +451,15 @@ def render(results: dict[tuple[str, str], ZooResult], precisions: Sequence[str])
         "the child right after the export (includes the eager model and Python/torch, ~0.5 GB); *error*: "
         f"max abs error / max abs eager float32 output (targets: fp32 ≤ {TOLERANCE[False]:g}; fp16 ≤ "
         f"max({TOLERANCE[True]:g}, {HALF_FACTOR:g} × the error of eager PyTorch run in float16, shown in "
-        "brackets; see `TOLERANCE` in harness/zoo.py). Weights are random; BatchNorm running statistics "
+        "brackets; see `TOLERANCE` in harness/zoo.py); *bytes / floor*: the device cost model's bytes "
+        "moved per execution over its floor, naive and fused models (`mps-backend cost`, docs/device-cost.md: a model, "
+        "not a device measurement). Weights are random; BatchNorm running statistics "
         "are calibrated on random inputs and zero-initialised matrices drawn randomly (mps_backend/tools/models.py), "
         "so activations have realistic ranges.",
         "",
         "| model | inputs | delegates | delegated/total | MPS nodes | .pte MB | .pte / weights | lower s | "
-        "peak RSS MB | error fp32 | error fp16 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "peak RSS MB | error fp32 | error fp16 | bytes / floor naive, fused |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     leftovers: list[str] = []
     failed: list[str] = []
@@ -477,6 +485,7 @@ def render(results: dict[tuple[str, str], ZooResult], precisions: Sequence[str])
                     col(lambda r: f"{r.peak_rss_kib / 1024:.0f}"),
                     _err(results.get((spec, "fp32"))),
                     _err(results.get((spec, "fp16"))),
+                    col(lambda r: f"{r.naive_ratio:.2f}, {r.fused_ratio:.2f}"),
                 ]
             )
             + " |"

@@ -12,8 +12,9 @@ and caches is unknown to it. Its assumptions:
   - a gather (``MPSEmbedding``, ``MPSIndexSelect``, ``MPSIndexTensor``) and a slice (``MPSSlice``,
     ``MPSSelect``) read only what they take (as many bytes as they write) plus their indices.
 - **fused** model, the naive one plus what a fusing compiler could at best do:
-  - an elementwise node's result consumed only by elementwise nodes (and not a graph output) is neither
-    written nor read: the chain is one kernel, which reads each distinct outside operand once;
+  - an elementwise node's result consumed only by elementwise nodes (a cast between elementwise nodes
+    counts as one; not a graph output) is neither written nor read: the chain is one kernel, which
+    reads each distinct outside operand once;
   - a permute, expand, slice, select or cast of an operand is folded into its consumer (not written;
     the consumer reads the permute's/expand's/cast's source, or what the slice takes);
   - a dequantize whose result goes (through such folds) only to matmuls is folded into them: they read
@@ -252,6 +253,14 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
                 out.append(c)
         return out
 
+    def elementwise_use(c: int) -> bool:
+        """Node ``c`` is elementwise, or a cast whose every use is (a cast between elementwise nodes)."""
+        n = graph.nodes[c]
+        if n.op == "MPSCast":
+            uses = real_consumers(_out(n))
+            return _out(n) not in escapes and bool(uses) and all(elementwise_use(u) for u in uses)
+        return n.op in ELEMENTWISE
+
     folded: set[int] = set()  # values not materialized in the fused model (reshapes aside)
     for n in graph.nodes:
         v = _out(n)
@@ -261,7 +270,7 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
             folded.add(v)
         elif n.op in ELEMENTWISE:
             cs = real_consumers(v)
-            if cs and all(graph.nodes[c].op in ELEMENTWISE or graph.nodes[c].op == "MPSCast" for c in cs):
+            if cs and all(elementwise_use(c) for c in cs):
                 folded.add(v)
     for n in graph.nodes:
         v = _out(n)
@@ -403,8 +412,11 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
         raise CostError(f"the program has no method {method!r} (methods: {', '.join(map(str, names))})")
     plan, first = plans[names.index(method)]
     evalues = plan["values"] or ()
+    n_plan_delegates = len(plan["delegates"] or ())
 
     def tensor(v: int) -> dict | None:
+        if not 0 <= v < len(evalues):
+            raise CostError(f"method {method!r}: value {v} outside its {len(evalues)} values")
         tag, body = fb.table(evalues[v], "EValue", f"values[{v}]")["val"]
         return fb.table(body, "Tensor", f"values[{v}]") if tag == 5 and body is not None else None
 
@@ -427,6 +439,8 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
             tag, body = fb.table(instr_pos, "Instruction", f"instruction {k}")["instr_args"]
             if tag == 2:  # DelegateCall
                 call = fb.table(body, "DelegateCall", f"instruction {k}")
+                if not 0 <= call["delegate_index"] < n_plan_delegates:
+                    raise CostError(f"instruction {k}: delegate {call['delegate_index']} of {n_plan_delegates}")
                 d = payloads[first + call["delegate_index"]]
                 if d.backend_id != "MPSBackend":
                     continue
@@ -449,6 +463,8 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
                 written.update(out_args)
             elif tag == 1:  # KernelCall
                 call = fb.table(body, "KernelCall", f"instruction {k}")
+                if not 0 <= call["op_index"] < len(operators):
+                    raise CostError(f"instruction {k}: operator {call['op_index']} of {len(operators)}")
                 op = operators[call["op_index"]]
                 name = f"{op['name']}.{op['overload'] or 'default'}"
                 cpu_kernels[name] += 1

@@ -204,3 +204,11 @@ def test_cli(buffer_pte, capsys):
     assert main(["cost", str(buffer_pte), "--method", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the program has no method 'nope'") and err.count("\n") == 1
+
+
+def test_zoo_result_has_the_cost_ratios():
+    from harness import zoo
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    r = zoo.check("tiny", False, (model, (torch.randn(2, 8),)), run=False)
+    assert 1 <= r.fused_ratio <= r.naive_ratio < 10

@@ -149,8 +149,11 @@ def test_render_lists_notes_leftovers_and_misses():
         max_abs=1e-6,
         scale=1.0,
         expansion={"aten::hardswish": (21, 63)},
+        naive_ratio=1.5,
+        fused_ratio=1.125,
     )
     md = zoo.render({(r.spec, "fp32"): r}, ["fp32"])
+    assert "bytes / floor naive, fused |" in md and "| 1.50, 1.12 |" in md
     assert "| `torchvision:mobilenet_v3_large` |" in md and "`aten::hardswish` 21 → 63" in md
     assert "236 MPS nodes > 186 edge nodes" in md
     assert "## Notes" in md and zoo.ZOO[r.spec].note in md
