@@ -12,6 +12,7 @@ import re
 import warnings
 from pathlib import Path
 
+import pytest
 import tomllib
 
 from mps_backend.errors import InternalError, MPSBackendError, MPSBackendWarning
@@ -315,3 +316,63 @@ def test_architecture_doc_names_only_what_exists():
             misplaced += [f"{path} {n}" for n in re.findall(r"`(\w+)`", names) if files and n not in here]
     assert not missing, f"docs/architecture.md names what does not exist: {sorted(set(missing))}"
     assert not misplaced, f"docs/architecture.md places names in files that do not define them: {misplaced}"
+
+
+def environment_reads() -> dict[str, set[str]]:
+    """Environment variable -> files that read it (``os.environ.get/[]``, ``os.getenv``, ``env_bytes``,
+    ``env_path``, ``NAME in os.environ``; a module-level string constant as the name counts as its value)."""
+    reads: dict[str, set[str]] = {}
+    folders = ("mps_backend", "operators", "serialization", "harness", "scripts", "benchmarks", "examples", "tests")
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            consts = {
+                t.id: n.value.value
+                for n in tree.body
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                for t in n.targets
+                if isinstance(t, ast.Name)
+            }
+
+            def name_of(expr, consts=consts):
+                if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+                    return expr.value
+                return consts.get(expr.id) if isinstance(expr, ast.Name) else None
+
+            for node in ast.walk(tree):
+                key = None
+                if isinstance(node, ast.Call) and node.args:
+                    func = ast.unparse(node.func)
+                    if func in ("os.environ.get", "os.getenv", "environ.get", "env_bytes", "env_path"):
+                        key = name_of(node.args[0])
+                elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ"):
+                    if isinstance(node.ctx, ast.Load):
+                        key = name_of(node.slice)
+                if key and path.name != "test_package.py":
+                    reads.setdefault(key, set()).add(str(path.relative_to(ROOT)))
+    return reads
+
+
+def test_readme_configuration_table_lists_every_environment_variable_the_code_reads(monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    listed = {name for cell in rows for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", cell)}
+    read = environment_reads()
+    assert {"MPS_BACKEND_CACHE_DIR", "MPS_BACKEND_MAX_PLAN_BYTES", "MPS_SUITE_WHOLE_PROGRAM"} <= set(read), read
+    assert set(read) - listed == set(), f"read by the code, missing in README's Configuration: {set(read) - listed}"
+    assert listed - set(read) == set(), f"in README's Configuration, read nowhere: {listed - set(read)}"
+    # the byte budgets are parsed one way: a bad value is one ConfigError naming the variable
+    from mps_backend.config import ConfigError
+    from mps_backend.runtime.core import max_tensor_bytes
+    from mps_backend.runtime.program_check import max_plan_bytes
+
+    for name, read_budget in (("MPS_BACKEND_MAX_TENSOR_BYTES", max_tensor_bytes), ("MPS_BACKEND_MAX_PLAN_BYTES", max_plan_bytes)):
+        monkeypatch.setenv(name, "1_000")
+        assert read_budget() == 1000
+        monkeypatch.setenv(name, "")
+        assert read_budget() == 4 << 30
+        for bad in ("4GiB", "-1", "0"):
+            monkeypatch.setenv(name, bad)
+            with pytest.raises(ConfigError, match=name):
+                read_budget()
