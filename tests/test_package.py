@@ -4,6 +4,7 @@ and the product apart from its harnesses."""
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import inspect
 import pkgutil
@@ -11,6 +12,7 @@ import re
 import warnings
 from pathlib import Path
 
+import pytest
 import tomllib
 
 from mps_backend.errors import InternalError, MPSBackendError, MPSBackendWarning
@@ -109,6 +111,7 @@ def test_the_cli_turns_every_project_error_into_one_line(capsys, monkeypatch):
         assert err.startswith(prefix) and err.count("\n") == 1, err
 
 
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
 PYTHON_FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
@@ -234,3 +237,146 @@ def test_one_meaning_per_dtype_table_and_per_check_name():
     # "check_program" is the format check of a .pte; the kernel-availability check is check_kernels
     assert callable(program_check.check_program) and callable(runtime_compat.check_kernels)
     assert not hasattr(runtime_compat, "check_program")
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+SPAN = re.compile(r"`([^`\n]+)`")
+#: a span naming a file or folder of the repository
+FILE_SPAN = re.compile(r"^[\w.-]+(/[\w.-]+)*(/|\.(py|fbs|cpp|json|md|toml))$")
+#: a span naming code: a dotted name, maybe called (`run_pte(pte, inputs) -> list[Tensor]`)
+CODE_SPAN = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(\(.*)?(\s*->.*)?$")
+#: "`path.py` `name`, `name`": names the doc places in that file
+PLACED = re.compile(r"`([\w./-]+\.py)`((?:,? `[A-Za-z_]\w*`)+)")
+#: names of torch, executorch and the OS the doc mentions, and spans that are values rather than names
+NOT_OURS = set(
+    """
+    to_edge_transform_and_lower to_edge to_backend to_executorch compile_config CapabilityBasedPartitioner
+    tag_constant_data torch.export executorch.export ExportRecipe get_recipe session.run_method sys.meta_path
+    madvise MADV_PAGEOUT BackendDetails OpOverload call_function node.meta executorch.backends.apple.mps
+    mpsgraph.MPSGraph mpsgraph MP00 PTMF program.fbs flatc tolist mps_0 mps_1 flow_mps mps mps_fp16 constant_buffer
+    constant_buffer_size segment_offset input_ids input3_id padding_idx graph_type metal_kernel alpha step
+    faithful aten hf llama execute upstream_pte_dir export inspect run generate debug ops zoo preserve Tensor
+    MPSMin MPSMax MPSAtan2 ne floor ceil hardtanh permute adaptive_max_pool2d not(eq)
+    """.split()
+)
+
+
+def defined_names(paths) -> set[str]:
+    """Functions, classes, parameters and assigned names (any depth) of the given Python files."""
+    names: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names |= {a.arg for a in node.args.args + node.args.kwonlyargs}
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+    return names
+
+
+def _python_files(path: Path) -> list[Path]:
+    return sorted(path.rglob("*.py")) if path.is_dir() else [path]
+
+
+def test_architecture_doc_names_only_what_exists():
+    text = FENCE.sub("", ARCHITECTURE.read_text())
+    ours = [ROOT / d for d in ("mps_backend", "operators", "serialization", "harness", "scripts", "tests")]
+    sources = [f for d in ours for f in d.rglob("*.py") if "generated" not in f.parts]
+    everything = defined_names(sources) | {f.stem for f in sources} | set(dir(builtins))
+    code_text = "\n".join(f.read_text() for f in sources)
+    missing, misplaced = [], []
+    bases = [ROOT]
+    for line in text.splitlines():
+        if line.startswith("## "):  # "## The device model (`mps_backend/runtime/`)": its files are relative to it
+            bases = [ROOT / s for s in SPAN.findall(line) if FILE_SPAN.match(s)] + [ROOT]
+        for span in SPAN.findall(line):
+            if span in NOT_OURS:
+                continue
+            if re.fullmatch(r"MPS_\w+", span) and span.isupper():  # an environment variable the code reads
+                if f'"{span}"' not in code_text:
+                    missing.append(span)
+            elif FILE_SPAN.match(span):
+                if "/" in span.rstrip("/"):
+                    found = any((b / span).exists() for b in bases)
+                else:  # a bare file name of a table row (`core.py`) or a test (`test_passes.py`)
+                    found = any((b / span).exists() for b in bases) or any(next(d.rglob(span), None) for d in ours if d.is_dir())
+                if not found:
+                    missing.append(span)
+            elif m := CODE_SPAN.match(span):
+                dotted = m.group(1)
+                if dotted.split(".")[0] == "mps_backend":
+                    try:
+                        resolve(dotted)
+                    except (ImportError, AttributeError):
+                        missing.append(span)
+                elif not all(part in everything or part in NOT_OURS for part in dotted.split(".")):
+                    missing.append(span)
+        for path, names in PLACED.findall(line):
+            files = [f for b in bases if (b / path).exists() for f in _python_files(b / path)]
+            here = defined_names(files[:1] or files)
+            misplaced += [f"{path} {n}" for n in re.findall(r"`(\w+)`", names) if files and n not in here]
+    assert not missing, f"docs/architecture.md names what does not exist: {sorted(set(missing))}"
+    assert not misplaced, f"docs/architecture.md places names in files that do not define them: {misplaced}"
+
+
+def environment_reads() -> dict[str, set[str]]:
+    """Environment variable -> files that read it (``os.environ.get/[]``, ``os.getenv``, ``env_bytes``,
+    ``env_path``, ``NAME in os.environ``; a module-level string constant as the name counts as its value)."""
+    reads: dict[str, set[str]] = {}
+    folders = ("mps_backend", "operators", "serialization", "harness", "scripts", "benchmarks", "examples", "tests")
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            consts = {
+                t.id: n.value.value
+                for n in tree.body
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                for t in n.targets
+                if isinstance(t, ast.Name)
+            }
+
+            def name_of(expr, consts=consts):
+                if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+                    return expr.value
+                return consts.get(expr.id) if isinstance(expr, ast.Name) else None
+
+            for node in ast.walk(tree):
+                key = None
+                if isinstance(node, ast.Call) and node.args:
+                    func = ast.unparse(node.func)
+                    if func in ("os.environ.get", "os.getenv", "environ.get", "env_bytes", "env_path"):
+                        key = name_of(node.args[0])
+                elif isinstance(node, ast.Subscript) and ast.unparse(node.value) in ("os.environ", "environ"):
+                    if isinstance(node.ctx, ast.Load):
+                        key = name_of(node.slice)
+                if key and path.name != "test_package.py":
+                    reads.setdefault(key, set()).add(str(path.relative_to(ROOT)))
+    return reads
+
+
+def test_readme_configuration_table_lists_every_environment_variable_the_code_reads(monkeypatch):
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    listed = {name for cell in rows for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", cell)}
+    read = environment_reads()
+    assert {"MPS_BACKEND_CACHE_DIR", "MPS_BACKEND_MAX_PLAN_BYTES", "MPS_SUITE_WHOLE_PROGRAM"} <= set(read), read
+    assert set(read) - listed == set(), f"read by the code, missing in README's Configuration: {set(read) - listed}"
+    assert listed - set(read) == set(), f"in README's Configuration, read nowhere: {listed - set(read)}"
+    # the byte budgets are parsed one way: a bad value is one ConfigError naming the variable
+    from mps_backend.config import ConfigError
+    from mps_backend.runtime.core import max_tensor_bytes
+    from mps_backend.runtime.program_check import max_plan_bytes
+
+    for name, read_budget in (("MPS_BACKEND_MAX_TENSOR_BYTES", max_tensor_bytes), ("MPS_BACKEND_MAX_PLAN_BYTES", max_plan_bytes)):
+        monkeypatch.setenv(name, "1_000")
+        assert read_budget() == 1000
+        monkeypatch.setenv(name, "")
+        assert read_budget() == 4 << 30
+        for bad in ("4GiB", "-1", "0"):
+            monkeypatch.setenv(name, bad)
+            with pytest.raises(ConfigError, match=name):
+                read_budget()

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mps_backend.config import env_bytes
 from mps_backend.errors import MPSBackendError
 from mps_backend.serialization.model import DataType, Node
 
@@ -44,10 +45,7 @@ DEFAULT_MAX_TENSOR_BYTES = 4 << 30
 
 
 def max_tensor_bytes() -> int:
-    import os  # noqa: PLC0415
-
-    value = os.environ.get("MPS_BACKEND_MAX_TENSOR_BYTES")
-    return int(value) if value and value.isdigit() else DEFAULT_MAX_TENSOR_BYTES
+    return env_bytes("MPS_BACKEND_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES)
 
 
 class DeviceError(MPSBackendError, RuntimeError):

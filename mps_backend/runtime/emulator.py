@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from mps_backend.config import env_path
 from mps_backend.errors import MPSBackendError, MPSBackendWarning
 
 __all__ = [
@@ -147,7 +148,7 @@ def _torch_dtype(code: int) -> torch.dtype:
 
 
 def _cache_dir() -> Path:
-    explicit = os.environ.get("MPS_BACKEND_CACHE_DIR")
+    explicit = env_path("MPS_BACKEND_CACHE_DIR")
     if explicit:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -297,7 +298,7 @@ def _extra_headers(include: Path) -> list[Path]:
     folder inside), e.g. ``git clone --branch v1.0.1 https://github.com/pytorch/executorch``."""
     if (include / _BACKEND_HEADER).is_file():
         return []  # a complete wheel (1.3 and later): its own headers only
-    named = os.environ.get("MPS_BACKEND_ET_HEADERS")
+    named = env_path("MPS_BACKEND_ET_HEADERS")
     if not named:
         raise EmulatorBuildError(
             f"this executorch wheel ({_executorch_version()}) ships no {_BACKEND_HEADER} under {include} "

@@ -29,9 +29,9 @@ The partial schema is ``serialization/program.py``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from mps_backend.config import env_bytes
 from mps_backend.errors import MPSBackendError
 from mps_backend.serialization import program as _program
 from mps_backend.serialization.flatbuf import FlatBuffer, compile_schema
@@ -68,8 +68,7 @@ class ProgramFormatError(MPSBackendError, ValueError):
 
 
 def max_plan_bytes() -> int:
-    value = os.environ.get("MPS_BACKEND_MAX_PLAN_BYTES")
-    return int(value) if value else DEFAULT_MAX_PLAN_BYTES
+    return env_bytes("MPS_BACKEND_MAX_PLAN_BYTES", DEFAULT_MAX_PLAN_BYTES)
 
 
 def _name(fb: FlatBuffer, value: Any, what: str) -> str:
