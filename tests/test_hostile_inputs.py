@@ -219,6 +219,8 @@ def test_hf_folder_check_files(tmp_path):
     os.mkfifo(outside / "config.json")
     index = {"weight_map": {"model.embed_tokens.weight": "model.safetensors"}}
     st = _safetensors({"model.layers.0.w": ("F16", [2, 2])})
+    entry = json.dumps(_header())[1:-1].encode()
+    twice = b"{" + entry + b", " + entry + b"}"  # one tensor name, two entries
     cases = {
         "beyond the": {"model.safetensors": (10**9).to_bytes(8, "little") + b"{}"},
         "not a safetensors file": {"model.safetensors": b"\x01\x00"},
@@ -232,6 +234,11 @@ def test_hf_folder_check_files(tmp_path):
         },
         "is missing": {"model.safetensors.index.json": json.dumps({**index, "weight_map": {"a": "model-00002.safetensors"}})},
         "no weight_map": {"model.safetensors.index.json": "{}"},
+        "key 'num_hidden_layers' appears twice": {"config.json": json.dumps(CONFIG)[:-1] + ', "num_hidden_layers": 1000000}'},
+        "key 'a' appears twice": {
+            "model.safetensors.index.json": '{"weight_map": {"a": "model.safetensors", "a": "../outside/x"}}'
+        },
+        "header names 'model.layers.0.w' twice": {"model.safetensors": len(twice).to_bytes(8, "little") + twice + bytes(8)},
     }
     for i, (message, files) in enumerate(cases.items()):
         folder = _folder(tmp_path / f"c{i}", files=files)
