@@ -219,6 +219,8 @@ def test_hf_folder_check_files(tmp_path):
     os.mkfifo(outside / "config.json")
     index = {"weight_map": {"model.embed_tokens.weight": "model.safetensors"}}
     st = _safetensors({"model.layers.0.w": ("F16", [2, 2])})
+    entry = json.dumps(_header())[1:-1].encode()
+    twice = b"{" + entry + b", " + entry + b"}"  # one tensor name, two entries
     cases = {
         "beyond the": {"model.safetensors": (10**9).to_bytes(8, "little") + b"{}"},
         "not a safetensors file": {"model.safetensors": b"\x01\x00"},
@@ -232,6 +234,11 @@ def test_hf_folder_check_files(tmp_path):
         },
         "is missing": {"model.safetensors.index.json": json.dumps({**index, "weight_map": {"a": "model-00002.safetensors"}})},
         "no weight_map": {"model.safetensors.index.json": "{}"},
+        "key 'num_hidden_layers' appears twice": {"config.json": json.dumps(CONFIG)[:-1] + ', "num_hidden_layers": 1000000}'},
+        "key 'a' appears twice": {
+            "model.safetensors.index.json": '{"weight_map": {"a": "model.safetensors", "a": "../outside/x"}}'
+        },
+        "header names 'model.layers.0.w' twice": {"model.safetensors": len(twice).to_bytes(8, "little") + twice + bytes(8)},
     }
     for i, (message, files) in enumerate(cases.items()):
         folder = _folder(tmp_path / f"c{i}", files=files)
@@ -538,3 +545,42 @@ def test_export_outputs_devices_fifos_symlinks_full_disk(tmp_path, capsys):
     assert e.value.errno == errno.ENOSPC and "\n" not in str(e.value) and "nothing was replaced" in str(e.value)
     assert target.read_bytes() == b"new program"
     assert sorted(p.name for p in target.parent.iterdir()) == ["model.pte"]  # no .partial left
+
+
+# ---------------------------------------------------------------- a checkpoint changed during an export
+
+
+@pytest.mark.parametrize("change", ["zeros in place", "truncated"])
+def test_checkpoint_changed_while_an_export_maps_it(tmp_path, monkeypatch, capsys, change):
+    """An fp16 checkpoint overwritten in place (the export succeeded, with unknown weights) or truncated
+    (SIGBUS when the mapped weights are copied) after the export began: one CheckpointError line naming
+    the file, before the weights are copied, and no .pte. (Size, mtime, ctime and inode of each weight
+    file are compared before the copy and again before the write.)"""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from llm_helpers import save_checkpoint
+
+    folder = save_checkpoint(tmp_path / "ck", "llama", dtype=torch.float16, layers=1)
+    weights = folder / "model.safetensors"
+    real_export = torch.export.export
+
+    def export_then_change(*args, **kwargs):
+        ep = real_export(*args, **kwargs)
+        size = weights.stat().st_size
+        with open(weights, "r+b") as f:  # in place: the mapping sees it
+            if change == "truncated":
+                f.truncate(size // 2)
+            else:
+                f.seek(size // 2)
+                f.write(bytes(size - size // 2))
+        return ep
+
+    monkeypatch.setattr(torch.export, "export", export_then_change)
+    out = tmp_path / "lm.pte"
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err), err
+    assert f"{weights} was {'truncated' if change == 'truncated' else 'rewritten in place'}" in err, err
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["ck"]

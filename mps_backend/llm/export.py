@@ -151,6 +151,38 @@ def metadata(lm: LoadedLM, max_seq_len: int) -> dict[str, Any]:
     return meta
 
 
+def _checkpoint_state(source: str | os.PathLike, files=None) -> dict[str, tuple[int, ...]]:
+    """(size, mtime, ctime, inode, device) of each weight file of a checkpoint: the ``*.safetensors``
+    of an hf: folder, or the llama: checkpoint file (symlinks followed, as the loader does)."""
+    if files is None:
+        p = pathlib.Path(source)
+        files = sorted(str(f) for f in p.glob("*.safetensors")) if p.is_dir() else [str(p)]
+    state = {}
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            state[f] = ()
+            continue
+        state[f] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    return state
+
+
+def _check_checkpoint_unchanged(before: dict[str, tuple[int, ...]], when: str) -> None:
+    """Refuse (CheckpointError) when a weight file was written, truncated or replaced since the export
+    began reading it: the program would hold a mix of old and new weights, and a truncated mapped file
+    ends the process with SIGBUS when its missing pages are read."""
+    after = _checkpoint_state(None, list(before))
+    for f, was in before.items():
+        now = after[f]
+        if now != was:
+            how = "truncated or extended" if not now or not was or now[0] != was[0] else "rewritten in place"
+            raise CheckpointError(
+                f"{f} was {how} while the export read it ({when}): nothing written; export again once the "
+                "checkpoint is no longer being changed"
+            )
+
+
 def output_target(path: str | os.PathLike) -> pathlib.Path:
     """The file an export to ``path`` replaces, checked before any work: ``path`` itself, or for a
     symlink the file it points to (written through: the link stays, its target gets the new program,
@@ -226,6 +258,7 @@ def export_llm(
     if out.resolve() == pathlib.Path(source).resolve():
         raise CheckpointError(f"output {out} is the input checkpoint")
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
+    weights = _checkpoint_state(source)  # checked again before the weights are copied and before the write
     with prog.stage("load checkpoint", ticker=False):
         lm = load_checkpoint(model, dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16, progress=prog)
     notes = list(lm.notes)
@@ -252,6 +285,7 @@ def export_llm(
         with prog.stage("torch.export"):
             ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
         del decoder
+        _check_checkpoint_unchanged(weights, "before its weights were copied into the program")
         with prog.stage("lower to MPS"):
             edge = to_edge_transform_and_lower(
                 ep, partitioner=[partitioner], constant_methods=meta, compile_config=edge_compile_config()
@@ -265,6 +299,7 @@ def export_llm(
             program = edge.to_executorch(ExecutorchBackendConfig())
         del edge
         check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
+    _check_checkpoint_unchanged(weights, "while its weights were copied into the program")
     with prog.stage(f"write {out.name}", ticker=False):
         bar = prog.bytes_bar("write", 0)
         size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
