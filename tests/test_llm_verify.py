@@ -120,3 +120,31 @@ def test_cli_group_size_and_quantized_embedding(tmp_path, scheme, group, capsys)
     # float16: norms, biases, one scale per row of the table, one per G columns of each linear
     scales = table.shape[0] + n_linear // group
     assert (n_other + scales) * 2 <= stored["float16"] <= (n_other + scales) * 2 + 64, (stored, n_other, scales)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "phi3"])
+def test_generate_and_runner_metadata(tmp_path, arch, capsys):
+    """#24 item 6 on a sample of tests/llm_helpers.py's ARCHS (llama: tests/test_llm.py): the runner's
+    metadata (BOS, an EOS list, vocab) and `mps-backend generate --bos` printing the prompt and the
+    eager greedy continuation, stopped at the first EOS id of the list."""
+    from mps_backend.runtime import constant_method_values
+    from tests.llm_helpers import eager_greedy
+
+    tok = train_tokenizer()
+    folder = save_checkpoint(tmp_path / arch, arch, tokenizer=tok)
+    prompt = "the quick brown fox"
+    ids = [0, *tok.encode(prompt).ids]
+    greedy = eager_greedy(folder, ids, 12)
+    eos = [1, greedy[5]]  # a token the model does emit: generation must stop there
+    gen = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps(gen | {"eos_token_id": eos}))
+    out = tmp_path / "m.pte"
+    assert _export(folder, out, "--verify-steps", "2") == 0
+    meta = constant_method_values(out)
+    assert meta["get_eos_ids"] == eos and meta["get_bos_id"] == 0 and meta["get_vocab_size"] == tok.get_vocab_size()
+    capsys.readouterr()
+    assert main(["generate", str(out), "--tokenizer", str(folder), "--prompt", prompt, "--max-new-tokens", "12", "--bos"]) == 0
+    stop = next(i for i, t in enumerate(greedy) if t in eos)
+    captured = capsys.readouterr()
+    assert captured.out.rstrip("\n") == prompt + tok.decode(greedy[: stop + 1], skip_special_tokens=False)
+    assert f"{stop + 1} generated (EOS)" in captured.err
