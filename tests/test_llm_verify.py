@@ -81,3 +81,70 @@ def test_help_states_the_tolerances(capsys):
     for dtype, tol in TOLERANCE.items():
         assert f"{tol:g} ({dtype})" in text
     assert f"{INT4_TOLERANCE:g} with int4" in text and "--no-verify" in text
+
+
+@pytest.mark.parametrize(("scheme", "group"), [("int4", 128), ("int8", 64)])
+def test_cli_group_size_and_quantized_embedding(tmp_path, scheme, group, capsys):
+    """#24: `--quantize int4|int8 --group-size G --quantize-embedding`: every linear stored at its width
+    with one float16 scale per G columns, the embedding table int8 with one scale per row, gathered
+    (two MPSEmbedding lookups: the int8 row and its scale) and dequantized after the gather, never
+    the whole table; the export verifies itself against eager quantized alike."""
+    import collections
+
+    from mps_backend.serialization import read_blob
+    from mps_backend.serialization.pte import delegate_blobs
+    from tests.llm_helpers import eager_model
+
+    shape = {"vocab_size": 256, "hidden_size": 128, "intermediate_size": 256}
+    folder = save_checkpoint(tmp_path / "q", "qwen2", tokenizer=train_tokenizer(), config=shape)
+    out = tmp_path / "q.pte"
+    args = ["export", "--model", f"hf:{folder}", "--max-seq-len", "16", "-o", str(out), "--verify-steps", "2"]
+    assert main([*args, "--quantize", scheme, "--group-size", str(group), "--quantize-embedding"]) == 0
+    stdout = capsys.readouterr().out
+    assert "int8 embedding (a scale per row)" in stdout and "greedy tokens agree 2/2: ok" in stdout, stdout
+    graph = read_blob(delegate_blobs(out.read_bytes())[0].blob).graph
+    stored: collections.Counter = collections.Counter()
+    for c in graph.constant_ids:
+        stored[graph.values[c].datatype.name] += graph.values[c].constant_buffer_size
+    model = eager_model(folder, torch.float32)
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    n_linear = sum(w.numel() for w in linears)
+    table = model.model.embed_tokens.weight
+    n_other = sum(p.numel() for p in model.parameters()) - n_linear - table.numel()
+    ops = collections.Counter(n.op for n in graph.nodes)
+    assert ops["MPSEmbedding"] == 2
+    width = {"int4": 0.5, "int8": 1}[scheme]
+    assert stored[scheme] == n_linear * width + (table.numel() if scheme == "int8" else 0), stored
+    if scheme == "int4":
+        assert stored["int8"] == table.numel() and ops["MPSDequantizePerChannelGroup"] == len(linears)
+    # float16: norms, biases, one scale per row of the table, one per G columns of each linear
+    scales = table.shape[0] + n_linear // group
+    assert (n_other + scales) * 2 <= stored["float16"] <= (n_other + scales) * 2 + 64, (stored, n_other, scales)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "phi3"])
+def test_generate_and_runner_metadata(tmp_path, arch, capsys):
+    """#24 item 6 on a sample of tests/llm_helpers.py's ARCHS (llama: tests/test_llm.py): the runner's
+    metadata (BOS, an EOS list, vocab) and `mps-backend generate --bos` printing the prompt and the
+    eager greedy continuation, stopped at the first EOS id of the list."""
+    from mps_backend.runtime import constant_method_values
+    from tests.llm_helpers import eager_greedy
+
+    tok = train_tokenizer()
+    folder = save_checkpoint(tmp_path / arch, arch, tokenizer=tok)
+    prompt = "the quick brown fox"
+    ids = [0, *tok.encode(prompt).ids]
+    greedy = eager_greedy(folder, ids, 12)
+    eos = [1, greedy[5]]  # a token the model does emit: generation must stop there
+    gen = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps(gen | {"eos_token_id": eos}))
+    out = tmp_path / "m.pte"
+    assert _export(folder, out, "--verify-steps", "2") == 0
+    meta = constant_method_values(out)
+    assert meta["get_eos_ids"] == eos and meta["get_bos_id"] == 0 and meta["get_vocab_size"] == tok.get_vocab_size()
+    capsys.readouterr()
+    assert main(["generate", str(out), "--tokenizer", str(folder), "--prompt", prompt, "--max-new-tokens", "12", "--bos"]) == 0
+    stop = next(i for i, t in enumerate(greedy) if t in eos)
+    captured = capsys.readouterr()
+    assert captured.out.rstrip("\n") == prompt + tok.decode(greedy[: stop + 1], skip_special_tokens=False)
+    assert f"{stop + 1} generated (EOS)" in captured.err

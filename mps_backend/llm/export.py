@@ -62,12 +62,14 @@ class LLMExportResult:
     notes: list[str] = field(default_factory=list)
     #: the self-check (``verify_steps``): a :class:`mps_backend.llm.verify.LLMVerification`
     verification: Any = None
+    quantize_embedding: bool = False
 
     def summary(self) -> str:
         r = self.report
         lines = [
             f"model            {self.model_type} ({self.precision}"
             + (f", {self.quantize} weight-only" if self.quantize else "")
+            + (", int8 embedding (a scale per row)" if self.quantize_embedding else "")
             + ")",
             f"max_seq_len      {self.max_seq_len} (static shapes: decode step tokens [1, 1], input_pos [1])",
             f"MPS delegates    {self.delegates}",
@@ -237,6 +239,7 @@ def export_llm(
     target_runtime: str | None = DEFAULT_TARGET,
     allow_missing_kernels: bool = False,
     verify_steps: int = 0,
+    quantize_embedding: bool = False,
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` with ``params``)
     to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
@@ -246,7 +249,9 @@ def export_llm(
     KV-cache length (default 2048 capped by the model's positions). ``target_runtime``: as in
     :func:`mps_backend.export.export_model` (checked before anything is written). ``verify_steps``:
     after writing, run that many decode steps of the ``.pte`` against the eager float32 model
-    (:mod:`mps_backend.llm.verify`; the CLI's default is 4) into ``result.verification``."""
+    (:mod:`mps_backend.llm.verify`; the CLI's default is 4) into ``result.verification``.
+    ``quantize_embedding``: the embedding table int8 with a scale per row, dequantized after the
+    lookup (:class:`mps_backend.quantize.RowQuantizedEmbedding`)."""
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower  # noqa: PLC0415
 
     from mps_backend.export import drop_unused_constants  # noqa: PLC0415
@@ -276,6 +281,11 @@ def export_llm(
 
         with prog.stage(f"quantize {quantize}"):
             quantize_model(lm.model, quantize, resolve_group_size(quantize, group_size))
+    if quantize_embedding:
+        from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
+
+        with prog.stage("quantize embedding int8"):
+            quantize_embeddings(lm.model)
     decoder = decoder_for(lm, seq_len)
     meta = metadata(lm, seq_len)
     model_type, weight_bytes = lm.model_type, lm.weight_bytes
@@ -316,6 +326,7 @@ def export_llm(
         weight_bytes=weight_bytes,
         metadata=meta,
         quantize=quantize,
+        quantize_embedding=quantize_embedding,
         seconds=dict(prog.seconds),
         notes=notes,
     )
@@ -334,6 +345,7 @@ def export_llm(
                 clamp_fp16=clamp_fp16,
                 target_runtime=target_runtime,
                 allow_missing_kernels=allow_missing_kernels,
+                quantize_embedding=quantize_embedding,
             )
 
         with prog.stage(f"verify {verify_steps} steps"):

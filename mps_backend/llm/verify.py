@@ -194,11 +194,13 @@ def _pte_logits(pte: pathlib.Path, first: int, steps: int) -> tuple[list[int], t
     return tokens, torch.stack(logits)
 
 
-def _eager_logits(kind: str, path: pathlib.Path, params, tokens: list[int], quantize, group_size, max_seq_len: int, dtype: str):
+def _eager_logits(
+    kind: str, path: pathlib.Path, params, tokens: list[int], quantize, group_size, max_seq_len: int, dtype: str, embedding=False
+):
     """Float32 eager logits after each of ``tokens``. A quantized export's reference quantizes the
     weights as the export did (in the export precision: scales of float16 weights differ from those of
     the float32 ones) and computes in float32 with those weights dequantized."""
-    load = torch.float16 if quantize and dtype == "fp16" else torch.float32
+    load = torch.float16 if (quantize or embedding) and dtype == "fp16" else torch.float32
     if kind == "hf":
         import transformers  # noqa: PLC0415
 
@@ -221,6 +223,12 @@ def _eager_logits(kind: str, path: pathlib.Path, params, tokens: list[int], quan
                 m.weight = torch.nn.Parameter(w.dequantize().float(), requires_grad=False)
         model.float()
         reference += f" ({quantize} weights quantized alike, dequantized)"
+    if embedding:
+        from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
+
+        quantize_embeddings(model)
+        model.float()
+        reference += " (embedding quantized alike)"
     with torch.no_grad():
         if kind == "hf":
             logits = model(input_ids=torch.tensor([tokens])).logits[0].float()
@@ -242,6 +250,7 @@ def verify_llm(
     params: str | None = None,
     max_seq_len: int | None = None,
     bos_id: int | None = None,
+    quantize_embedding: bool = False,
 ) -> LLMVerification:
     """Compare the first ``steps`` decode steps of ``pte`` (exported from ``model``, ``hf:``/``llama:``)
     with the eager float32 model on the same tokens (the module docstring)."""
@@ -256,7 +265,9 @@ def verify_llm(
     if max_seq_len is not None and steps > max_seq_len:
         raise CheckpointError(f"--verify-steps {steps} exceeds --max-seq-len {max_seq_len}")
     tokens, dev = _pte_logits(pte, bos_id if bos_id is not None else 0, steps)
-    ref, reference = _eager_logits(kind, path, params, tokens[:-1], quantize, group_size, max_seq_len or steps + 1, dtype)
+    ref, reference = _eager_logits(
+        kind, path, params, tokens[:-1], quantize, group_size, max_seq_len or steps + 1, dtype, quantize_embedding
+    )
     if ref.shape != dev.shape:
         raise CheckpointError(f"the .pte's logits {list(dev.shape)} and the eager model's {list(ref.shape)} differ in shape")
     agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
@@ -292,7 +303,13 @@ def verify_export(result, model: str, *, steps: int, group_size: int | None, par
     gc.collect()  # the export's program and graphs: released before the eager model is loaded
     kind, path = parse_model_spec(model)
     dtype = "fp16" if result.precision == "float16" else "fp32"
-    common = dict(dtype=dtype, steps=steps, quantize=result.quantize, group_size=group_size)
+    common = dict(
+        dtype=dtype,
+        steps=steps,
+        quantize=result.quantize,
+        group_size=group_size,
+        quantize_embedding=result.quantize_embedding,
+    )
     bos = result.metadata.get("get_bos_id")
     too_large, need, budget = needs_truncation(kind, pathlib.Path(path), result.pte_bytes)
     if not too_large:

@@ -80,6 +80,7 @@ def cmd_export_llm(args) -> int:
             target_runtime=_target_runtime(args),
             allow_missing_kernels=args.allow_missing_kernels,
             verify_steps=0 if args.no_verify else args.verify_steps,
+            quantize_embedding=args.quantize_embedding,
         )
     except (CheckpointError, FileNotFoundError, RuntimeCompatError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -131,6 +132,8 @@ def cmd_export(args) -> int:
     for flag in ("max_seq_len", "params"):
         if getattr(args, flag) is not None:
             raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model hf:... or llama:...)")
+    if args.quantize_embedding or args.no_verify:
+        raise SystemExit("--quantize-embedding and --no-verify apply to language models (--model hf:... or llama:...)")
 
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
@@ -550,6 +553,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="weights sharing one scale (default: 32 for int4, per output channel for int8; 0 = per channel)",
+    )
+    p.add_argument(
+        "--quantize-embedding",
+        action="store_true",
+        help="language models: store the embedding table as int8 with a scale per row; the lookup gathers "
+        "the token's row and scale, then dequantizes that row (reads D bytes a token, never the table)",
     )
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("inspect", help="describe the MPS delegates of a .pte (or a PyTorch Mobile .ff)")
