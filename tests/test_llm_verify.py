@@ -117,9 +117,12 @@ def test_cli_group_size_and_quantized_embedding(tmp_path, scheme, group, capsys)
     assert stored[scheme] == n_linear * width + (table.numel() if scheme == "int8" else 0), stored
     if scheme == "int4":
         assert stored["int8"] == table.numel() and ops["MPSDequantizePerChannelGroup"] == len(linears)
-    # float16: norms, biases, one scale per row of the table, one per G columns of each linear
+    # float16: norms, biases, one scale per row of the table, one per G columns of each linear, and
+    # RoPE's cos/sin tables (16 positions each, computed in float32 at export)
     scales = table.shape[0] + n_linear // group
-    assert (n_other + scales) * 2 <= stored["float16"] <= (n_other + scales) * 2 + 64, (stored, n_other, scales)
+    rope = 2 * 16 * (model.config.hidden_size // model.config.num_attention_heads)
+    n = n_other + scales + rope
+    assert n * 2 <= stored["float16"] <= n * 2 + 64, (stored, n_other, scales, rope)
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "phi3"])

@@ -34,6 +34,7 @@ import re
 import stat
 from typing import Any
 
+from mps_backend.errors import MPSBackendError
 from mps_backend.llm.checkpoint import CheckpointError
 
 #: config key -> (smallest, largest) accepted value. Largest released values today: 126 layers
@@ -100,8 +101,8 @@ def _open(real: pathlib.Path):
     return os.fdopen(fd, "rb")
 
 
-class _DuplicateKey(ValueError):
-    pass
+class _DuplicateKey(MPSBackendError, ValueError):
+    """A key given twice in one JSON object (caught here and reported as a :class:`FolderError`)."""
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:

@@ -95,10 +95,9 @@ def available_memory() -> int:
 def eager_budget() -> int:
     """Bytes the eager float32 reference plus the emulated program may take: half the available
     memory (``$MPS_BACKEND_VERIFY_MAX_BYTES`` overrides)."""
-    env = os.environ.get(BUDGET_ENV)
-    if env:
-        return int(env)
-    return available_memory() // 2
+    from mps_backend.config import env_bytes  # noqa: PLC0415
+
+    return env_bytes(BUDGET_ENV, available_memory() // 2)
 
 
 def _hf_tensors(folder: pathlib.Path) -> dict[str, pathlib.Path]:
