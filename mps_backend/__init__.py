@@ -4,7 +4,8 @@
     edge = to_edge_transform_and_lower(torch.export.export(model, args), partitioner=[MPSPartitioner()])
 
 Importing this package registers the MPS recipe provider with ``executorch.export`` (as XNNPACK, CoreML
-and QNN register theirs; ``mps_backend.recipes``), its one side effect; every other public name (``__all__``)
+and QNN register theirs; ``mps_backend.recipes``), its one side effect besides a logging filter that drops
+one upstream deprecation notice torchao causes (:mod:`mps_backend._notices`); every other public name (``__all__``)
 loads its module on first use. Every exception the package raises is an :class:`MPSBackendError`, every
 warning an :class:`MPSBackendWarning`.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import mps_backend._notices  # noqa: F401  (first: it quiets one upstream notice the next import prints)
 from mps_backend import recipes as _recipes  # noqa: F401  (registers MPSRecipeProvider with executorch.export)
 from mps_backend._lazy import lazy_attributes
 

@@ -380,3 +380,14 @@ def test_readme_configuration_table_lists_every_environment_variable_the_code_re
             monkeypatch.setenv(name, bad)
             with pytest.raises(ConfigError, match=name):
                 read_budget()
+
+
+def test_importing_the_package_prints_nothing():
+    """A user's ``import mps_backend`` (and so every CLI command) is silent: torchao's enum notice under
+    torch 2.14 is dropped, and nothing else is printed. Fails if the filter stops matching the notice."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    done = subprocess.run([sys.executable, "-c", "import mps_backend"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and done.stderr == "", done.stderr[-2000:]
