@@ -306,7 +306,9 @@ def export_llm(
             # executorch warns that a mutated buffer's initial contents are not serialized: the KV
             # caches' are never read (positions after input_pos are masked; docs/llm.md, The program)
             warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected", category=UserWarning)
-            program = edge.to_executorch(ExecutorchBackendConfig())
+            # the KV-cache writes (index_put on CPU, mps_backend.partitioner.CACHE_WRITE_REASON) made in
+            # place: index_put_ writes the rows, no aten::copy_ of a whole cache back into its buffer
+            program = edge.to_executorch(ExecutorchBackendConfig(run_reinplace_pass=True))
         del edge
         check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
     _check_checkpoint_unchanged(weights, "while its weights were copied into the program")
