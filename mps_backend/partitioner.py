@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
-from executorch.exir import EdgeCompileConfig
+from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import tag_constant_data
@@ -154,6 +154,21 @@ def cache_writes(ep: ExportedProgram) -> frozenset[Node]:
         if buffer is not None and mutated_outputs.get(node.name) == buffer:
             found.add(node)
     return frozenset(found)
+
+
+def backend_config(edge) -> ExecutorchBackendConfig:
+    """The ``ExecutorchBackendConfig`` for ``edge.to_executorch``: executorch's reinplace pass on
+    (index_put -> index_put_ on mutable buffers: the KV-cache writes of :func:`cache_writes` write
+    their rows, and no ``aten::copy_`` writes a whole buffer back) when every index_put left outside
+    the delegates is one the portable ``index_put_`` computes (:func:`is_row_write`)."""
+    names = edge.methods if hasattr(edge, "methods") else ["forward"]
+    safe = all(
+        is_row_write(n)
+        for name in names
+        for n in edge.exported_program(name).graph.nodes
+        if n.op == "call_function" and _target_name(n.target) == "aten::index_put"
+    )
+    return ExecutorchBackendConfig(run_reinplace_pass=safe)
 
 
 def _absorb_unread_constants(ep: ExportedProgram, tag: str) -> None:
