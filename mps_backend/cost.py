@@ -26,7 +26,8 @@ and caches is unknown to it. Its assumptions:
   slice, cast, index_put, cat) makes of state; everything else is an *activation*.
 - CPU kernels (the program's non-delegate instructions) read their tensor arguments and write their
   outputs in full (per the operator's schema: mutated and trailing ``out`` arguments are outputs); an
-  in-place index write (``index_put_``, ``index_copy_``, ``scatter``) writes only its source rows.
+  in-place index write (``index_put_``, ``index_copy_``, ``scatter_``) reads its source rows and indices
+  and writes only the rows (never the whole destination; the out variants write it whole).
 - The **floor**: every constant read once (one read only by gathers: the rows they take), every state
   buffer read once, the rows written into state
   (an index_put's values) and the method's outputs written once. The ratios are naive / floor and
@@ -76,6 +77,8 @@ ROLES = ("weights", "weight-derived", "state", "state copies", "activations")
 _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 8: 4, 9: 8, 10: 16, 11: 1, 12: 1, 13: 1, 14: 4, 15: 2}
 _INDEX_DTYPES = frozenset({0, 1, 2, 3, 4, 11})
 _CPU_INDEX_WRITES = ("index_put", "index_copy", "scatter")
+#: EValue union tags of tensor lists -> their table (executorch program.fbs KernelTypes)
+_TENSOR_LISTS = {10: "TensorList", 11: "OptionalTensorList"}
 
 
 def value_bytes(t: Tensor) -> int:
@@ -378,6 +381,7 @@ def _layouts() -> Any:
     schema["tables"]["DelegateCall"] = [f("delegate_index", "int"), f("args", "[int]")]
     schema["tables"]["Tensor"] = [f("scalar_type", "byte"), f("storage_offset", "int"), f("sizes", "[int]")]
     schema["tables"]["Tensor"] += [f("dim_order", "[ubyte]"), f("requires_grad", "bool"), f("data_buffer_idx", "uint")]
+    schema["tables"]["TensorList"] = schema["tables"]["OptionalTensorList"] = [f("items", "[int]")]
     return compile_schema(schema)
 
 
@@ -419,6 +423,14 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
             raise CostError(f"method {method!r}: value {v} outside its {len(evalues)} values")
         tag, body = fb.table(evalues[v], "EValue", f"values[{v}]")["val"]
         return fb.table(body, "Tensor", f"values[{v}]") if tag == 5 and body is not None else None
+
+    def tensors_of(v: int) -> list[int]:
+        """A kernel argument's tensors: itself, or a (optional-)tensor list's items (index_put's indices)."""
+        tag, body = fb.table(evalues[v], "EValue", f"values[{v}]")["val"]
+        if tag in _TENSOR_LISTS and body is not None:
+            items = fb.table(body, _TENSOR_LISTS[tag], f"values[{v}]")["items"] or ()
+            return [i for i in items if i >= 0 and tensor(i) is not None]
+        return [v] if tensor(v) is not None else []
 
     def tbytes(t: dict) -> int:
         return math.prod(t["sizes"] or ()) * _SCALAR_BYTES.get(t["scalar_type"], 4)
@@ -471,24 +483,25 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
                 t_cpu = Traffic()
                 args = list(call["args"] or ())
                 outs = _kernel_outputs(op["name"], op["overload"] or "", args)
-                read_args = [a for a in dict.fromkeys(args) if a not in outs]
+                read_args = [a for a in dict.fromkeys(x for arg in args for x in tensors_of(arg)) if a not in outs]
                 for a in read_args:
                     t = tensor(a)
-                    if t is None:
-                        continue
                     if a not in written and not t["data_buffer_idx"]:
                         state.setdefault(a, tbytes(t))
                     if t["data_buffer_idx"]:
                         cpu_constants[a] = tbytes(t)
                     t_cpu.add("state" if a in state else "weights" if t["data_buffer_idx"] else "activations", tbytes(t), False)
-                index_write = any(s in op["name"] for s in _CPU_INDEX_WRITES)
-                for a in dict.fromkeys(outs):
+                # in place (index_put_, not index_put.out, which copies the whole destination first)
+                index_write = op["name"].endswith("_") and any(s in op["name"] for s in _CPU_INDEX_WRITES)
+                for j, a in enumerate(dict.fromkeys(outs)):
                     t = tensor(a)
                     if t is None:
                         continue
-                    if index_write:  # in place: only the source rows are written
+                    if index_write:  # in place: only the source rows are written, once (the result aliases it)
+                        if j:
+                            continue
                         src = [tensor(r) for r in read_args]
-                        n = sum(tbytes(s) for s in src if s is not None and s["scalar_type"] not in _INDEX_DTYPES)
+                        n = sum(tbytes(s) for s in src if s["scalar_type"] not in _INDEX_DTYPES)
                         rows += n
                     else:
                         n = tbytes(t)

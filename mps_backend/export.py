@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mps_backend.errors import MPSBackendWarning
-from mps_backend.partitioner import MPSPartitioner, PartitionReport, edge_compile_config
+from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.passes import check_fp16_constants, drop_unused_constants
 from mps_backend.runtime_compat import DEFAULT_TARGET, check_kernels
 from mps_backend.serialization.model import Header
@@ -134,7 +134,8 @@ def export_model(
             ),
         )
         blobs = _delegate_blobs(edge)
-        program = stage("to_executorch", edge.to_executorch)
+        # KV-cache row writes made in place (mps_backend.partitioner.backend_config)
+        program = stage("to_executorch", lambda: edge.to_executorch(backend_config(edge)))
         check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
         pte = program.buffer
     constant_bytes = sum(Header.from_bytes(b[:24]).segment_size for b in blobs)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
-from executorch.exir import EdgeCompileConfig
+from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import tag_constant_data
@@ -25,6 +25,12 @@ from mps_backend.errors import MPSBackendWarning
 from mps_backend.operators.registry import Registry, default_registry, op_key
 
 BACKEND_ID = "MPSBackend"
+#: why an in-place row write into a mutable buffer stays on CPU (see :func:`cache_writes`)
+CACHE_WRITE_REASON = (
+    "KV-cache write: index_put into a mutable buffer whose result is only the buffer's new value; left on "
+    "CPU, where to_executorch(ExecutorchBackendConfig(run_reinplace_pass=True)) makes it index_put_, which "
+    "writes only the rows (docs/llm.md)"
+)
 
 
 class DynamicShapeWarning(MPSBackendWarning):
@@ -68,6 +74,11 @@ class PartitionReport:
     def total(self) -> int:
         return len(self.delegated) + len(self.on_cpu)
 
+    @property
+    def cpu_except_cache_writes(self) -> list[CpuNode]:
+        """The CPU nodes other than the KV-cache row writes (:data:`CACHE_WRITE_REASON`)."""
+        return [n for n in self.on_cpu if n.reason != CACHE_WRITE_REASON]
+
     def __str__(self) -> str:
         if self.methods:
             lines = [
@@ -81,7 +92,10 @@ class PartitionReport:
         lines = [f"{len(self.delegated)}/{self.total} operator nodes delegated to MPS in {self.partitions} partition(s)"]
         if self.on_cpu:
             lines.append("left on CPU:")
-            lines += [f"  {n.name} ({n.target}): {n.reason}" for n in self.on_cpu]
+            lines += [f"  {n.name} ({n.target}): {n.reason}" for n in self.cpu_except_cache_writes]
+            writes = len(self.on_cpu) - len(self.cpu_except_cache_writes)
+            if writes:
+                lines.append(f"  {writes} x index_put: {CACHE_WRITE_REASON}")
         if self.fp16_notes:
             lines.append("float16 range (the device computes float32 values in float16, |x| <= 65504):")
             lines += [f"  {n}" for n in self.fp16_notes]
@@ -89,15 +103,72 @@ class PartitionReport:
 
 
 class _Support(OperatorSupportBase):
-    def __init__(self, registry: Registry, reasons: dict[Node, str]):
+    def __init__(self, registry: Registry, reasons: dict[Node, str], on_cpu: frozenset[Node] = frozenset()):
         super().__init__()
-        self.registry, self.reasons = registry, reasons
+        self.registry, self.reasons, self.on_cpu = registry, reasons, on_cpu
 
     def is_node_supported(self, submodules, node: Node) -> bool:
-        reason = self.registry.check(node)
+        reason = CACHE_WRITE_REASON if node in self.on_cpu else self.registry.check(node)
         if reason is not None:
             self.reasons[node] = reason
         return reason is None
+
+
+def is_row_write(node: Node) -> bool:
+    """An ``index_put(dest, indices, values)`` executorch's portable ``index_put_`` computes in place
+    (executorch 1.0-1.5 kernels/portable/cpu/op_index_put.cpp, its special case): no accumulate, exactly
+    one index, a 1-D int64/int32 tensor, on any dim (the other entries None), and ``values`` of
+    ``dest``'s dtype and shape but for that dim, whose length is the index's."""
+    if _target_name(node.target) != "aten::index_put" or len(node.args) < 3:
+        return False
+    dest, indices, values = node.args[:3]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    given = [(i, x) for i, x in enumerate(indices or ()) if x is not None]
+    if accumulate or len(given) != 1 or not isinstance(given[0][1], Node):
+        return False
+    dim, index = given[0]
+    d, v, ix = (n.meta.get("val") for n in (dest, values, index))
+    if not all(isinstance(t, torch.Tensor) for t in (d, v, ix)):
+        return False
+    if ix.dim() != 1 or ix.dtype not in (torch.int64, torch.int32) or d.dtype != v.dtype or dim >= d.dim():
+        return False
+    expected = list(d.shape)
+    expected[dim] = ix.shape[0]
+    return list(v.shape) == expected and d.is_contiguous() and v.is_contiguous()
+
+
+def cache_writes(ep: ExportedProgram) -> frozenset[Node]:
+    """The in-place row writes into mutable buffers (:func:`is_row_write`) whose only use is the buffer's
+    mutation: a KV-cache update deferred after attention (mps_backend.llm.decoder). Left on CPU and
+    reinplaced by executorch, each writes only its rows; the delegate then never writes, nor
+    executorch copies back, a whole cache per step."""
+    sig = ep.graph_signature
+    mutated_outputs, buffers = sig.buffers_to_mutate, sig.inputs_to_buffers  # output/input name -> buffer
+    out = next((n for n in ep.graph.nodes if n.op == "output"), None)
+    found = set()
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or not is_row_write(node) or list(node.users) != [out]:
+            continue
+        dest = node.args[0]
+        buffer = buffers.get(dest.name) if dest.op == "placeholder" else None
+        if buffer is not None and mutated_outputs.get(node.name) == buffer:
+            found.add(node)
+    return frozenset(found)
+
+
+def backend_config(edge) -> ExecutorchBackendConfig:
+    """The ``ExecutorchBackendConfig`` for ``edge.to_executorch``: executorch's reinplace pass on
+    (index_put -> index_put_ on mutable buffers: the KV-cache writes of :func:`cache_writes` write
+    their rows, and no ``aten::copy_`` writes a whole buffer back) when every index_put left outside
+    the delegates is one the portable ``index_put_`` computes (:func:`is_row_write`)."""
+    names = edge.methods if hasattr(edge, "methods") else ["forward"]
+    safe = all(
+        is_row_write(n)
+        for name in names
+        for n in edge.exported_program(name).graph.nodes
+        if n.op == "call_function" and _target_name(n.target) == "aten::index_put"
+    )
+    return ExecutorchBackendConfig(run_reinplace_pass=safe)
 
 
 def _absorb_unread_constants(ep: ExportedProgram, tag: str) -> None:
@@ -193,7 +264,7 @@ class MPSPartitioner(Partitioner):
         reasons: dict[Node, str] = {}
         gm = exported_program.graph_module
         proposed = CapabilityBasedPartitioner(
-            gm, _Support(registry, reasons), allows_single_node_partition=True
+            gm, _Support(registry, reasons, cache_writes(exported_program)), allows_single_node_partition=True
         ).propose_partitions()
         tags: dict[str, DelegationSpec] = {}
         delegated: set[Node] = set()

@@ -212,3 +212,36 @@ def test_zoo_result_has_the_cost_ratios():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
     r = zoo.check("tiny", False, (model, (torch.randn(2, 8),)), run=False)
     assert 1 <= r.fused_ratio <= r.naive_ratio < 10
+
+
+def test_cpu_kv_cache_row_write_counts_only_the_rows(tmp_path):
+    """#23: a cache read by the delegate and written after it (the decode step's KV-cache write): the
+    index_put stays on CPU and becomes index_put_ (no aten::copy_), which reads its rows and index and
+    writes only the rows, never the whole 256-byte cache."""
+    from mps_backend.export import export_model
+    from mps_backend.partitioner import CACHE_WRITE_REASON
+
+    class RowWrite(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(1, 2, 8, 4))  # float32: 256 B
+
+        def forward(self, x, pos):
+            out = self.cache.sum(2, keepdim=True) + x  # reads the old cache: [1, 2, 1, 4]
+            torch.ops.aten.index_put_(self.cache, [None, None, pos], x * 3)  # rows [1, 2, 1, 4]: 32 B
+            return out
+
+    res = export_model(RowWrite().eval(), [torch.randn(1, 2, 1, 4), torch.tensor([5])], use_fp16=False)
+    assert [n.reason for n in res.report.on_cpu] == [CACHE_WRITE_REASON], res.report
+    c = cost_of_program(res.pte)
+    assert c.cpu_kernels == {"aten::index_put_.default": 1}
+    # reads the rows (32 B) and the int64 index (8 B); writes the rows into the cache (state)
+    assert (c.cpu.read, c.cpu.written) == (32 + 8, 32)
+    assert c.cpu.by_role["state"] == 32
+    assert c.floor_parts["rows written"] == 32 and c.floor_parts["state"] == 256
+    from mps_backend.runtime import LoadedMethod
+
+    step, model = LoadedMethod(res.pte), RowWrite().eval()
+    for pos in (5, 2, 5):  # each step sees the rows the earlier steps wrote (the last one overwrites)
+        x = torch.randn(1, 2, 1, 4)
+        torch.testing.assert_close(step([x, torch.tensor([pos])])[0], model(x, torch.tensor([pos])))

@@ -82,7 +82,7 @@ def test_fp32_tokens_equal_transformers(tmp_path, tokenizer, arch):
     folder = save_checkpoint(tmp_path / arch, arch, tokenizer=tokenizer)
     result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN)
     assert result.delegates == 1 and result.report.partitions == 1, result.summary()
-    assert not result.report.on_cpu, result.summary()
+    assert not result.report.cpu_except_cache_writes, result.summary()
     meta = constant_method_values(result.path)
     assert meta["get_max_seq_len"] == meta["get_max_context_len"] == MAX_SEQ_LEN
     assert meta["get_vocab_size"] == tokenizer.get_vocab_size()
@@ -97,7 +97,7 @@ def test_fp32_tokens_equal_transformers(tmp_path, tokenizer, arch):
 def test_fp16_logits_close_to_eager_fp16(tmp_path, tokenizer, arch):
     folder = save_checkpoint(tmp_path / arch, arch, tokenizer=tokenizer)
     result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
-    assert result.delegates == 1 and not result.report.on_cpu, result.summary()
+    assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     stats = GenerationStats(logits=[])
     got = generate_ids(result.path, PROMPT, STEPS // 2, stats=stats)
     # eager float16 over the same sequence in one pass (no cache): logits at each generated position
@@ -181,7 +181,7 @@ def test_llama_checkpoint_in_the_export_precision_stays_mapped(tmp_path):
     saved = torch.load(ckpt)
     assert all(torch.equal(w, saved[name]) for name, w in weights.items())
     result = export_llm(f"llama:{ckpt}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN, params=params)
-    assert result.delegates == 1 and not result.report.on_cpu, result.summary()
+    assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     stats = GenerationStats(logits=[])
     got = generate_ids(result.path, PROMPT, 8, stats=stats)
     # eager: executorch's llama in float16 (its own `model.to(dtype)`), fed the same tokens
@@ -225,7 +225,7 @@ def test_sharded_checkpoint_equals_one_file(tmp_path, tokenizer):
 def test_bfloat16_checkpoint_becomes_float16(tmp_path, tokenizer):
     folder = save_checkpoint(tmp_path / "bf16", "qwen2", tokenizer=tokenizer, dtype=torch.bfloat16)
     result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
-    assert result.delegates == 1 and not result.report.on_cpu
+    assert result.delegates == 1 and not result.report.cpu_except_cache_writes
     assert any("bfloat16" in n for n in result.notes)
     blob = read_blob(delegate_blobs(result.path.read_bytes())[0].blob)
     assert all(v.datatype.name != "bfloat16" for v in blob.graph.values)
@@ -249,7 +249,7 @@ def test_weights_beyond_float16_are_an_error_or_clamped(tmp_path, tokenizer):
 def test_executorch_llama_checkpoint(tmp_path):
     ckpt, params, p = save_llama_checkpoint(tmp_path)
     result = export_llm(f"llama:{ckpt}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN, params=params)
-    assert result.delegates == 1 and not result.report.on_cpu, result.summary()
+    assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     got = generate_ids(result.path, PROMPT, 16)
     # eager greedy: each token is the argmax of the logits after the one before
     logits = _executorch_llama_logits(ckpt, p, PROMPT + got[:-1])
@@ -398,7 +398,7 @@ def test_cli_errors_are_one_line(tmp_path):
 def test_quantized_llm(tmp_path, tokenizer, scheme):
     folder = save_checkpoint(tmp_path / "q", "qwen3", tokenizer=tokenizer)
     result = export_llm(f"hf:{folder}", tmp_path / "q.pte", dtype="fp32", quantize=scheme, max_seq_len=MAX_SEQ_LEN)
-    assert result.delegates == 1 and not result.report.on_cpu, result.summary()
+    assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     blob = read_blob(delegate_blobs(result.path.read_bytes())[0].blob)
     kinds = {n.op for n in blob.graph.nodes}
     if scheme == "int4":
@@ -543,7 +543,7 @@ def test_late_positions_exact_and_caches_read_once(tmp_path, tokenizer):
     folder = save_checkpoint(tmp_path / "smollm", "smollm", tokenizer=tokenizer)
     seq_len, first, tokens = 600, 540, PROMPT * 2 + [7, 11]
     result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=seq_len)
-    assert result.delegates == 1 and not result.report.on_cpu, result.summary()
+    assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     (blob,) = delegate_blobs(result.path)
     graph = read_blob(blob.blob).graph
     ops = collections.Counter(n.op for n in graph.nodes)

@@ -8,6 +8,12 @@
   transformers' eager attention does with what the layers pass: ``scaling``, the additive mask
   (the decode step passes it precomputed, sliding windows included, so ``sliding_window`` needs
   nothing more), ``softcap`` (Gemma 2), attention sinks ``s_aux`` (gpt-oss); dropout is 0 in eval.
+- The decode step never writes the cache inside the delegate (#23): the cache's ``update`` returns
+  the OLD cache (the mutable buffer itself, read in place) carrying the new rows
+  (:func:`with_new_rows`), the mask hides positions ``>= input_pos`` of it, and the new key/value
+  join the softmax as one extra column: ``softmax([q @ K_old, q . k_new]) -> p_old @ V_old + p_new *
+  v_new``. The decoder writes the rows into the buffers after the model's forward: one ``index_put``
+  per buffer, left on CPU and made in place by executorch (:data:`mps_backend.partitioner.CACHE_WRITE_REASON`).
 - :class:`RopeTable`: a model's rotary embedding replaced by its own cos/sin computed at export in
   float32 for every position ``0 .. max_seq_len-1``, stored in the model's dtype and gathered by
   position: the program has no position-dependent float16 arithmetic (an fp16 angle ``p * inv_freq``
@@ -22,6 +28,24 @@ import torch
 
 #: the AttentionInterface name of :func:`grouped_attention` (K cache transposed: ``[1, KV, d, S]``)
 ATTENTION = "mps_backend_grouped_kt"
+#: the attribute of an old-cache alias holding the step's new rows ``(k_t [B, KV, d, T], v [B, KV, T, d])``
+NEW_ROWS = "mps_backend_new_rows"
+
+
+def with_new_rows(k_cache: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """An alias of the K cache buffer (a view: nothing copied, no state kept on the buffer) that
+    carries this step's new rows for :func:`grouped_attention` to attend to besides the cache."""
+    alias = k_cache.view(k_cache.shape)
+    setattr(alias, NEW_ROWS, (k_t, v))
+    return alias
+
+
+def write_rows(cache: torch.Tensor, dim: int, input_pos: torch.Tensor, rows: torch.Tensor) -> None:
+    """``cache[..., input_pos, ...] = rows`` along ``dim`` as one ``index_put_`` whose values keep
+    the cache's rank (indexing assignment would squeeze them): the form executorch's portable
+    ``index_put_`` writes in place (mps_backend.partitioner.is_row_write)."""
+    indices = [None] * dim + [input_pos]
+    torch.ops.aten.index_put_(cache, indices, rows)
 
 
 def grouped_attention(
@@ -43,16 +67,24 @@ def grouped_attention(
     b, h, t, d = query.shape
     kv, s = key_t.shape[1], key_t.shape[-1]
     g = h // kv
+    new_rows = getattr(key_t, NEW_ROWS, None)  # (k_t, v) of this step: the cache is the old one
+    if new_rows is not None and t != 1:
+        raise ValueError(f"grouped_attention over an old cache plus new rows decodes one token, not {t}")
     if scaling is None:
         scaling = float(module.head_dim) ** -0.5
     # query head kv*G + j uses KV head kv (repeat_kv's order): [B, KV, G*T, d], scaled once
     q = (query * scaling).reshape(b, kv, g * t, d)
     scores = torch.matmul(q, key_t)  # [B, KV, G*T, S]
+    if new_rows is not None:  # the new key's score, always visible: one more column
+        scores = torch.cat([scores, torch.matmul(q, new_rows[0])], dim=-1)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
         mask = attention_mask[:, :, :, :s]
-        scores = (scores.view(b, kv, g, t, s) + mask.unsqueeze(2)).view(b, kv, g * t, s)
+        if new_rows is not None:
+            mask = torch.cat([mask, torch.zeros_like(mask[..., :1])], dim=-1)
+        n = scores.shape[-1]
+        scores = (scores.view(b, kv, g, t, n) + mask.unsqueeze(2)).view(b, kv, g * t, n)
     if s_aux is not None:
         # gpt-oss: one learned sink logit per query head joins the softmax, its weight dropped
         sinks = s_aux.reshape(1, kv, g, 1, 1).expand(b, kv, g, t, 1).reshape(b, kv, g * t, 1).to(scores.dtype)
@@ -61,7 +93,10 @@ def grouped_attention(
         probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
     else:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    out = torch.matmul(probs, value)  # [B, KV, G*T, d]
+    if new_rows is not None:  # p_old @ V_old + p_new * v_new
+        out = torch.matmul(probs[..., :s], value) + probs[..., s:] * new_rows[1]
+    else:
+        out = torch.matmul(probs, value)  # [B, KV, G*T, d]
     return out.view(b, h, t, d).transpose(1, 2).contiguous(), None
 
 
@@ -133,18 +168,29 @@ def tabulate_rope(model: torch.nn.Module, max_seq_len: int, dtype: torch.dtype) 
 
 class _TransposedKVCache(torch.nn.Module):
     """executorch's example-llama ``KVCache`` (static shapes) with K stored transposed,
-    ``[B, KV, d, S]``: ``update`` writes the new key as one column and returns ``(K^T, V)``."""
+    ``[B, KV, d, S]``: ``update`` returns the old ``(K^T, V)`` carrying the new rows (see the module
+    doc) and keeps them in ``pending`` (set by the decoder for one forward) to be written after it."""
 
     def __init__(self, cache: torch.nn.Module):
         super().__init__()
         b, h, s, d = cache.k_cache.shape
         self.register_buffer("k_cache", torch.zeros((b, h, d, s), dtype=cache.k_cache.dtype))
         self.register_buffer("v_cache", torch.zeros_like(cache.v_cache))
+        self.pending: list | None = None  # [(input_pos, k_t, v)] during a decoder's forward
 
     def update(self, input_pos: torch.Tensor, k_val: torch.Tensor, v_val: torch.Tensor):
-        self.k_cache[:, :, :, input_pos] = k_val.transpose(2, 3)
-        self.v_cache[:, :, input_pos] = v_val
-        return self.k_cache, self.v_cache
+        if self.pending is None:
+            raise RuntimeError("_TransposedKVCache.update outside ExecutorchLlamaDecoder.forward")
+        k_t = k_val.transpose(2, 3)
+        self.pending.append((input_pos, k_t, v_val))
+        return with_new_rows(self.k_cache, k_t, v_val), self.v_cache
+
+    def write_pending(self) -> None:
+        """Write the rows ``update`` kept into the buffers (after the model's forward) and forget them."""
+        for input_pos, k_t, v in self.pending or ():
+            write_rows(self.k_cache, 3, input_pos, k_t)
+            write_rows(self.v_cache, 2, input_pos, v)
+        self.pending = None
 
 
 class _GroupedSDPA(torch.nn.Module):
@@ -158,6 +204,8 @@ class _GroupedSDPA(torch.nn.Module):
 
     def forward(self, input_pos, q, k_t, v, bsz, seqlen, mask):
         d = q.shape[-1]
+        if getattr(k_t, NEW_ROWS, None) is not None:  # the old cache: positions >= input_pos hidden
+            mask = mask & (torch.arange(mask.shape[-1], dtype=input_pos.dtype) < input_pos.reshape(-1, 1))
         additive = torch.where(mask, 0.0, float("-inf")).to(q.dtype)  # [T, S]
         out, _ = grouped_attention(self, q, k_t, v, additive.view(1, 1, *additive.shape), scaling=float(d) ** -0.5)
         return out.reshape(bsz, seqlen, self.dim)

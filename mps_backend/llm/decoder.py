@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from mps_backend.llm.attention import group_llama_attention, tabulate_rope, use_grouped_attention
+from mps_backend.llm.attention import group_llama_attention, tabulate_rope, use_grouped_attention, with_new_rows, write_rows
 
 
 def _head_dim(config) -> int:
@@ -42,23 +42,34 @@ def _additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class _StaticCache:
-    """The object transformers' attention layers see as ``past_key_values``: ``update`` writes the
-    new key/value at ``input_pos`` into the layer's buffers and returns the whole buffers."""
+    """The object transformers' attention layers see as ``past_key_values`` (one per forward).
+    Grouped attention: ``update`` returns the old buffers carrying the new rows (read in place, the
+    rows attended to separately: mps_backend.llm.attention) and keeps the rows in ``pending``, which
+    :meth:`write_pending` writes after the model's forward. Otherwise it writes the new key/value at
+    ``input_pos`` and returns the whole buffers."""
 
     is_compileable = True
 
     def __init__(self, owner: HFDecoder, input_pos: torch.Tensor):
         self.owner, self.input_pos = owner, input_pos
+        self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         k_cache = getattr(self.owner, f"k_cache_{layer_idx}")
         v_cache = getattr(self.owner, f"v_cache_{layer_idx}")
         if self.owner.grouped:  # K stored transposed, [1, KV, d, S]: the new key is one column
-            k_cache[:, :, :, self.input_pos] = key.transpose(2, 3)
-        else:
-            k_cache[:, :, self.input_pos] = key
+            k_t = key.transpose(2, 3)
+            self.pending[layer_idx] = (k_t, value)
+            return with_new_rows(k_cache, k_t, value), v_cache
+        k_cache[:, :, self.input_pos] = key
         v_cache[:, :, self.input_pos] = value
         return k_cache, v_cache
+
+    def write_pending(self) -> None:
+        for layer_idx, (k_t, value) in self.pending.items():
+            write_rows(getattr(self.owner, f"k_cache_{layer_idx}"), 3, self.input_pos, k_t)
+            write_rows(getattr(self.owner, f"v_cache_{layer_idx}"), 2, self.input_pos, value)
+        self.pending = {}
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # never reached: position_ids are given
         raise RuntimeError("the static decode step passes position_ids; get_seq_length is not used")
@@ -100,7 +111,8 @@ class HFDecoder(torch.nn.Module):
 
     def _masks(self, input_pos: torch.Tensor):
         k = torch.arange(self.max_seq_len, dtype=input_pos.dtype)
-        visible = k <= input_pos
+        # grouped attention reads the old cache (the new row joins separately): positions < input_pos
+        visible = k < input_pos if self.grouped else k <= input_pos
         full = _additive_mask(visible, self.mask_dtype)
         if self.window is not None:
             sliding = _additive_mask(visible & (k > input_pos - self.window), self.mask_dtype)
@@ -117,13 +129,15 @@ class HFDecoder(torch.nn.Module):
         return masks
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        cache = _StaticCache(self, input_pos)
         out = self.model(
             input_ids=tokens,
             attention_mask=self._masks(input_pos),
             position_ids=input_pos.view(1, -1),
-            past_key_values=_StaticCache(self, input_pos),
+            past_key_values=cache,
             use_cache=True,
         )
+        cache.write_pending()  # the cache writes after attention: index_put on CPU, in place
         return out.logits[:, -1, :].float()
 
 
@@ -138,7 +152,16 @@ class ExecutorchLlamaDecoder(torch.nn.Module):
         self.grouped_layers = group_llama_attention(model)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        logits = self.model(tokens, {"input_pos": input_pos})
+        caches = [m for m in self.model.modules() if hasattr(m, "write_pending")]
+        for cache in caches:
+            cache.pending = []
+        try:
+            logits = self.model(tokens, {"input_pos": input_pos})
+            for cache in caches:  # the cache writes after attention: index_put on CPU, in place
+                cache.write_pending()
+        finally:
+            for cache in caches:
+                cache.pending = None
         if isinstance(logits, tuple):
             logits = logits[0]
         return logits.reshape(1, -1, logits.shape[-1])[:, -1, :].float()

@@ -22,7 +22,7 @@ import torch
 
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
 from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
-from mps_backend.partitioner import MPSPartitioner, PartitionReport, edge_compile_config
+from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_compat import DEFAULT_TARGET
 
@@ -252,7 +252,7 @@ def export_llm(
     (:mod:`mps_backend.llm.verify`; the CLI's default is 4) into ``result.verification``.
     ``quantize_embedding``: the embedding table int8 with a scale per row, dequantized after the
     lookup (:class:`mps_backend.quantize.RowQuantizedEmbedding`)."""
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower  # noqa: PLC0415
+    from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
 
     from mps_backend.export import drop_unused_constants  # noqa: PLC0415
     from mps_backend.runtime_compat import check_kernels  # noqa: PLC0415
@@ -306,7 +306,9 @@ def export_llm(
             # executorch warns that a mutated buffer's initial contents are not serialized: the KV
             # caches' are never read (positions after input_pos are masked; docs/llm.md, The program)
             warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected", category=UserWarning)
-            program = edge.to_executorch(ExecutorchBackendConfig())
+            # the KV-cache writes (index_put on CPU, mps_backend.partitioner.CACHE_WRITE_REASON) made in
+            # place: index_put_ writes the rows, no aten::copy_ of a whole cache back into its buffer
+            program = edge.to_executorch(backend_config(edge))
         del edge
         check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
     _check_checkpoint_unchanged(weights, "while its weights were copied into the program")
