@@ -166,6 +166,7 @@ def bench_writer() -> tuple[float, float, float]:
     import torch  # noqa: PLC0415
 
     from mps_backend.builder import GraphBuilder  # noqa: PLC0415
+    from mps_backend.serialization.generated import nodes as N  # noqa: PLC0415
     from mps_backend.serialization.writer import write_blob  # noqa: PLC0415
 
     n, shape = 48, (1024, 2048)  # 48 x 4 MiB float16
@@ -173,7 +174,7 @@ def bench_writer() -> tuple[float, float, float]:
     b = GraphBuilder(use_fp16=True)
     ids = [b.constant(torch.randn(shape, generator=gen, dtype=torch.float32).to(torch.float16)) for _ in range(n)]
     out = b.new_value(torch.float16, shape)
-    b.emit("MPSAdd", input1_id=ids[0], input2_id=ids[1], output_id=out, alpha=1.0)
+    b.emit(N.MPSAdd(input1_id=ids[0], input2_id=ids[1], output_id=out, alpha=1.0))
     b.graph.output_ids.append(out)
     consts = dict(b.constants)  # a plain dict: GraphBuilder's table is released by the (single) write
     total = sum(t.numel() * t.element_size() for t in consts.values())

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
     from mps_backend.recipes import EmulatorUnavailableWarning, MPSRecipeType  # noqa: F401
     from mps_backend.runtime.emulator import EmulatorError, InputMismatchError  # noqa: F401
     from mps_backend.runtime.program_check import ProgramFormatError  # noqa: F401
-    from mps_backend.runtime_compat import RuntimeCompatError, RuntimeCompatWarning  # noqa: F401
+    from mps_backend.runtime_kernels import RuntimeCompatError, RuntimeCompatWarning  # noqa: F401
     from mps_backend.serialization.errors import MPSFormatError  # noqa: F401
 
 __version__ = "0.1.0"
@@ -61,8 +61,8 @@ _LAZY = {
     "LoweringBug": "backend",
     "Float16RangeError": "passes.program",
     "Float16RangeWarning": "passes.program",
-    "RuntimeCompatError": "runtime_compat",
-    "RuntimeCompatWarning": "runtime_compat",
+    "RuntimeCompatError": "runtime_kernels",
+    "RuntimeCompatWarning": "runtime_kernels",
     "DynamicShapeWarning": "partitioner",
     "EmulatorUnavailableWarning": "recipes",
     "EmulatorError": "runtime.emulator",

@@ -6,7 +6,7 @@ into the blob), the node list and the map from fx nodes to value ids. Lowerings 
 
     x = b.id(node.args[0])                      # value id of an fx argument
     out = b.out(node)                           # new value id for the node's result
-    b.emit("MPSReLU", input1_id=x, input2_id=-1, output_id=out)
+    b.emit(N.MPSReLU(input1_id=x, input2_id=-1, output_id=out))  # N: serialization.generated.nodes
 
 In fp16 mode the graph computes in float16: float32 constants are converted, user inputs
 and outputs get one boundary cast each, and every internal float value is float16.
@@ -23,8 +23,9 @@ from torch.fx import Node as FxNode
 
 from mps_backend.dtypes import mps_dtype
 from mps_backend.pages import PageReleaser
-from mps_backend.serialization.device_facts import NEUTRAL_FIELDS, NOT_DISPATCHED
-from mps_backend.serialization.model import DataType, Graph, Node, Tensor, member_fields
+from mps_backend.serialization.device_facts import NOT_DISPATCHED
+from mps_backend.serialization.generated import nodes as N
+from mps_backend.serialization.model import DataType, Graph, Node, NodeFields, Tensor
 
 
 def fx_val(node: FxNode) -> Any:
@@ -294,34 +295,23 @@ class GraphBuilder:
         return self._memo[key]
 
     # ---- nodes --------------------------------------------------------------------------
-    def emit(self, op: str, min_max: tuple[float, float] | None = None, **fields: Any) -> None:
-        """Append one MPS node. Every field of the member's table must be given (the writer checks),
-        except those with a neutral value (``device_facts.NEUTRAL_FIELDS``: alpha, rounding_mode), which
-        are filled in; a field the table lacks, or a node kind the runtime has no dispatch case for
-        (``device_facts.NOT_DISPATCHED``), is refused here."""
+    def emit(self, node: NodeFields, min_max: tuple[float, float] | None = None) -> int:
+        """Append one MPS node: an instance of its typed kind (``serialization.generated.nodes``, e.g.
+        ``N.MPSAdd(input1_id=x, input2_id=y, output_id=out)``), which checked its fields when it was
+        built (every field given except those with a neutral value, ``device_facts.NEUTRAL_FIELDS``:
+        alpha, rounding_mode; each of the schema's type). A node kind the runtime has no dispatch
+        case for (``device_facts.NOT_DISPATCHED``) is refused here. Returns the node's ``output_id`` (-1
+        for a kind without one), so a node writing a fresh value reads
+        ``y = b.emit(N.MPSExp(input1_id=x, output_id=b.new_value(dtype, shape)))``."""
+        op = node.KIND
         if op in NOT_DISPATCHED:
             raise ValueError(
                 f"{op} is never dispatched by the MPS runtime (the graph would fail to build); "
                 "decompose it (docs/device-semantics.md §2.7)"
             )
-        names = member_fields(op)
-        unknown = set(fields) - set(names)
-        if unknown:
-            raise ValueError(f"{op} has no field(s) {sorted(unknown)} (its fields: {names})")
-        for name in names:
-            if name not in fields and (op, name) in NEUTRAL_FIELDS:
-                fields[name] = NEUTRAL_FIELDS[op, name]
-        self.graph.nodes.append(Node(op, fields, min_max))
+        self.graph.nodes.append(Node(op, node.fields(), min_max))
         self.node_origin.append(self.current)
-
-    def emit_value(
-        self, op: str, dtype: torch.dtype, shape: Iterable[int], /, min_max: tuple[float, float] | None = None, **fields: Any
-    ) -> int:
-        """Emit ``op`` writing a fresh intermediate value of ``dtype``/``shape`` as its ``output_id``
-        (give every other field); returns the new id."""
-        vid = self.new_value(dtype, shape)
-        self.emit(op, min_max=min_max, output_id=vid, **fields)
-        return vid
+        return getattr(node, "output_id", -1)
 
     def boundary_cast(self, node: FxNode, dtype: torch.dtype) -> int:
         """Bind user input ``node`` to its value cast to ``dtype`` (fp16 mode: float32 -> float16),
@@ -341,5 +331,5 @@ class GraphBuilder:
         """A new value holding ``vid`` cast to ``dtype`` (MPSCast writes a fresh id)."""
         t = self.graph.values[vid]
         out = self.new_value(dtype, t.dims)
-        self.emit("MPSCast", input1_id=vid, output_id=out, dtype=int(mps_dtype(dtype)))
+        self.emit(N.MPSCast(input1_id=vid, output_id=out, dtype=int(mps_dtype(dtype))))
         return out

@@ -12,7 +12,7 @@ import torch
 from mps_backend.errors import MPSBackendWarning
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.passes import check_fp16_constants, drop_unused_constants
-from mps_backend.runtime_compat import DEFAULT_TARGET, check_kernels
+from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
 from mps_backend.serialization.model import Header
 
 #: max |device - eager| / max(|eager|) accepted by --verify. fp32: the device model computes in
@@ -104,7 +104,7 @@ def export_model(
     generate executorch's ETRecord (``result.etrecord.save(path)``; the Inspector reads it).
     ``target_runtime``: the oldest executorch release the app's runtime may be (default 1.0, the oldest
     with the MPS delegate); an operator left on CPU that it has no kernel for raises
-    :class:`~mps_backend.runtime_compat.RuntimeCompatError` (a warning with ``allow_missing_kernels``;
+    :class:`~mps_backend.runtime_kernels.RuntimeCompatError` (a warning with ``allow_missing_kernels``;
     ``None`` skips the check)."""
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
 

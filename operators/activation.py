@@ -43,6 +43,7 @@ import torch
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, is_float, norm_dim, rank
 from .emit import binary, compare, const, finish, unary, vdtype, vshape, where
@@ -58,7 +59,7 @@ def _float_input(node: Node):
 
 def _relu(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
-    b.emit("MPSReLU", input1_id=x, input2_id=-1, output_id=b.out(node))
+    b.emit(N.MPSReLU(input1_id=x, input2_id=-1, output_id=b.out(node)))
 
 
 def _gelu_check(node: Node):
@@ -71,29 +72,28 @@ def _gelu_check(node: Node):
 def _gelu(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     if node.kwargs.get("approximate", "none") == "none":
-        b.emit("MPSGELU", input1_id=x, output_id=b.out(node), approximate="none")
+        b.emit(N.MPSGELU(input1_id=x, output_id=b.out(node), approximate="none"))
         return
     # The device computes x*tanh(x) for approximate='tanh' (semantics §6 #1): use the formula.
     # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
     dt = b.dtype(node.args[0])
-    x3 = binary(b, "MPSMul", binary(b, "MPSMul", x, x), x)
-    inner = binary(b, "MPSAdd", x, binary(b, "MPSMul", x3, b.scalar(0.044715, dt)))
-    t = unary(b, "MPSTanh", binary(b, "MPSMul", inner, b.scalar(0.7978845608028654, dt)))
-    one_plus = binary(b, "MPSAdd", t, b.scalar(1.0, dt))
-    binary(b, "MPSMul", binary(b, "MPSMul", x, b.scalar(0.5, dt)), one_plus, out=b.out(node))
+    x3 = binary(b, N.MPSMul, binary(b, N.MPSMul, x, x), x)
+    inner = binary(b, N.MPSAdd, x, binary(b, N.MPSMul, x3, b.scalar(0.044715, dt)))
+    t = unary(b, N.MPSTanh, binary(b, N.MPSMul, inner, b.scalar(0.7978845608028654, dt)))
+    one_plus = binary(b, N.MPSAdd, t, b.scalar(1.0, dt))
+    binary(b, N.MPSMul, binary(b, N.MPSMul, x, b.scalar(0.5, dt)), one_plus, out=b.out(node))
 
 
 def _hardtanh(node: Node, b: GraphBuilder) -> None:
     lo, hi = arg(node, 1, "min_val", -1.0), arg(node, 2, "max_val", 1.0)
-    b.emit("MPSHardTanh", input1_id=b.id(node.args[0]), output_id=b.out(node), min_value=float(lo), max_value=float(hi))
+    b.emit(N.MPSHardTanh(input1_id=b.id(node.args[0]), output_id=b.out(node), min_value=float(lo), max_value=float(hi)))
 
 
 def _leaky_relu(node: Node, b: GraphBuilder) -> None:
     b.emit(
-        "MPSLeakyReLU",
-        input1_id=b.id(node.args[0]),
-        output_id=b.out(node),
-        negative_slope=float(arg(node, 1, "negative_slope", 0.01)),
+        N.MPSLeakyReLU(
+            input1_id=b.id(node.args[0]), output_id=b.out(node), negative_slope=float(arg(node, 1, "negative_slope", 0.01))
+        )
     )
 
 
@@ -103,10 +103,10 @@ def _softmax_check(node: Node):
     return _float_input(node)
 
 
-def _softmax(op: str):
+def _softmax(op: type[N.MPSSoftmaxTable]):
     def lower(node: Node, b: GraphBuilder) -> None:
         dim = norm_dim(arg(node, 1, "dim"), rank(node.args[0]))
-        b.emit(op, input1_id=b.id(node.args[0]), output_id=b.out(node), dim=dim, half_to_float=False)
+        b.emit(op(input1_id=b.id(node.args[0]), output_id=b.out(node), dim=dim, half_to_float=False))
 
     return lower
 
@@ -115,32 +115,32 @@ def _log_softmax(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     dt, dims = vdtype(b, x), vshape(b, x)
     dim = norm_dim(arg(node, 1, "dim"), rank(node.args[0]))
-    p = b.emit_value("MPSSoftmax", dt, dims, input1_id=x, dim=dim, half_to_float=False)
-    terms = binary(b, "MPSMul", p, binary(b, "MPSSub", x, unary(b, "MPSLog", p)))
-    terms = where(b, compare(b, "MPSEq", p, const(b, 0, dt)), const(b, 0, dt), terms)  # 0 * inf
+    p = b.emit(N.MPSSoftmax(input1_id=x, dim=dim, half_to_float=False, output_id=b.new_value(dt, dims)))
+    terms = binary(b, N.MPSMul, p, binary(b, N.MPSSub, x, unary(b, N.MPSLog, p)))
+    terms = where(b, compare(b, N.MPSEq, p, const(b, 0, dt)), const(b, 0, dt), terms)  # 0 * inf
     kept = list(dims) or [1]
     kept[dim] = 1
 
     def total(v):  # mean over dim (the device's only reduction); the 1/n cancels in the ratio
-        return b.emit_value("MPSMean", dt, kept, input1_id=v, num_dims=1, dims=[dim], keep_dims=True)
+        return b.emit(N.MPSMean(input1_id=v, num_dims=1, dims=[dim], keep_dims=True, output_id=b.new_value(dt, kept)))
 
-    lse = binary(b, "MPSDiv", total(terms), total(p))
-    b.emit("MPSSub", input1_id=x, input2_id=lse, output_id=b.out(node), alpha=1.0)
+    lse = binary(b, N.MPSDiv, total(terms), total(p))
+    b.emit(N.MPSSub(input1_id=x, input2_id=lse, output_id=b.out(node), alpha=1.0))
 
 
 def _hard_sigmoid_value(b: GraphBuilder, x: int, out: int | None = None) -> int:
     """``hardtanh(0.5 + x / 6, 0, 1)``: MPSAdd computes ``a + alpha * b``."""
     dt = vdtype(b, x)
-    shifted = b.emit_value("MPSAdd", dt, vshape(b, x), input1_id=const(b, 0.5, dt), input2_id=x, alpha=1 / 6)
+    shifted = b.emit(N.MPSAdd(input1_id=const(b, 0.5, dt), input2_id=x, alpha=1 / 6, output_id=b.new_value(dt, vshape(b, x))))
     if out is None:
         out = b.new_value(dt, vshape(b, x))
-    b.emit("MPSHardTanh", input1_id=shifted, output_id=out, min_value=0.0, max_value=1.0)
+    b.emit(N.MPSHardTanh(input1_id=shifted, output_id=out, min_value=0.0, max_value=1.0))
     return out
 
 
 def _hardswish(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
-    b.emit("MPSMul", input1_id=x, input2_id=_hard_sigmoid_value(b, x), output_id=b.out(node))
+    b.emit(N.MPSMul(input1_id=x, input2_id=_hard_sigmoid_value(b, x), output_id=b.out(node)))
 
 
 def _hardsigmoid(node: Node, b: GraphBuilder) -> None:
@@ -154,27 +154,27 @@ def _elu(node: Node, b: GraphBuilder) -> None:
     input_scale = float(arg(node, 3, "input_scale", 1.0))
 
     def times(v, c):
-        return v if c == 1.0 else binary(b, "MPSMul", v, const(b, c, dt))
+        return v if c == 1.0 else binary(b, N.MPSMul, v, const(b, c, dt))
 
     # the negative branch is only read where x <= 0: there input_scale * x <= 0 when input_scale >= 0
     negative = (expm1_nonpositive if input_scale >= 0 else expm1)(b, times(x, input_scale))
     negative = times(negative, alpha * scale)
     positive = times(x, scale)
-    finish(b, node, where(b, compare(b, "MPSGt", x, const(b, 0, dt)), positive, negative))
+    finish(b, node, where(b, compare(b, N.MPSGt, x, const(b, 0, dt)), positive, negative))
 
 
 def _softplus(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     dt = vdtype(b, x)
     beta, threshold = float(arg(node, 1, "beta", 1.0)), float(arg(node, 2, "threshold", 20.0))
-    z = x if beta == 1.0 else binary(b, "MPSMul", x, const(b, beta, dt))
+    z = x if beta == 1.0 else binary(b, N.MPSMul, x, const(b, beta, dt))
     # log1p(exp(z)) = relu(z) + log1p(exp(-|z|)): exp never overflows
-    tail = log1p(b, unary(b, "MPSExp", unary(b, "MPSNeg", unary(b, "MPSAbs", z))))
-    relu_z = b.emit_value("MPSReLU", dt, vshape(b, z), input1_id=z, input2_id=-1)
-    soft = binary(b, "MPSAdd", relu_z, tail)
+    tail = log1p(b, unary(b, N.MPSExp, unary(b, N.MPSNeg, unary(b, N.MPSAbs, z))))
+    relu_z = b.emit(N.MPSReLU(input1_id=z, input2_id=-1, output_id=b.new_value(dt, vshape(b, z))))
+    soft = binary(b, N.MPSAdd, relu_z, tail)
     if beta != 1.0:
-        soft = binary(b, "MPSDiv", soft, const(b, beta, dt))
-    finish(b, node, where(b, compare(b, "MPSGt", z, const(b, threshold, dt)), x, soft))
+        soft = binary(b, N.MPSDiv, soft, const(b, beta, dt))
+    finish(b, node, where(b, compare(b, N.MPSGt, z, const(b, threshold, dt)), x, soft))
 
 
 LOWERINGS = [
@@ -182,7 +182,7 @@ LOWERINGS = [
     Lowering((aten.gelu.default,), _gelu, _gelu_check),
     Lowering((aten.hardtanh.default,), _hardtanh, _float_input),
     Lowering((aten.leaky_relu.default,), _leaky_relu, _float_input),
-    Lowering((aten._softmax.default,), _softmax("MPSSoftmax"), _softmax_check),
+    Lowering((aten._softmax.default,), _softmax(N.MPSSoftmax), _softmax_check),
     Lowering((aten._log_softmax.default,), _log_softmax, _softmax_check),
     Lowering((aten.hardswish.default,), _hardswish, _float_input, preserve=True),
     Lowering((aten.hardsigmoid.default,), _hardsigmoid, _float_input, preserve=True),

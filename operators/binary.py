@@ -44,9 +44,10 @@ from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import FLOAT_DTYPES
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, is_float, scalar_dtype, val
-from .emit import binary, compare, const, convert, finish, full_like, unary, vdtype, where
+from .emit import Binary, binary, compare, const, convert, finish, full_like, unary, vdtype, where
 from .registry import Lowering
 from .unary import maximum, minimum, trunc
 
@@ -84,13 +85,13 @@ def _operands(node: Node, b: GraphBuilder, dtype: torch.dtype | None = None) -> 
 # add / sub / mul / rsub
 
 
-def _arith(op: str, with_alpha: bool = False, swap: bool = False):
+def _arith(op: Binary, with_alpha: bool = False, swap: bool = False):
     def lower(node: Node, b: GraphBuilder) -> None:
         x, y = _operands(node, b, val(node).dtype)
         if swap:  # rsub: other - alpha * self
             x, y = y, x
         fields: dict[str, Any] = {"alpha": float(arg(node, 2, "alpha", 1))} if with_alpha else {}
-        b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node), **fields)
+        b.emit(op(input1_id=x, input2_id=y, output_id=b.out(node), **fields))
 
     return lower
 
@@ -125,7 +126,7 @@ def _div(node: Node, b: GraphBuilder) -> None:
     otherwise divide integers (semantics §6 #12). ``(x * a) / d`` with powers of two was rewritten
     before lowering (``mps_backend.passes.rescale``)."""
     x, y = _operands(node, b, val(node).dtype)
-    b.emit("MPSDiv", input1_id=x, input2_id=y, output_id=b.out(node), rounding_mode=None)
+    b.emit(N.MPSDiv(input1_id=x, input2_id=y, output_id=b.out(node), rounding_mode=None))
     # rounding_mode absent (null) = plain division; any other string is a device assert
 
 
@@ -138,21 +139,21 @@ def _int_or_float(node: Node, what: str):
 def _rounded_div(b: GraphBuilder, x: int, y: int, mode: str) -> int:
     """``div(x, y, rounding_mode=mode)`` of two float values of one dtype."""
     if mode == "floor":
-        return binary(b, "MPSDiv", x, y, rounding_mode="floor")
+        return binary(b, N.MPSDiv, x, y, rounding_mode="floor")
     if vdtype(b, x) == torch.float32:
-        return binary(b, "MPSDiv", x, y, rounding_mode="trunc")
-    return trunc(b, binary(b, "MPSDiv", x, y))  # 'trunc' aborts on f16 (§6 #14)
+        return binary(b, N.MPSDiv, x, y, rounding_mode="trunc")
+    return trunc(b, binary(b, N.MPSDiv, x, y))  # 'trunc' aborts on f16 (§6 #14)
 
 
 def _fmod(b: GraphBuilder, x: int, y: int) -> int:
     if vdtype(b, x) == torch.float32:
-        return binary(b, "MPSFmod", x, y)  # null mode = 'trunc': x - trunc(x / y) * y
-    q = trunc(b, binary(b, "MPSDiv", x, y))
-    return binary(b, "MPSSub", x, binary(b, "MPSMul", q, y))
+        return binary(b, N.MPSFmod, x, y)  # null mode = 'trunc': x - trunc(x / y) * y
+    q = trunc(b, binary(b, N.MPSDiv, x, y))
+    return binary(b, N.MPSSub, x, binary(b, N.MPSMul, q, y))
 
 
 def _remainder(b: GraphBuilder, x: int, y: int) -> int:
-    return binary(b, "MPSRemainder", x, y)  # null mode = 'floor': x - floor(x / y) * y
+    return binary(b, N.MPSRemainder, x, y)  # null mode = 'floor': x - floor(x / y) * y
 
 
 def _int_divmod(b: GraphBuilder, x: int, y: int) -> tuple[int, int]:
@@ -161,12 +162,12 @@ def _int_divmod(b: GraphBuilder, x: int, y: int) -> tuple[int, int]:
     one above the floor exactly when ``r0 != 0`` and ``r0 < 0 != y < 0``."""
     dt = vdtype(b, x)
     zero = const(b, 0, dt)
-    q0 = binary(b, "MPSDiv", x, y)  # no rounding mode: integer division with an integer result
-    r0 = binary(b, "MPSSub", x, binary(b, "MPSMul", q0, y))
-    y_neg = compare(b, "MPSLt", y, zero)
-    above = binary(b, "MPSBitwiseAnd", compare(b, "MPSNe", r0, zero), compare(b, "MPSNe", compare(b, "MPSLt", r0, zero), y_neg))
-    q = binary(b, "MPSSub", q0, b.cast(above, dt))
-    r = where(b, above, binary(b, "MPSAdd", r0, y), r0)
+    q0 = binary(b, N.MPSDiv, x, y)  # no rounding mode: integer division with an integer result
+    r0 = binary(b, N.MPSSub, x, binary(b, N.MPSMul, q0, y))
+    y_neg = compare(b, N.MPSLt, y, zero)
+    above = binary(b, N.MPSBitwiseAnd, compare(b, N.MPSNe, r0, zero), compare(b, N.MPSNe, compare(b, N.MPSLt, r0, zero), y_neg))
+    q = binary(b, N.MPSSub, q0, b.cast(above, dt))
+    r = where(b, above, binary(b, N.MPSAdd, r0, y), r0)
     return q, r
 
 
@@ -174,8 +175,8 @@ def _int_truncated(b: GraphBuilder, x: int, y: int, q: int, r: int) -> int:
     """Where the truncated quotient/remainder differ from the floored ones: a non-zero remainder
     of a negative quotient (operand signs differ)."""
     zero = const(b, 0, vdtype(b, x))
-    signs_differ = compare(b, "MPSNe", compare(b, "MPSLt", x, zero), compare(b, "MPSLt", y, zero))
-    return binary(b, "MPSBitwiseAnd", compare(b, "MPSNe", r, zero), signs_differ)
+    signs_differ = compare(b, N.MPSNe, compare(b, N.MPSLt, x, zero), compare(b, N.MPSLt, y, zero))
+    return binary(b, N.MPSBitwiseAnd, compare(b, N.MPSNe, r, zero), signs_differ)
 
 
 def _int_floor_divide(b: GraphBuilder, x: int, y: int) -> int:
@@ -184,7 +185,7 @@ def _int_floor_divide(b: GraphBuilder, x: int, y: int) -> int:
 
 def _int_trunc_divide(b: GraphBuilder, x: int, y: int) -> int:
     q, r = _int_divmod(b, x, y)
-    return binary(b, "MPSAdd", q, b.cast(_int_truncated(b, x, y, q, r), vdtype(b, x)))
+    return binary(b, N.MPSAdd, q, b.cast(_int_truncated(b, x, y, q, r), vdtype(b, x)))
 
 
 def _int_remainder(b: GraphBuilder, x: int, y: int) -> int:
@@ -193,7 +194,7 @@ def _int_remainder(b: GraphBuilder, x: int, y: int) -> int:
 
 def _int_fmod(b: GraphBuilder, x: int, y: int) -> int:
     q, r = _int_divmod(b, x, y)
-    return where(b, _int_truncated(b, x, y, q, r), binary(b, "MPSSub", r, y), r)
+    return where(b, _int_truncated(b, x, y, q, r), binary(b, N.MPSSub, r, y), r)
 
 
 def _division(float_fn, int_fn):
@@ -261,10 +262,10 @@ def _power(b: GraphBuilder, x: int, k: int) -> int:
     base = x
     while k:
         if k & 1:
-            result = base if result is None else binary(b, "MPSMul", result, base)
+            result = base if result is None else binary(b, N.MPSMul, result, base)
         k >>= 1
         if k:
-            base = binary(b, "MPSMul", base, base)
+            base = binary(b, N.MPSMul, base, base)
     assert result is not None
     return result
 
@@ -277,16 +278,16 @@ def _pow_scalar_exponent(b: GraphBuilder, x: int, e) -> int:
         return _power(b, x, k)
     if e in _FLOAT_POW:
         if e == 0.5:
-            return unary(b, "MPSSqrt", x)
+            return unary(b, N.MPSSqrt, x)
         if e == -0.5:
-            return unary(b, "MPSRsqrt", x)
+            return unary(b, N.MPSRsqrt, x)
         if e == 3:  # torch: x * x * x
-            return binary(b, "MPSMul", binary(b, "MPSMul", x, x), x)
+            return binary(b, N.MPSMul, binary(b, N.MPSMul, x, x), x)
         if k is not None and k < 0:
-            return unary(b, "MPSReciprocal", x if k == -1 else _power(b, x, -k))
+            return unary(b, N.MPSReciprocal, x if k == -1 else _power(b, x, -k))
         assert k is not None  # the exponents of _FLOAT_POW other than ±0.5 are integers
         return _power(b, x, k)
-    return binary(b, "MPSPow", x, const(b, e, dt))
+    return binary(b, N.MPSPow, x, const(b, e, dt))
 
 
 def _pow(node: Node, b: GraphBuilder) -> None:
@@ -295,7 +296,7 @@ def _pow(node: Node, b: GraphBuilder) -> None:
     if isinstance(base, Node) and not isinstance(exponent, Node):
         finish(b, node, _pow_scalar_exponent(b, convert(b, b.id(base), dt), exponent))
         return
-    b.emit("MPSPow", input1_id=_operand(b, base, dt), input2_id=_operand(b, exponent, dt), output_id=b.out(node))
+    b.emit(N.MPSPow(input1_id=_operand(b, base, dt), input2_id=_operand(b, exponent, dt), output_id=b.out(node)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,19 +322,19 @@ def _atan2(b: GraphBuilder, y: int, x: int) -> int:
         return const(b, v, dt)
 
     def sign_bit(v):  # v < 0, including -0 (1 / -0 = -inf) and -inf (v < 0 itself)
-        return binary(b, "MPSBitwiseOr", compare(b, "MPSLt", v, c(0)), compare(b, "MPSLt", unary(b, "MPSReciprocal", v), c(0)))
+        return binary(b, N.MPSBitwiseOr, compare(b, N.MPSLt, v, c(0)), compare(b, N.MPSLt, unary(b, N.MPSReciprocal, v), c(0)))
 
     x_neg, y_neg = sign_bit(x), sign_bit(y)
     pi = where(b, y_neg, c(-math.pi), c(math.pi))  # ±pi with y's sign
     # both infinite: atan(±1) is the right base angle; both zero: y (±0) is
-    both_inf = binary(b, "MPSBitwiseAnd", unary(b, "MPSIsinf", y, torch.bool), unary(b, "MPSIsinf", x, torch.bool))
+    both_inf = binary(b, N.MPSBitwiseAnd, unary(b, N.MPSIsinf, y, torch.bool), unary(b, N.MPSIsinf, x, torch.bool))
     one = where(b, y_neg, c(-1.0), c(1.0))
-    ratio = where(b, both_inf, binary(b, "MPSMul", one, where(b, x_neg, c(-1.0), c(1.0))), binary(b, "MPSDiv", y, x))
-    t = unary(b, "MPSAtan", ratio)
-    y_zero = compare(b, "MPSEq", y, c(0))
-    x_nan = unary(b, "MPSIsnan", x, torch.bool)
-    t = where(b, binary(b, "MPSBitwiseAnd", y_zero, unary(b, "MPSLogicalNot", x_nan, torch.bool)), y, t)
-    return where(b, x_neg, binary(b, "MPSAdd", t, pi), t)
+    ratio = where(b, both_inf, binary(b, N.MPSMul, one, where(b, x_neg, c(-1.0), c(1.0))), binary(b, N.MPSDiv, y, x))
+    t = unary(b, N.MPSAtan, ratio)
+    y_zero = compare(b, N.MPSEq, y, c(0))
+    x_nan = unary(b, N.MPSIsnan, x, torch.bool)
+    t = where(b, binary(b, N.MPSBitwiseAnd, y_zero, unary(b, N.MPSLogicalNot, x_nan, torch.bool)), y, t)
+    return where(b, x_neg, binary(b, N.MPSAdd, t, pi), t)
 
 
 def _atan2_lower(node: Node, b: GraphBuilder) -> None:
@@ -356,25 +357,25 @@ def _bitwise_check(node: Node):
     return None
 
 
-def _bitwise(op: str):
+def _bitwise(op: type[N.MPSNode2x1Table]):
     def lower(node: Node, b: GraphBuilder) -> None:
         x, y = _operands(node, b, val(node).dtype)
-        b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node))
+        b.emit(op(input1_id=x, input2_id=y, output_id=b.out(node)))
 
     return lower
 
 
-def _logical(op: str):
+def _logical(op: type[N.MPSNode2x1Table]):
     """logical_and/or/xor: operands as Bool (``x != 0``), then the bitwise member (logical on Bool)."""
 
     def as_bool(b: GraphBuilder, x) -> int:
         vid = b.id(x)
         if vdtype(b, vid) == torch.bool:
             return vid
-        return compare(b, "MPSNe", vid, const(b, 0, vdtype(b, vid)))
+        return compare(b, N.MPSNe, vid, const(b, 0, vdtype(b, vid)))
 
     def lower(node: Node, b: GraphBuilder) -> None:
-        b.emit(op, input1_id=as_bool(b, node.args[0]), input2_id=as_bool(b, node.args[1]), output_id=b.out(node))
+        b.emit(op(input1_id=as_bool(b, node.args[0]), input2_id=as_bool(b, node.args[1]), output_id=b.out(node)))
 
     return lower
 
@@ -382,33 +383,33 @@ def _logical(op: str):
 # ---------------------------------------------------------------------------------------------
 # comparisons
 
-COMPARISONS = {"eq": "MPSEq", "ne": "MPSNe", "ge": "MPSGe", "gt": "MPSGt", "le": "MPSLe", "lt": "MPSLt"}
+COMPARISONS = {"eq": N.MPSEq, "ne": N.MPSNe, "ge": N.MPSGe, "gt": N.MPSGt, "le": N.MPSLe, "lt": N.MPSLt}
 
 
-def _int_vs_float(b: GraphBuilder, op: str, x: int, c: float):
+def _int_vs_float(b: GraphBuilder, op: type[N.MPSNode2x1Table], x: int, c: float):
     """``x op c`` for an integer x and a float scalar c, as (op, integer bound) or a constant bool."""
     info = torch.iinfo(vdtype(b, x))
     lo, hi = info.min, info.max
     if math.isnan(c):
-        return op == "MPSNe"
+        return op == N.MPSNe
     if math.isinf(c):
         above = c > 0  # every x is below +inf / above -inf
-        return {"MPSGt": not above, "MPSGe": not above, "MPSLt": above, "MPSLe": above, "MPSEq": False, "MPSNe": True}[op]
+        return {N.MPSGt: not above, N.MPSGe: not above, N.MPSLt: above, N.MPSLe: above, N.MPSEq: False, N.MPSNe: True}[op]
     fl, ce = math.floor(c), math.ceil(c)
-    if op == "MPSGt":
+    if op == N.MPSGt:
         return False if fl >= hi else True if fl < lo else (op, fl)
-    if op == "MPSGe":
+    if op == N.MPSGe:
         return False if ce > hi else True if ce <= lo else (op, ce)
-    if op == "MPSLt":
+    if op == N.MPSLt:
         return False if ce <= lo else True if ce > hi else (op, ce)
-    if op == "MPSLe":
+    if op == N.MPSLe:
         return False if fl < lo else True if fl >= hi else (op, fl)
     if fl != c or not lo <= fl <= hi:  # Eq / Ne with a non-integral or unreachable value
-        return op == "MPSNe"
+        return op == N.MPSNe
     return (op, fl)
 
 
-def _compare(op: str):
+def _compare(op: type[N.MPSNode2x1Table]):
     def lower(node: Node, b: GraphBuilder) -> None:
         a, other = node.args[0], node.args[1]
         if isinstance(other, float) and not val(a).dtype.is_floating_point and val(a).dtype != torch.bool:
@@ -420,16 +421,16 @@ def _compare(op: str):
                 b.alias(node, compare(b, rule[0], x, const(b, rule[1], vdtype(b, x))))
             return
         x, y = _operands(node, b)
-        b.emit(op, input1_id=x, input2_id=y, output_id=b.out(node))
+        b.emit(op(input1_id=x, input2_id=y, output_id=b.out(node)))
 
     return lower
 
 
 LOWERINGS = [
-    Lowering((aten.add.Tensor, aten.add.Scalar), _arith("MPSAdd", True), _alpha_check),
-    Lowering((aten.sub.Tensor, aten.sub.Scalar), _arith("MPSSub", True), _alpha_check),
-    Lowering((aten.rsub.Tensor, aten.rsub.Scalar), _arith("MPSSub", True, swap=True), _alpha_check),
-    Lowering((aten.mul.Tensor, aten.mul.Scalar), _arith("MPSMul"), _mul_check),
+    Lowering((aten.add.Tensor, aten.add.Scalar), _arith(N.MPSAdd, True), _alpha_check),
+    Lowering((aten.sub.Tensor, aten.sub.Scalar), _arith(N.MPSSub, True), _alpha_check),
+    Lowering((aten.rsub.Tensor, aten.rsub.Scalar), _arith(N.MPSSub, True, swap=True), _alpha_check),
+    Lowering((aten.mul.Tensor, aten.mul.Scalar), _arith(N.MPSMul), _mul_check),
     Lowering((aten.div.Tensor, aten.div.Scalar), _div, _div_check),
     Lowering((aten.div.Tensor_mode, aten.div.Scalar_mode), _div_mode, _div_mode_check),
     Lowering(
@@ -449,11 +450,11 @@ LOWERINGS = [
     Lowering((aten.atan2.default,), _atan2_lower, _float_out),
     *(
         Lowering((getattr(aten, f"bitwise_{name}").Tensor, getattr(aten, f"bitwise_{name}").Scalar), _bitwise(op), _bitwise_check)
-        for name, op in (("and", "MPSBitwiseAnd"), ("or", "MPSBitwiseOr"), ("xor", "MPSBitwiseXor"))
+        for name, op in (("and", N.MPSBitwiseAnd), ("or", N.MPSBitwiseOr), ("xor", N.MPSBitwiseXor))
     ),
     *(
         Lowering((getattr(aten, f"logical_{name}").default,), _logical(op))
-        for name, op in (("and", "MPSBitwiseAnd"), ("or", "MPSBitwiseOr"), ("xor", "MPSBitwiseXor"))
+        for name, op in (("and", N.MPSBitwiseAnd), ("or", N.MPSBitwiseOr), ("xor", N.MPSBitwiseXor))
     ),
     *(Lowering((getattr(aten, name).Tensor, getattr(aten, name).Scalar), _compare(op)) for name, op in COMPARISONS.items()),
 ]

@@ -26,6 +26,7 @@ from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import FLOAT_DTYPES
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, val
 from .emit import convert, finish, vdtype, vshape, where
@@ -71,7 +72,7 @@ def _clamp_check(node: Node):
 
 
 def _emit_clamp(b: GraphBuilder, x: int, lo: float, hi: float) -> int:
-    return b.emit_value("MPSClamp", vdtype(b, x), vshape(b, x), min_max=(lo, hi), input1_id=x)
+    return b.emit(N.MPSClamp(input1_id=x, output_id=b.new_value(vdtype(b, x), vshape(b, x))), min_max=(lo, hi))
 
 
 def _clamp(node: Node, b: GraphBuilder) -> None:
@@ -85,7 +86,7 @@ def _clamp(node: Node, b: GraphBuilder) -> None:
         finish(b, node, x)
         return
     if lo <= hi and vdtype(b, x) in FLOAT_DTYPES:
-        r = b.emit_value("MPSHardTanh", vdtype(b, x), vshape(b, x), input1_id=x, min_value=lo, max_value=hi)
+        r = b.emit(N.MPSHardTanh(input1_id=x, min_value=lo, max_value=hi, output_id=b.new_value(vdtype(b, x), vshape(b, x))))
         finish(b, node, r)
         return
     if lo > hi:  # torch: min(max(x, lo), hi); MPSGraph clamp with crossed bounds is unspecified
@@ -120,11 +121,9 @@ def _where(node: Node, b: GraphBuilder) -> None:
     cond, x, y = node.args[:3]
     dt = b.dtype(node)
     b.emit(
-        "MPSWhere",
-        input1_id=b.id(cond),
-        input2_id=convert(b, b.id(x), dt),
-        input3_id=convert(b, b.id(y), dt),
-        output_id=b.out(node),
+        N.MPSWhere(
+            input1_id=b.id(cond), input2_id=convert(b, b.id(x), dt), input3_id=convert(b, b.id(y), dt), output_id=b.out(node)
+        )
     )
 
 

@@ -18,6 +18,7 @@ from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import mps_dtype
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, rank, val
 from .emit import scalar_value
@@ -80,10 +81,10 @@ def _full(node: Node, b: GraphBuilder) -> None:
     out = b.out(node)
     if _FILLS[_key(node)][1]:
         b.emit(
-            "MPSFullLike", input1_id=b.id(node.args[0]), output_id=out, shape=shape, fill_value=value, dtype=int(mps_dtype(dt))
+            N.MPSFullLike(input1_id=b.id(node.args[0]), output_id=out, shape=shape, fill_value=value, dtype=int(mps_dtype(dt)))
         )
     else:
-        b.emit("MPSFull", input1_id=-1, output_id=out, shape=shape, fill_value=value, dtype=int(mps_dtype(dt)))
+        b.emit(N.MPSFull(input1_id=-1, output_id=out, shape=shape, fill_value=value, dtype=int(mps_dtype(dt))))
 
 
 LOWERINGS = [Lowering(tuple(_FILLS), _full, _full_check)]

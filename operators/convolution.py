@@ -60,6 +60,7 @@ from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.passes.conv_epilogue import CHANNEL_AFFINE, ChannelAffine
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, is_float, per_dim, rank, shape, val
 from .emit import expand, index_select, permute, slice_value, vdtype, view, vshape
@@ -182,32 +183,35 @@ class _Weight:
 # ---- emit helpers --------------------------------------------------------------------------------
 
 
-def _kind(c_in: int, wshape: list[int], groups: int) -> str:
+def _kind(c_in: int, wshape: list[int], groups: int) -> type[N.MPSConvTable]:
     """MPSDepthwiseConv2D for a depthwise 2-d convolution (one filter per input channel; the device's
     channel multiplier > 1 is unverified, and a rank-3 weight aborts it), else MPSConv2D."""
     depthwise = len(wshape) == 4 and groups > 1 and groups == c_in and wshape[0] == c_in and wshape[1] == 1
-    return "MPSDepthwiseConv2D" if depthwise else "MPSConv2D"
+    return N.MPSDepthwiseConv2D if depthwise else N.MPSConv2D
 
 
-def _emit(b: GraphBuilder, op: str, x: int, w: int, bias: int, out: int, stride, lo, hi, dilation, groups: int) -> None:
+def _emit(
+    b: GraphBuilder, op: type[N.MPSConvTable], x: int, w: int, bias: int, out: int, stride, lo, hi, dilation, groups: int
+) -> None:
     """One MPSConv node; ``lo``/``hi``: non-negative padding before/after each spatial dim."""
     if len(stride) == 1:  # conv1d: H = 1, everything acts on W (the device unsqueezes rank-3 operands)
         stride, lo, hi, dilation = [1, *stride], [0, *lo], [0, *hi], [1, *dilation]
     b.emit(
-        op,
-        input1_id=x,
-        input2_id=w,
-        input3_id=bias,
-        output_id=out,
-        stride_x=int(stride[1]),
-        stride_y=int(stride[0]),
-        dilation_x=int(dilation[1]),
-        dilation_y=int(dilation[0]),
-        groups=int(groups),
-        padding_left=int(lo[1]),
-        padding_right=int(hi[1]),
-        padding_top=int(lo[0]),
-        padding_bottom=int(hi[0]),
+        op(
+            input1_id=x,
+            input2_id=w,
+            input3_id=bias,
+            output_id=out,
+            stride_x=int(stride[1]),
+            stride_y=int(stride[0]),
+            dilation_x=int(dilation[1]),
+            dilation_y=int(dilation[0]),
+            groups=int(groups),
+            padding_left=int(lo[1]),
+            padding_right=int(hi[1]),
+            padding_top=int(lo[0]),
+            padding_bottom=int(hi[0]),
+        )
     )
 
 
@@ -217,7 +221,7 @@ def _pad(b: GraphBuilder, vid: int, pad: list[int]) -> int:
     for k in range(len(pad) // 2):
         s[-1 - k] += pad[2 * k] + pad[2 * k + 1]
     out = b.new_value(vdtype(b, vid), s)
-    b.emit("MPSConstantPadND", input1_id=vid, output_id=out, pad=[int(p) for p in pad], value=0.0)
+    b.emit(N.MPSConstantPadND(input1_id=vid, output_id=out, pad=[int(p) for p in pad], value=0.0))
     return out
 
 
@@ -338,8 +342,8 @@ def _upsampling(node: Node, b: GraphBuilder) -> None:
         bias_id = b.memo(("transposed conv bias", bid, r), repeated)
     n, _, h, wd = shape(x)
     y = b.new_value(b.dtype(node), [n, c_out * r * r, h, wd])
-    _emit(b, "MPSConv2D", b.id(x), weight.value(b), bias_id, y, [1, 1], [0, 0], [0, 0], [1, 1], 1)
-    b.emit("MPSPixelShuffle", input1_id=y, output_id=b.out(node), upscale_factor=r)
+    _emit(b, N.MPSConv2D, b.id(x), weight.value(b), bias_id, y, [1, 1], [0, 0], [0, 0], [1, 1], 1)
+    b.emit(N.MPSPixelShuffle(input1_id=y, output_id=b.out(node), upscale_factor=r))
 
 
 def _transposed(node: Node, b: GraphBuilder, p: _Params) -> None:

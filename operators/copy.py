@@ -18,6 +18,7 @@ from executorch.exir.passes import dim_order_ops_registry  # noqa: F401  (define
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import rank, shape
 from .emit import binary, compare, const, expand, where
@@ -54,9 +55,9 @@ def _exact_cast(b: GraphBuilder, vid: int, src: torch.dtype, dst: torch.dtype, i
     elif src != torch.bool and not src.is_floating_point and dst != torch.bool and not dst.is_floating_point:
         bits = torch.iinfo(dst).bits
         if bits < torch.iinfo(src).bits:
-            low = binary(b, "MPSBitwiseAnd", vid, const(b, 2**bits - 1, src))
-            high = compare(b, "MPSGe", low, const(b, 2 ** (bits - 1), src))
-            vid = where(b, high, binary(b, "MPSSub", low, const(b, 2**bits, src)), low)
+            low = binary(b, N.MPSBitwiseAnd, vid, const(b, 2**bits - 1, src))
+            high = compare(b, N.MPSGe, low, const(b, 2 ** (bits - 1), src))
+            vid = where(b, high, binary(b, N.MPSSub, low, const(b, 2**bits, src)), low)
     return b.cast(vid, dst)
 
 

@@ -1,15 +1,18 @@
 """The op library's node-emission API: value ids in, a fresh value id out.
 
-Every lowering writes MPS nodes through these functions (or, for a node whose result is the fx
-node's own value, ``b.emit(op, output_id=b.out(node), ...)``). They are typed against the one
+Every lowering writes MPS nodes through these functions or through ``GraphBuilder.emit``, which takes
+one typed node (``serialization.generated.nodes``, imported as ``N``), e.g.
+``b.emit(N.MPSExp(input1_id=x, output_id=b.out(node)))``: a missing, unknown or mistyped field is a
+TypeError naming the member and the field where the node is built, and mypy checks the fields.
+Helpers take the node kind as its class (``unary(b, N.MPSNeg, x)``). They are typed against the one
 builder (:class:`mps_backend.builder.GraphBuilder`) and value-level: arguments are value ids the
 builder already declared, the result is a new value whose dtype and shape are what the device
 computes (docs/device-semantics.md §5):
 
 * elementwise members broadcast their operands (``bshape``); the result dtype is the operands'
   promotion, except comparisons, which produce bool (``device_facts.BOOL_RESULT``);
-* fields a member's schema table has but a call leaves out are filled with their neutral value
-  by ``GraphBuilder.emit`` (``device_facts.NEUTRAL_FIELDS``: ``alpha = 1.0`` of MPSAdd/MPSSub, an absent
+* fields a member's schema table has but a call leaves out get their neutral value (the node
+  class's default, from ``device_facts.NEUTRAL_FIELDS``: ``alpha = 1.0`` of MPSAdd/MPSSub, an absent
   ``rounding_mode`` of MPSDiv/MPSFmod/MPSRemainder); every other field must be given;
 * node kinds the runtime never dispatches (MPSMin, MPSMax, MPSAtan2) are refused by ``emit``.
 
@@ -27,8 +30,15 @@ from torch.fx import Node
 from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import TORCH_TO_MPS, mps_dtype
 from mps_backend.serialization.device_facts import BOOL_RESULT
+from mps_backend.serialization.generated import nodes as N
 
 _TORCH_OF = {v: k for k, v in TORCH_TO_MPS.items()}
+
+#: the node kinds ``unary`` takes (one input, one output: MPSExp, MPSNeg, ...)
+Unary = type[N.MPSNode1x1Table]
+#: the node kinds ``binary`` takes (two inputs, one output, and MPSAdd/MPSSub's alpha or the division
+#: members' rounding_mode)
+Binary = type[N.MPSNode2x1Table] | type[N.MPSNodeWithAlpha2x1Table] | type[N.MPSDivNode2x1Table]
 
 
 # ---- what a value is ------------------------------------------------------------------------------
@@ -83,38 +93,44 @@ def finish(b: GraphBuilder, node: Node, vid: int) -> None:
 
 def full_like(b: GraphBuilder, x: int, value: float, dtype: torch.dtype) -> int:
     """A tensor of x's shape filled with ``value`` (MPSFullLike; ``dtype`` is a device dtype)."""
-    return b.emit_value(
-        "MPSFullLike", dtype, vshape(b, x), input1_id=x, shape=vshape(b, x), fill_value=float(value), dtype=int(mps_dtype(dtype))
+    return b.emit(
+        N.MPSFullLike(
+            input1_id=x,
+            shape=vshape(b, x),
+            fill_value=float(value),
+            dtype=int(mps_dtype(dtype)),
+            output_id=b.new_value(dtype, vshape(b, x)),
+        )
     )
 
 
 # ---- elementwise ----------------------------------------------------------------------------------
 
 
-def unary(b: GraphBuilder, op: str, x: int, dtype: torch.dtype | None = None, out: int | None = None) -> int:
+def unary(b: GraphBuilder, op: Unary, x: int, dtype: torch.dtype | None = None, out: int | None = None) -> int:
     """A one-input member; the result keeps ``x``'s dtype unless ``dtype`` says otherwise."""
     out = _into(b, out, dtype or vdtype(b, x), vshape(b, x))
-    b.emit(op, input1_id=x, output_id=out)
+    b.emit(op(input1_id=x, output_id=out))
     return out
 
 
 def binary(
-    b: GraphBuilder, op: str, x: int, y: int, dtype: torch.dtype | None = None, out: int | None = None, **fields: Any
+    b: GraphBuilder, op: Binary, x: int, y: int, dtype: torch.dtype | None = None, out: int | None = None, **fields: Any
 ) -> int:
     """A two-input member, operands broadcast; result dtype: bool for a comparison, else the
     promotion of the operands' dtypes (give ``dtype`` to declare another one). ``fields``: the
     member's other fields (``alpha``, ``rounding_mode``; neutral when left out)."""
     if dtype is None:
-        dtype = torch.bool if op in BOOL_RESULT else torch.promote_types(vdtype(b, x), vdtype(b, y))
+        dtype = torch.bool if op.KIND in BOOL_RESULT else torch.promote_types(vdtype(b, x), vdtype(b, y))
     out = _into(b, out, dtype, bshape(b, x, y))
-    b.emit(op, input1_id=x, input2_id=y, output_id=out, **fields)
+    b.emit(op(input1_id=x, input2_id=y, output_id=out, **fields))
     return out
 
 
-def compare(b: GraphBuilder, op: str, x: int, y: int) -> int:
+def compare(b: GraphBuilder, op: type[N.MPSNode2x1Table], x: int, y: int) -> int:
     """A comparison member (bool result)."""
-    if op not in BOOL_RESULT:
-        raise ValueError(f"{op} is not a comparison")
+    if op.KIND not in BOOL_RESULT:
+        raise ValueError(f"{op.KIND} is not a comparison")
     return binary(b, op, x, y)
 
 
@@ -123,7 +139,7 @@ def where(b: GraphBuilder, cond: int, x: int, y: int, out: int | None = None) ->
     if vdtype(b, x) != vdtype(b, y):
         raise ValueError(f"where branches of dtypes {vdtype(b, x)} and {vdtype(b, y)}")
     out = _into(b, out, vdtype(b, x), bshape(b, cond, x, y))
-    b.emit("MPSWhere", input1_id=cond, input2_id=x, input3_id=y, output_id=out)
+    b.emit(N.MPSWhere(input1_id=cond, input2_id=x, input3_id=y, output_id=out))
     return out
 
 
@@ -134,7 +150,7 @@ def view(b: GraphBuilder, vid: int, new_shape: Iterable[int], out: int | None = 
     """MPSView of ``vid`` to ``new_shape`` (static: no -1)."""
     dims = [int(d) for d in new_shape]
     out = _into(b, out, vdtype(b, vid), dims)
-    b.emit("MPSView", input1_id=vid, output_id=out, num_dims=len(dims), shape=dims)
+    b.emit(N.MPSView(input1_id=vid, output_id=out, num_dims=len(dims), shape=dims))
     return out
 
 
@@ -143,7 +159,7 @@ def permute(b: GraphBuilder, vid: int, perm: Iterable[int], out: int | None = No
     order = [int(p) for p in perm]
     s = vshape(b, vid)
     out = _into(b, out, vdtype(b, vid), [s[p] for p in order])
-    b.emit("MPSPermute", input1_id=vid, output_id=out, num_dims=len(order), perm=order)
+    b.emit(N.MPSPermute(input1_id=vid, output_id=out, num_dims=len(order), perm=order))
     return out
 
 
@@ -152,7 +168,7 @@ def expand(b: GraphBuilder, vid: int, in_shape: Sequence[int], out_shape: Sequen
     if len(out_shape) > len(in_shape):  # the device only reads rank(x) entries: view up first (§6 #18)
         vid = view(b, vid, [1] * (len(out_shape) - len(in_shape)) + list(in_shape))
     out = _into(b, out, vdtype(b, vid), out_shape)
-    b.emit("MPSExpand", input1_id=vid, output_id=out, num_dims=len(out_shape), shape=[int(d) for d in out_shape])
+    b.emit(N.MPSExpand(input1_id=vid, output_id=out, num_dims=len(out_shape), shape=[int(d) for d in out_shape]))
     return out
 
 
@@ -161,7 +177,7 @@ def slice_value(b: GraphBuilder, vid: int, dim: int, start: int, end: int, step:
     s = vshape(b, vid)
     s[dim] = len(range(start, end, step))
     out = b.new_value(vdtype(b, vid), s)
-    b.emit("MPSSlice", input1_id=vid, output_id=out, dim=dim, start=start, end=end, step=step)
+    b.emit(N.MPSSlice(input1_id=vid, output_id=out, dim=dim, start=start, end=end, step=step))
     return out
 
 
@@ -172,7 +188,7 @@ def index_select(b: GraphBuilder, vid: int, dim: int, index: Sequence[int] | tor
     s = vshape(b, vid)
     s[dim] = idx.numel()
     out = _into(b, out, vdtype(b, vid), s)
-    b.emit("MPSIndexSelect", input1_id=vid, output_id=out, dim=dim, index_id=b.constant(idx, dtype=torch.int32))
+    b.emit(N.MPSIndexSelect(input1_id=vid, output_id=out, dim=dim, index_id=b.constant(idx, dtype=torch.int32)))
     return out
 
 
@@ -181,5 +197,5 @@ def cat_values(b: GraphBuilder, vids: Sequence[int], dim: int, out: int | None =
     s = vshape(b, vids[0])
     s[dim] = sum(vshape(b, v)[dim] for v in vids)
     out = _into(b, out, vdtype(b, vids[0]), s)
-    b.emit("MPSCat", input_ids=list(vids), output_id=out, dim=dim)
+    b.emit(N.MPSCat(input_ids=list(vids), output_id=out, dim=dim))
     return out

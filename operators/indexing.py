@@ -50,6 +50,7 @@ import torch
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, clamp_index, norm_dim, rank, shape, val
 from .emit import binary, cat_values, expand, permute, scalar_value, slice_value, vdtype, view, vshape, where
@@ -120,9 +121,9 @@ def _nonneg_index(b: GraphBuilder, idx: Node, size: int) -> int:
     dt = vdtype(b, vid)
 
     def make() -> int:
-        neg = b.memo(("negative index", vid), lambda: binary(b, "MPSLt", vid, b.scalar(0, dt)))
-        shift = binary(b, "MPSMul", neg, b.scalar(int(size), dt))
-        return binary(b, "MPSAdd", vid, shift)
+        neg = b.memo(("negative index", vid), lambda: binary(b, N.MPSLt, vid, b.scalar(0, dt)))
+        shift = binary(b, N.MPSMul, neg, b.scalar(int(size), dt))
+        return binary(b, N.MPSAdd, vid, shift)
 
     # once per index value and axis size: e.g. a KV cache's input_pos indexes every layer's caches
     return b.memo(("non-negative index", vid, int(size)), make)
@@ -137,7 +138,7 @@ def _index_select_check(node: Node):
 
 def _index_select(node: Node, b: GraphBuilder) -> None:
     x, dim, idx = node.args[:3]
-    b.emit("MPSIndexSelect", input1_id=b.id(x), output_id=b.out(node), dim=norm_dim(dim, rank(x)), index_id=b.id(idx))
+    b.emit(N.MPSIndexSelect(input1_id=b.id(x), output_id=b.out(node), dim=norm_dim(dim, rank(x)), index_id=b.id(idx)))
 
 
 def _embedding_check(node: Node):
@@ -156,13 +157,9 @@ def _embedding(node: Node, b: GraphBuilder) -> None:
     out = b.out(node) if device == out_shape else b.new_value(b.dtype(w), device)
     # padding_idx: torch's forward ignores it, the device would zero those rows -> always -1
     b.emit(
-        "MPSEmbedding",
-        input1_id=b.id(w),
-        input2_id=b.id(idx),
-        output_id=out,
-        padding_idx=-1,
-        scale_grad_by_freq=False,
-        sparse=False,
+        N.MPSEmbedding(
+            input1_id=b.id(w), input2_id=b.id(idx), output_id=out, padding_idx=-1, scale_grad_by_freq=False, sparse=False
+        )
     )
     if device != out_shape:
         view(b, out, out_shape, out=b.out(node))
@@ -212,16 +209,12 @@ def _embedding_bag(node: Node, b: GraphBuilder) -> None:
     dt, odt = b.dtype(w), vdtype(b, b.id(offsets))
     rows = b.new_value(dt, [n, dim])
     b.emit(
-        "MPSEmbedding",
-        input1_id=b.id(w),
-        input2_id=b.id(idx),
-        output_id=rows,
-        padding_idx=-1,
-        scale_grad_by_freq=False,
-        sparse=False,
+        N.MPSEmbedding(
+            input1_id=b.id(w), input2_id=b.id(idx), output_id=rows, padding_idx=-1, scale_grad_by_freq=False, sparse=False
+        )
     )
     if a["weights"] is not None:  # sum mode only (torch's rule): each row scaled by its weight
-        rows = binary(b, "MPSMul", rows, view(b, b.id(a["weights"]), [n, 1]))
+        rows = binary(b, N.MPSMul, rows, view(b, b.id(a["weights"]), [n, 1]))
     off = b.id(offsets)
     starts = view(b, off if bags == n_off else slice_value(b, off, 0, 0, bags), [bags, 1])
     pos = b.constant(torch.arange(n, dtype=odt).reshape(1, n), dtype=odt)
@@ -233,11 +226,11 @@ def _embedding_bag(node: Node, b: GraphBuilder) -> None:
         ends = [slice_value(b, off, 0, 1, bags)] if bags > 1 else []
         ends.append(total if last_end_is_n else slice_value(b, off, 0, bags, bags + 1))
         end = view(b, ends[0] if len(ends) == 1 else cat_values(b, ends, 0), [bags, 1])
-        inside = binary(b, "MPSBitwiseAnd", binary(b, "MPSGe", pos, starts), binary(b, "MPSLt", pos, end))
+        inside = binary(b, N.MPSBitwiseAnd, binary(b, N.MPSGe, pos, starts), binary(b, N.MPSLt, pos, end))
         padding = a["padding_idx"]
         if padding is not None and padding >= 0:  # rows of padding_idx count in no bag
-            keep = binary(b, "MPSNe", view(b, b.id(idx), [1, n]), b.scalar(int(padding), vdtype(b, b.id(idx))))
-            inside = binary(b, "MPSBitwiseAnd", inside, keep)
+            keep = binary(b, N.MPSNe, view(b, b.id(idx), [1, n]), b.scalar(int(padding), vdtype(b, b.id(idx))))
+            inside = binary(b, N.MPSBitwiseAnd, inside, keep)
         return inside
 
     # the last bag ends at the last index, or with include_last_offset at the last offset
@@ -246,8 +239,8 @@ def _embedding_bag(node: Node, b: GraphBuilder) -> None:
         masked = where(b, view(b, inside, [bags, n, 1]), view(b, rows, [1, n, dim]), b.scalar(float("-inf"), dt))
         values, _ = pool_reduce(b, masked, [bags, n, dim], [1])
         size = b.new_value(dt, [bags, 1])
-        b.emit("MPSMatMul", input1_id=b.cast(inside, dt), input2_id=b.constant(torch.ones(n, 1), dtype=dt), output_id=size)
-        filled = binary(b, "MPSGt", size, b.scalar(0.0, dt))
+        b.emit(N.MPSMatMul(input1_id=b.cast(inside, dt), input2_id=b.constant(torch.ones(n, 1), dtype=dt), output_id=size))
+        filled = binary(b, N.MPSGt, size, b.scalar(0.0, dt))
         b.ids[node] = (where(b, filled, view(b, values, [bags, dim]), b.scalar(0.0, dt)), None, None, None)
         return
     mask = b.cast(inside, dt)
@@ -257,12 +250,12 @@ def _embedding_bag(node: Node, b: GraphBuilder) -> None:
         # offset is not n, its sum and its divisor disagree); the device does the same
         counted = b.cast(members(True), dt) if a["include_last"] else mask
         size = b.new_value(dt, [bags, 1])
-        b.emit("MPSMatMul", input1_id=counted, input2_id=b.constant(torch.ones(n, 1), dtype=dt), output_id=size)
-        size = binary(b, "MPSAdd", size, b.cast(binary(b, "MPSEq", size, b.scalar(0.0, dt)), dt))
+        b.emit(N.MPSMatMul(input1_id=counted, input2_id=b.constant(torch.ones(n, 1), dtype=dt), output_id=size))
+        size = binary(b, N.MPSAdd, size, b.cast(binary(b, N.MPSEq, size, b.scalar(0.0, dt)), dt))
         divided = b.new_value(dt, [bags, n])
-        b.emit("MPSDiv", input1_id=mask, input2_id=size, output_id=divided, rounding_mode=None)
+        b.emit(N.MPSDiv(input1_id=mask, input2_id=size, output_id=divided, rounding_mode=None))
         mask = divided
-    b.emit("MPSMatMul", input1_id=mask, input2_id=rows, output_id=out)
+    b.emit(N.MPSMatMul(input1_id=mask, input2_id=rows, output_id=out))
     b.ids[node] = (out, None, None, None)
 
 
@@ -381,8 +374,8 @@ def _linear_index(b: GraphBuilder, plan: _Linear) -> int:
         term = _nonneg_index(b, idx, sizes[j])
         stride = math.prod(sizes[j + 1 :])
         if stride != 1:
-            term = binary(b, "MPSMul", term, b.scalar(int(stride), vdtype(b, term)))
-        lin = term if lin is None else binary(b, "MPSAdd", lin, term)
+            term = binary(b, N.MPSMul, term, b.scalar(int(stride), vdtype(b, term)))
+        lin = term if lin is None else binary(b, N.MPSAdd, lin, term)
     assert lin is not None  # a plan has at least one index
     if vshape(b, lin) != [plan.count]:
         lin = view(b, lin, [plan.count])
@@ -413,13 +406,13 @@ def _index_linear(node: Node, b: GraphBuilder) -> None:
     """Several index tensors as one linearized index: one MPSIndexSelect."""
     x = node.args[0]
     plan = _linear_plan(node)
-    picked = b.emit_value(
-        "MPSIndexSelect",
-        b.dtype(x),
-        plan.flat_indexed_shape(),
-        input1_id=_flat_data(b, x, plan),
-        index_id=_linear_index(b, plan),
-        dim=plan.k,
+    picked = b.emit(
+        N.MPSIndexSelect(
+            input1_id=_flat_data(b, x, plan),
+            index_id=_linear_index(b, plan),
+            dim=plan.k,
+            output_id=b.new_value(b.dtype(x), plan.flat_indexed_shape()),
+        )
     )
     view(b, picked, shape(node), out=b.out(node))
 
@@ -437,7 +430,7 @@ def _index_outer(node: Node, b: GraphBuilder) -> None:
         cur = cur[:k] + [n] + cur[k + 1 :]
 
         def gather(src=vid, k=k, iv=iv, out_shape=cur) -> int:
-            return b.emit_value("MPSIndexSelect", b.dtype(x), out_shape, input1_id=src, index_id=iv, dim=k)
+            return b.emit(N.MPSIndexSelect(input1_id=src, index_id=iv, dim=k, output_id=b.new_value(b.dtype(x), out_shape)))
 
         vid = b.memo(("index_select", vid, k, iv), gather)
     b.alias(node, vid)
@@ -462,7 +455,7 @@ def _index_tensor(node: Node, b: GraphBuilder) -> None:
     ids[k] = _nonneg_index(b, idx, shape(x)[k])
     device = _indexed_shape(x, k, idx)
     out = b.out(node) if device == shape(node) else b.new_value(b.dtype(x), device)
-    b.emit("MPSIndexTensor", input1_id=b.id(x), indices_id=ids, output_id=out)
+    b.emit(N.MPSIndexTensor(input1_id=b.id(x), indices_id=ids, output_id=out))
     if device != shape(node):
         view(b, out, shape(node), out=b.out(node))
 
@@ -500,12 +493,13 @@ def _index_put(node: Node, b: GraphBuilder) -> None:
         ids = [-1] * len(node.args[1])
         ids[k] = _nonneg_index(b, idx, shape(x)[k])
         b.emit(
-            "MPSIndexPut",
-            input1_id=b.id(x),
-            indices_id=ids,
-            values_shape=_indexed_shape(x, k, idx),
-            values_id=b.id(values),
-            output_id=b.out(node),
+            N.MPSIndexPut(
+                input1_id=b.id(x),
+                indices_id=ids,
+                values_shape=_indexed_shape(x, k, idx),
+                values_id=b.id(values),
+                output_id=b.out(node),
+            )
         )
         return
     plan = _linear_plan(node)
@@ -518,23 +512,29 @@ def _index_put(node: Node, b: GraphBuilder) -> None:
     vals = view(b, vals, plan.flat_indexed_shape())
     ids = [-1] * plan.k
     if not accumulate:
-        data = b.emit_value(
-            "MPSIndexPut",
-            dt,
-            plan.flat_shape(),
-            input1_id=data,
-            indices_id=ids + [lin],
-            values_shape=plan.flat_indexed_shape(),
-            values_id=vals,
+        data = b.emit(
+            N.MPSIndexPut(
+                input1_id=data,
+                indices_id=ids + [lin],
+                values_shape=plan.flat_indexed_shape(),
+                values_id=vals,
+                output_id=b.new_value(dt, plan.flat_shape()),
+            )
         )
     else:  # torch's serial kernel: x[i_j] += v_j for j in index order
         one = plan.data_shape[: plan.k] + [1] + plan.flat_shape()[plan.k + 1 :]
         for j in range(plan.count):
             i_j = slice_value(b, lin, 0, j, j + 1)
-            current = b.emit_value("MPSIndexSelect", dt, one, input1_id=data, index_id=i_j, dim=plan.k)
-            summed = binary(b, "MPSAdd", current, slice_value(b, vals, plan.k, j, j + 1))
-            data = b.emit_value(
-                "MPSIndexPut", dt, plan.flat_shape(), input1_id=data, indices_id=ids + [i_j], values_shape=one, values_id=summed
+            current = b.emit(N.MPSIndexSelect(input1_id=data, index_id=i_j, dim=plan.k, output_id=b.new_value(dt, one)))
+            summed = binary(b, N.MPSAdd, current, slice_value(b, vals, plan.k, j, j + 1))
+            data = b.emit(
+                N.MPSIndexPut(
+                    input1_id=data,
+                    indices_id=ids + [i_j],
+                    values_shape=one,
+                    values_id=summed,
+                    output_id=b.new_value(dt, plan.flat_shape()),
+                )
             )
     if plan.perm is None:
         view(b, data, shape(x), out=b.out(node))
@@ -582,7 +582,7 @@ def _scatter_range(b: GraphBuilder, node: Node, x: Node, src_vid: int, dim: int,
     line = torch.arange(start, end, step, dtype=torch.int64)
     idx = line.reshape([-1 if d == dim else 1 for d in range(len(src_shape))]).expand(src_shape).contiguous()
     b.emit(
-        "MPSScatter", input1_id=b.id(x), output_id=b.out(node), dim=dim, idx_id=b.constant(idx, dtype=torch.int64), src_id=src_vid
+        N.MPSScatter(input1_id=b.id(x), output_id=b.out(node), dim=dim, idx_id=b.constant(idx, dtype=torch.int64), src_id=src_vid)
     )
 
 
@@ -649,12 +649,14 @@ def _scatter(node: Node, b: GraphBuilder) -> None:
     # data and index of one shape except on dim: scatter into that corner of x, cat the rest back
     cut = [d for d in range(len(xs)) if d != dim and ishape[d] < xs[d]]
     if not cut:
-        b.emit("MPSScatter", input1_id=b.id(x), idx_id=b.id(idx), src_id=vid, dim=dim, output_id=b.out(node))
+        b.emit(N.MPSScatter(input1_id=b.id(x), idx_id=b.id(idx), src_id=vid, dim=dim, output_id=b.out(node)))
         return
     data = b.id(x)
     for d in cut:
         data = slice_value(b, data, d, 0, ishape[d])
-    result = b.emit_value("MPSScatter", dt, vshape(b, data), input1_id=data, idx_id=b.id(idx), src_id=vid, dim=dim)
+    result = b.emit(
+        N.MPSScatter(input1_id=data, idx_id=b.id(idx), src_id=vid, dim=dim, output_id=b.new_value(dt, vshape(b, data)))
+    )
     # innermost cut axis first: the corner so far, then the rest of x on that axis (the corner's extent
     # on the cut axes before it)
     for i in range(len(cut) - 1, -1, -1):
@@ -696,14 +698,14 @@ def _gather(node: Node, b: GraphBuilder) -> None:
             )
     lin = b.id(idx)
     if strides[dim] != 1:
-        lin = binary(b, "MPSMul", lin, b.scalar(int(strides[dim]), dt))
+        lin = binary(b, N.MPSMul, lin, b.scalar(int(strides[dim]), dt))
     if bool(base.any()):
-        lin = binary(b, "MPSAdd", lin, b.constant(base.to(dt), dtype=dt))
+        lin = binary(b, N.MPSAdd, lin, b.constant(base.to(dt), dtype=dt))
     numel = math.prod(ishape)
     flat_idx = view(b, lin, [numel])
     flat_x = view(b, b.id(x), [math.prod(xs)])
     picked = b.new_value(b.dtype(x), [numel])
-    b.emit("MPSIndexSelect", input1_id=flat_x, output_id=picked, dim=0, index_id=flat_idx)
+    b.emit(N.MPSIndexSelect(input1_id=flat_x, output_id=picked, dim=0, index_id=flat_idx))
     view(b, picked, shape(node), out=b.out(node))
 
 

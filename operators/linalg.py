@@ -22,6 +22,7 @@ from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.passes._graph import is_call
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import is_float, rank, shape, val
 from .emit import binary, permute, view
@@ -40,7 +41,7 @@ def _float_same(node: Node):
 
 
 def _matmul(node: Node, b: GraphBuilder) -> None:
-    b.emit("MPSMatMul", input1_id=b.id(node.args[0]), input2_id=b.id(node.args[1]), output_id=b.out(node))
+    b.emit(N.MPSMatMul(input1_id=b.id(node.args[0]), input2_id=b.id(node.args[1]), output_id=b.out(node)))
 
 
 def _addmm_check(node: Node):
@@ -57,13 +58,13 @@ def _addmm(node: Node, b: GraphBuilder) -> None:
     beta, alpha = float(node.kwargs.get("beta", 1)), float(node.kwargs.get("alpha", 1))
     if beta == 0:  # torch ignores the bias entirely (no 0 * inf = nan)
         if alpha == 1:
-            b.emit("MPSMatMul", input1_id=m1, input2_id=m2, output_id=b.out(node))
+            b.emit(N.MPSMatMul(input1_id=m1, input2_id=m2, output_id=b.out(node)))
             return
         p = b.new_value(b.dtype(node), shape(node))
-        b.emit("MPSMatMul", input1_id=m1, input2_id=m2, output_id=p)
-        binary(b, "MPSMul", p, b.scalar(alpha, b.dtype(node)), out=b.out(node))
+        b.emit(N.MPSMatMul(input1_id=m1, input2_id=m2, output_id=p))
+        binary(b, N.MPSMul, p, b.scalar(alpha, b.dtype(node)), out=b.out(node))
         return
-    b.emit("MPSAddmm", input1_id=bias, input2_id=m1, input3_id=m2, output_id=b.out(node), beta=beta, alpha=alpha)
+    b.emit(N.MPSAddmm(input1_id=bias, input2_id=m1, input3_id=m2, output_id=b.out(node), beta=beta, alpha=alpha))
 
 
 # ---- linear ---------------------------------------------------------------------------------------
@@ -104,22 +105,22 @@ def _linear_weight_left(node: Node, b: GraphBuilder) -> None:
     if rank(x) == 1:  # x as a column: no permute at all
         col = view(b, b.id(x), [xs[0], 1])
         mm = b.new_value(dt, [n_out, 1])
-        b.emit("MPSMatMul", input1_id=b.id(w), input2_id=col, output_id=mm)
+        b.emit(N.MPSMatMul(input1_id=b.id(w), input2_id=col, output_id=mm))
         res = view(b, mm, [n_out], out=None if bias is not None else b.out(node))
         if bias is not None:
-            binary(b, "MPSAdd", res, b.id(bias), out=b.out(node))
+            binary(b, N.MPSAdd, res, b.id(bias), out=b.out(node))
         return
     rows = math.prod(xs[:-1])
     x2 = b.id(x) if rank(x) == 2 else view(b, b.id(x), [rows, xs[-1]])
     xt = permute(b, x2, [1, 0])
     mm = b.new_value(dt, [n_out, rows])
-    b.emit("MPSMatMul", input1_id=b.id(w), input2_id=xt, output_id=mm)
+    b.emit(N.MPSMatMul(input1_id=b.id(w), input2_id=xt, output_id=mm))
     flat = rank(x) == 2 and bias is None
     res = permute(b, mm, [1, 0], out=b.out(node) if flat else None)
     if flat:
         return
     if bias is not None:
-        res = binary(b, "MPSAdd", res, b.id(bias), out=b.out(node) if rank(x) == 2 else None)
+        res = binary(b, N.MPSAdd, res, b.id(bias), out=b.out(node) if rank(x) == 2 else None)
     if rank(x) > 2:
         view(b, res, out_shape, out=b.out(node))
 
@@ -132,18 +133,18 @@ def _linear(node: Node, b: GraphBuilder) -> None:
         return
     wt = _weight_t(b, w)
     if bias is not None and rank(x) >= 2:
-        b.emit("MPSAddmm", input1_id=b.id(bias), input2_id=b.id(x), input3_id=wt, output_id=b.out(node), beta=1.0, alpha=1.0)
+        b.emit(N.MPSAddmm(input1_id=b.id(bias), input2_id=b.id(x), input3_id=wt, output_id=b.out(node), beta=1.0, alpha=1.0))
         return
     xid = b.id(x) if rank(x) > 1 else view(b, b.id(x), [1, shape(x)[0]])
     out_shape = shape(node)
     mm_shape = out_shape if rank(x) > 1 else [1, out_shape[0]]
     last = bias is None and rank(x) > 1
     mm = b.out(node) if last else b.new_value(b.dtype(node), mm_shape)
-    b.emit("MPSMatMul", input1_id=xid, input2_id=wt, output_id=mm)
+    b.emit(N.MPSMatMul(input1_id=xid, input2_id=wt, output_id=mm))
     if last:
         return
     if bias is not None:
-        mm = binary(b, "MPSAdd", mm, b.id(bias), out=b.out(node) if rank(x) > 1 else None)
+        mm = binary(b, N.MPSAdd, mm, b.id(bias), out=b.out(node) if rank(x) > 1 else None)
     if rank(x) == 1:
         view(b, mm, out_shape, out=b.out(node))
 

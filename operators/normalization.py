@@ -32,6 +32,7 @@ import torch
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import is_float, shape, val
 from .emit import binary, permute, view
@@ -80,17 +81,18 @@ def _batch_norm(node: Node, b: GraphBuilder) -> None:
     out, stat2, stat3 = b.new_value(dt, shape(x)), b.new_value(dt, [c]), b.new_value(dt, [c])
     b.ids[node] = (out, stat2, stat3)
     b.emit(
-        "MPSBatchNorm",
-        input_id=b.id(x),
-        mean_id=b.id(mean),
-        var_id=b.id(var),
-        weight_id=_param(b, weight, [c], 1.0, dt),
-        bias_id=_param(b, bias, [c], 0.0, dt),
-        momentum=float(momentum),
-        epsilon=float(eps),
-        output1_id=out,
-        output2_id=stat2,
-        output3_id=stat3,
+        N.MPSBatchNorm(
+            input_id=b.id(x),
+            mean_id=b.id(mean),
+            var_id=b.id(var),
+            weight_id=_param(b, weight, [c], 1.0, dt),
+            bias_id=_param(b, bias, [c], 0.0, dt),
+            momentum=float(momentum),
+            epsilon=float(eps),
+            output1_id=out,
+            output2_id=stat2,
+            output3_id=stat3,
+        )
     )
 
 
@@ -100,15 +102,16 @@ def _layer_norm(node: Node, b: GraphBuilder) -> None:
     ns = [int(d) for d in normalized_shape]
     out, mean, third = b.outs(node)
     b.emit(
-        "MPSLayerNorm",
-        input1_id=b.id(x),
-        normalized_shape=ns,
-        weight_id=_param(b, weight, ns, 1.0, dt),
-        bias_id=_param(b, bias, ns, 0.0, dt),
-        eps=float(eps),
-        output1_id=out,
-        output2_id=mean,
-        output3_id=third,
+        N.MPSLayerNorm(
+            input1_id=b.id(x),
+            normalized_shape=ns,
+            weight_id=_param(b, weight, ns, 1.0, dt),
+            bias_id=_param(b, bias, ns, 0.0, dt),
+            eps=float(eps),
+            output1_id=out,
+            output2_id=mean,
+            output3_id=third,
+        )
     )
 
 
@@ -120,21 +123,22 @@ def _group_norm(node: Node, b: GraphBuilder) -> None:
     xv = view(b, b.id(x), [n, groups, k])
     normed, mean, var = b.new_value(dt, [n, groups, k]), b.new_value(dt, [n, groups, 1]), b.new_value(dt, [n, groups, 1])
     b.emit(
-        "MPSLayerNorm",
-        input1_id=xv,
-        normalized_shape=[k],
-        weight_id=b.scalar(1.0, dt),
-        bias_id=b.scalar(0.0, dt),
-        eps=float(eps),
-        output1_id=normed,
-        output2_id=mean,
-        output3_id=var,
+        N.MPSLayerNorm(
+            input1_id=xv,
+            normalized_shape=[k],
+            weight_id=b.scalar(1.0, dt),
+            bias_id=b.scalar(0.0, dt),
+            eps=float(eps),
+            output1_id=normed,
+            output2_id=mean,
+            output3_id=var,
+        )
     )
     y = view(b, normed, [n, c, hxw])
     if isinstance(weight, Node):
-        y = binary(b, "MPSMul", y, view(b, b.id(weight), [c, 1]))
+        y = binary(b, N.MPSMul, y, view(b, b.id(weight), [c, 1]))
     if isinstance(bias, Node):
-        y = binary(b, "MPSAdd", y, view(b, b.id(bias), [c, 1]))
+        y = binary(b, N.MPSAdd, y, view(b, b.id(bias), [c, 1]))
     out = b.new_value(dt, shape(x))
     view(b, y, shape(x), out=out)
     b.ids[node] = (out, mean, var)
@@ -154,21 +158,22 @@ def _batch_stats_norm(node: Node, b: GraphBuilder) -> None:
     xv = view(b, vid, [c, k])
     normed, mean, var = b.new_value(dt, [c, k]), b.new_value(dt, [c, 1]), b.new_value(dt, [c, 1])
     b.emit(
-        "MPSLayerNorm",
-        input1_id=xv,
-        normalized_shape=[k],
-        weight_id=b.scalar(1.0, dt),
-        bias_id=b.scalar(0.0, dt),
-        eps=eps,
-        output1_id=normed,
-        output2_id=mean,
-        output3_id=var,
+        N.MPSLayerNorm(
+            input1_id=xv,
+            normalized_shape=[k],
+            weight_id=b.scalar(1.0, dt),
+            bias_id=b.scalar(0.0, dt),
+            eps=eps,
+            output1_id=normed,
+            output2_id=mean,
+            output3_id=var,
+        )
     )
     y = normed
     if isinstance(weight, Node):
-        y = binary(b, "MPSMul", y, view(b, b.id(weight), [c, 1]))
+        y = binary(b, N.MPSMul, y, view(b, b.id(weight), [c, 1]))
     if isinstance(bias, Node):
-        y = binary(b, "MPSAdd", y, view(b, b.id(bias), [c, 1]))
+        y = binary(b, N.MPSAdd, y, view(b, b.id(bias), [c, 1]))
     out = b.new_value(dt, s)
     if n == 1:
         view(b, y, s, out=out)

@@ -16,6 +16,7 @@ import torch
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, rank, shape, val
 from .emit import index_select, slice_value
@@ -62,7 +63,7 @@ def _constant_pad(node: Node, b: GraphBuilder) -> None:
     if not any(pos):
         b.alias(node, vid)
         return
-    b.emit("MPSConstantPadND", input1_id=vid, output_id=b.out(node), pad=pos, value=float(arg(node, 2, "value", 0)))
+    b.emit(N.MPSConstantPadND(input1_id=vid, output_id=b.out(node), pad=pos, value=float(arg(node, 2, "value", 0))))
 
 
 def _source_index(n: int, lo: int, hi: int, reflect: bool) -> list[int]:

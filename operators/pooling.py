@@ -70,6 +70,7 @@ import torch
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, is_float, rank, shape, val
 from .emit import binary, cat_values, index_select, vdtype, view, vshape
@@ -136,9 +137,9 @@ def _pool(b: GraphBuilder, kind: str, vid: int, h: _Axis, w: _Axis, include_pad:
     }
     if kind == "max":
         idx = b.new_value(torch.int32, out_shape)
-        b.emit("MPSMaxPool2DWithIndices", **fields, count_include_pad=False, output2_id=idx)
+        b.emit(N.MPSMaxPool2DWithIndices(**fields, count_include_pad=False, output2_id=idx))
         return out, idx
-    b.emit("MPSAvgPool2D", **fields, count_include_pad=include_pad, output2_id=-1)
+    b.emit(N.MPSAvgPool2D(**fields, count_include_pad=include_pad, output2_id=-1))
     return out, None
 
 
@@ -153,7 +154,7 @@ def _avg(b: GraphBuilder, vid: int, h: _Axis, w: _Axis, count: str) -> int:
     if h.pad or w.pad:
         s = vshape(b, vid)
         padded = b.new_value(vdtype(b, vid), s[:2] + [s[2] + 2 * h.pad, s[3] + 2 * w.pad])
-        b.emit("MPSConstantPadND", input1_id=vid, output_id=padded, pad=[w.pad, w.pad, h.pad, h.pad], value=0.0)
+        b.emit(N.MPSConstantPadND(input1_id=vid, output_id=padded, pad=[w.pad, w.pad, h.pad, h.pad], value=0.0))
         vid = padded
     h, w = (replace(a, before=0, after=a.tail, pad=0) for a in (h, w))
     return _pool(b, "avg", vid, h, w, include_pad=False)[0]
@@ -164,7 +165,7 @@ def _offset(b: GraphBuilder, idx: int, step: int) -> int:
     of depth slice i made positions in the whole ``D x P`` volume."""
     depth = vshape(b, idx)[2]
     return binary(
-        b, "MPSAdd", idx, b.constant(torch.arange(depth, dtype=torch.int32).reshape(depth, 1) * step, dtype=torch.int32)
+        b, N.MPSAdd, idx, b.constant(torch.arange(depth, dtype=torch.int32).reshape(depth, 1) * step, dtype=torch.int32)
     )
 
 
@@ -176,11 +177,11 @@ def _compose(b: GraphBuilder, outer: int, inner: int) -> int:
     inner_shape = vshape(b, inner)
     if a * bb > 1:  # plane (a, b) starts at (a * B + b) * P * Q of the flattened tensor
         base = torch.arange(a * bb, dtype=torch.int32).reshape(a, bb, 1, 1) * (p * q)
-        inner = binary(b, "MPSAdd", inner, b.constant(base, dtype=torch.int32))
+        inner = binary(b, N.MPSAdd, inner, b.constant(base, dtype=torch.int32))
     flat = view(b, outer, [a * bb * p * q])
     pos = view(b, inner, [math.prod(inner_shape)])
     out = b.new_value(torch.int32, [math.prod(inner_shape)])
-    b.emit("MPSIndexSelect", input1_id=flat, index_id=pos, dim=0, output_id=out)
+    b.emit(N.MPSIndexSelect(input1_id=flat, index_id=pos, dim=0, output_id=out))
     return view(b, out, inner_shape)
 
 
@@ -328,7 +329,7 @@ def _avg_pool(node: Node, b: GraphBuilder) -> None:
         out = _avg(b, out, axes[0], axes[1], count)
     if divisor is not None:
         k = math.prod(a.k for a in axes)
-        out = binary(b, "MPSMul", out, b.scalar(k / int(divisor), vdtype(b, out)))
+        out = binary(b, N.MPSMul, out, b.scalar(k / int(divisor), vdtype(b, out)))
     _bind(b, node, out)
 
 
@@ -410,7 +411,7 @@ def _adaptive(node: Node, b: GraphBuilder) -> None:
     x, out_sizes = node.args[0], [int(d) for d in node.args[1]]
     r = rank(x)
     if kind == "avg" and all(o == 1 for o in out_sizes):  # global average
-        b.emit("MPSMean", input1_id=b.id(x), output_id=b.out(node), num_dims=n, dims=list(range(r - n, r)), keep_dims=True)
+        b.emit(N.MPSMean(input1_id=b.id(x), output_id=b.out(node), num_dims=n, dims=list(range(r - n, r)), keep_dims=True))
         return
     m, sizes, vid = _planes(b, x, n, _source(b, node) if kind == "max" else b.id(x))
     if n == 2:
@@ -464,7 +465,7 @@ def _upsample_nearest(node: Node, b: GraphBuilder) -> None:
         sh, sw = oh // h, ow // w
         vid = view(b, vid, [n, c, h, 1, w, 1])
         big = b.new_value(b.dtype(x), [n, c, h, sh, w, sw])
-        b.emit("MPSExpand", input1_id=vid, output_id=big, num_dims=6, shape=[n, c, h, sh, w, sw])
+        b.emit(N.MPSExpand(input1_id=vid, output_id=big, num_dims=6, shape=[n, c, h, sh, w, sw]))
         view(b, big, shape(node), out=b.out(node))
         return
     steps = [(axis, src) for axis, src, size in ((2, rows, h), (3, cols, w)) if src != list(range(size))]
@@ -517,22 +518,21 @@ def _upsample_bilinear(node: Node, b: GraphBuilder) -> None:
         return
     dt = b.dtype(node)
     if all(shape(x)[axis] == 1 for axis in steps):  # from single pixels/rows/columns: one broadcast
-        b.emit("MPSExpand", input1_id=vid, output_id=b.out(node), num_dims=4, shape=shape(node))
+        b.emit(N.MPSExpand(input1_id=vid, output_id=b.out(node), num_dims=4, shape=shape(node)))
         return
     for k, axis in enumerate(steps):
         cur = cur[:axis] + [shape(node)[axis]] + cur[axis + 1 :]
         out = b.out(node) if k == len(steps) - 1 else b.new_value(dt, cur)
         if shape(x)[axis] == 1:  # every output row/column is the one input row/column
-            b.emit("MPSExpand", input1_id=vid, output_id=out, num_dims=4, shape=cur)
+            b.emit(N.MPSExpand(input1_id=vid, output_id=out, num_dims=4, shape=cur))
         elif axis == 3:  # x @ A_w^T
             b.emit(
-                "MPSMatMul",
-                input1_id=vid,
-                input2_id=b.constant(_bilinear_matrix(node, 3).t().contiguous(), dtype=dt),
-                output_id=out,
+                N.MPSMatMul(
+                    input1_id=vid, input2_id=b.constant(_bilinear_matrix(node, 3).t().contiguous(), dtype=dt), output_id=out
+                )
             )
         else:  # A_h @ x
-            b.emit("MPSMatMul", input1_id=b.constant(_bilinear_matrix(node, 2), dtype=dt), input2_id=vid, output_id=out)
+            b.emit(N.MPSMatMul(input1_id=b.constant(_bilinear_matrix(node, 2), dtype=dt), input2_id=vid, output_id=out))
         vid = out
 
 

@@ -53,6 +53,7 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines torch.ops.qu
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization.generated import nodes as N
 from mps_backend.serialization.model import DataType
 
 from ._util import arg, shape, val
@@ -273,27 +274,28 @@ def _lower_int4(node: Node, spec: DequantSpec, b: GraphBuilder, plan) -> None:
         svid = b.memo(("quant.int4.scales", svid, e), lambda: b.constant((s * 2.0**e).to(torch.float16), dtype=torch.float16))
     out16 = b.new_value(torch.float16, [n, k])
     b.emit(
-        "MPSDequantizePerChannelGroup",
-        input1_id=qvid,
-        scales_id=svid,
-        zero_points_id=-1,
-        quant_min=-8,
-        quant_max=7,
-        dtype=int(DataType.int4),
-        group_size=k // g,
-        output_dtype=int(DataType.float16),
-        output_id=out16,
+        N.MPSDequantizePerChannelGroup(
+            input1_id=qvid,
+            scales_id=svid,
+            zero_points_id=-1,
+            quant_min=-8,
+            quant_max=7,
+            dtype=int(DataType.int4),
+            group_size=k // g,
+            output_dtype=int(DataType.float16),
+            output_id=out16,
+        )
     )
     dt = b.compute_dtype(spec.out_dtype)
     x = out16 if dt == torch.float16 else b.cast(out16, dt)
     if e:
-        x = binary(b, "MPSMul", x, b.scalar(2.0**-e, dt))
+        x = binary(b, N.MPSMul, x, b.scalar(2.0**-e, dt))
     if bool(zp.any()):
         zs = b.memo(
             ("quant.int4.zs", b.ids.get(spec.zero), b.ids[spec.scale], shift, dt),
             lambda: b.constant((zp * s.double()).reshape(n, g, 1), dtype=dt),
         )
-        x = binary(b, "MPSSub", view(b, x, [n, g, k // g]), zs)
+        x = binary(b, N.MPSSub, view(b, x, [n, g, k // g]), zs)
         x = view(b, x, [n, k])
     b.alias(node, x)
     for a in (spec.q, spec.scale, spec.zero):
@@ -313,11 +315,11 @@ def _lower_generic(node: Node, spec: DequantSpec, b: GraphBuilder) -> None:
         z = b.id(spec.zero)
         if vshape(b, z) != after:
             z = view(b, z, after)
-        x = binary(b, "MPSSub", x, z if vdtype(b, z) == dt else b.cast(z, dt))
+        x = binary(b, N.MPSSub, x, z if vdtype(b, z) == dt else b.cast(z, dt))
     elif spec.zero is not None:  # an all-zero constant: q - 0 == q
         _release(b, spec.zero, node)
     s = b.id(spec.scale)
-    x = binary(b, "MPSMul", x, s if vshape(b, s) == after else view(b, s, after))
+    x = binary(b, N.MPSMul, x, s if vshape(b, s) == after else view(b, s, after))
     if vdtype(b, x) != dt:
         x = b.cast(x, dt)
     b.alias(node, x if split == spec.shape else view(b, x, spec.shape))

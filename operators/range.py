@@ -21,6 +21,7 @@ from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import mps_dtype
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, val
 from .registry import Lowering, op_key
@@ -79,12 +80,9 @@ def _arange_check(node: Node):
 def _arange(node: Node, b: GraphBuilder) -> None:
     start, end, step = _range_args(node)
     b.emit(
-        "MPSArange",
-        output_id=b.out(node),
-        start=float(start),
-        end=float(end),
-        step=float(step),
-        dtype=int(mps_dtype(b.dtype(node))),
+        N.MPSArange(
+            output_id=b.out(node), start=float(start), end=float(end), step=float(step), dtype=int(mps_dtype(b.dtype(node)))
+        )
     )
 
 

@@ -66,6 +66,7 @@ import torch
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, is_float, norm_dim, rank, shape, val
 from .emit import binary, cat_values, convert, permute, slice_value, unary, vdtype, view, vshape
@@ -142,7 +143,7 @@ def _mean_value(b: GraphBuilder, x: Node, dims: list[int], keep: bool, out: int 
         s = _device_shape(x)
         s = [1 if i in dims else d for i, d in enumerate(s)] if keep else [d for i, d in enumerate(s) if i not in dims]
         out = b.new_value(vdtype(b, vid), s)
-    b.emit("MPSMean", input1_id=vid, output_id=out, num_dims=len(dims), dims=dims, keep_dims=keep)
+    b.emit(N.MPSMean(input1_id=vid, output_id=out, num_dims=len(dims), dims=dims, keep_dims=keep))
     return out
 
 
@@ -195,7 +196,7 @@ def _sum(node: Node, b: GraphBuilder) -> None:
     vid = _mean_value(b, x, dims, keep, vid=source)
     factors = _exact_factors(n, dt)
     for i, f in enumerate(factors):
-        vid = binary(b, "MPSMul", vid, b.scalar(float(f), dt), out=b.out(node) if i == len(factors) - 1 else None)
+        vid = binary(b, N.MPSMul, vid, b.scalar(float(f), dt), out=b.out(node) if i == len(factors) - 1 else None)
 
 
 # ---- max / min / argmax / argmin / any / all (max pooling over a [1, M, 1, R] view) ---------------
@@ -216,36 +217,37 @@ def pool_reduce(b: GraphBuilder, vid: int, in_shape: list[int], dims: list[int],
     indices), both of shape ``[1, M, 1, 1]`` with M = product of the kept axes in order."""
     vid, in_shape, keep = _reduced_axes_last(b, vid, in_shape, dims)
     if negate:
-        vid = unary(b, "MPSNeg", vid)
+        vid = unary(b, N.MPSNeg, vid)
     m, n = math.prod(in_shape[d] for d in keep), math.prod(in_shape[d] for d in dims)
     vid = view(b, vid, [1, m, 1, n])
     values = b.new_value(vdtype(b, vid), [1, m, 1, 1])
     indices = b.new_value(torch.int32, [1, m, 1, 1])
     b.emit(
-        "MPSMaxPool2DWithIndices",
-        input1_id=vid,
-        kernel_height=1,
-        kernel_width=n,
-        stride_height=1,
-        stride_width=n,
-        padding_left=0,
-        padding_right=0,
-        padding_top=0,
-        padding_bottom=0,
-        dilation_height=1,
-        dilation_width=1,
-        ceil_mode=False,
-        count_include_pad=False,
-        divisor_override=0,
-        output1_id=values,
-        output2_id=indices,
+        N.MPSMaxPool2DWithIndices(
+            input1_id=vid,
+            kernel_height=1,
+            kernel_width=n,
+            stride_height=1,
+            stride_width=n,
+            padding_left=0,
+            padding_right=0,
+            padding_top=0,
+            padding_bottom=0,
+            dilation_height=1,
+            dilation_width=1,
+            ceil_mode=False,
+            count_include_pad=False,
+            divisor_override=0,
+            output1_id=values,
+            output2_id=indices,
+        )
     )
     return values, indices
 
 
 def _finish_values(b: GraphBuilder, values: int, negate: bool, out: int) -> None:
     if negate:
-        values = unary(b, "MPSNeg", values)
+        values = unary(b, N.MPSNeg, values)
     view(b, values, vshape(b, out), out=out)
 
 
@@ -272,27 +274,29 @@ def rank_select(
     flat = view(b, vid, [m * n])
     mine, other = view(b, vid, [m, n, 1]), view(b, vid, [m, 1, n])  # element i, element j
     # beats[i, j]: j comes before i -- better, or equal (NaN counts as equal to NaN) and at a lower index
-    beats = binary(b, "MPSGt" if largest else "MPSLt", other, mine)
-    tie = binary(b, "MPSEq", other, mine)
+    beats = binary(b, N.MPSGt if largest else N.MPSLt, other, mine)
+    tie = binary(b, N.MPSEq, other, mine)
     if dt.is_floating_point:  # NaN is the largest value (torch's topk / max / median)
-        nan_i, nan_j = unary(b, "MPSIsnan", mine, torch.bool), unary(b, "MPSIsnan", other, torch.bool)
-        better_nan = binary(b, "MPSGt", nan_j, nan_i) if largest else binary(b, "MPSGt", nan_i, nan_j)
-        beats = binary(b, "MPSBitwiseOr", beats, better_nan)
-        tie = binary(b, "MPSBitwiseOr", tie, binary(b, "MPSBitwiseAnd", nan_i, nan_j))
+        nan_i, nan_j = unary(b, N.MPSIsnan, mine, torch.bool), unary(b, N.MPSIsnan, other, torch.bool)
+        better_nan = binary(b, N.MPSGt, nan_j, nan_i) if largest else binary(b, N.MPSGt, nan_i, nan_j)
+        beats = binary(b, N.MPSBitwiseOr, beats, better_nan)
+        tie = binary(b, N.MPSBitwiseOr, tie, binary(b, N.MPSBitwiseAnd, nan_i, nan_j))
     earlier = b.constant(torch.ones(n, n, dtype=torch.bool).tril(-1), dtype=torch.bool)  # [i, j]: j < i
-    beats = binary(b, "MPSBitwiseOr", beats, binary(b, "MPSBitwiseAnd", tie, earlier))
+    beats = binary(b, N.MPSBitwiseOr, beats, binary(b, N.MPSBitwiseAnd, tie, earlier))
     # rank_i = number of j that come before i: a mean of 0/1 flags times n, exact to within 0.5
     flags = b.cast(beats, fdt)
-    mean = b.emit_value("MPSMean", fdt, [m, n, 1], input1_id=flags, num_dims=1, dims=[2], keep_dims=True)
-    rank_of = binary(b, "MPSMul", view(b, mean, [m, 1, n]), b.scalar(float(n), fdt))
+    mean = b.emit(N.MPSMean(input1_id=flags, num_dims=1, dims=[2], keep_dims=True, output_id=b.new_value(fdt, [m, n, 1])))
+    rank_of = binary(b, N.MPSMul, view(b, mean, [m, 1, n]), b.scalar(float(n), fdt))
     wanted = b.constant(torch.tensor(ranks, dtype=torch.float32).reshape(1, k, 1), dtype=fdt)
-    hit = binary(b, "MPSLt", unary(b, "MPSAbs", binary(b, "MPSSub", rank_of, wanted)), b.scalar(0.5, fdt))
+    hit = binary(b, N.MPSLt, unary(b, N.MPSAbs, binary(b, N.MPSSub, rank_of, wanted)), b.scalar(0.5, fdt))
     # one hit per (row, rank): its position is the index of the maximum of the 0/1 flags
     _, where_hit = pool_reduce(b, b.cast(hit, fdt), [m * k, n], [1])
     index = view(b, where_hit, [m, k])
     rows = b.constant((torch.arange(m, dtype=torch.int32) * n).reshape(m, 1), dtype=torch.int32)
-    picked = b.emit_value(
-        "MPSIndexSelect", dt, [m * k], input1_id=flat, dim=0, index_id=view(b, binary(b, "MPSAdd", index, rows), [m * k])
+    picked = b.emit(
+        N.MPSIndexSelect(
+            input1_id=flat, dim=0, index_id=view(b, binary(b, N.MPSAdd, index, rows), [m * k]), output_id=b.new_value(dt, [m * k])
+        )
     )
     return view(b, picked, [m, k]), b.cast(index, torch.int64)
 
@@ -346,13 +350,13 @@ def _median(node: Node, b: GraphBuilder) -> None:
     out = b.out(node)
     if len(ranks) == 2:
         median, last = slice_value(b, values, 1, 0, 1), slice_value(b, values, 1, 1, 2)
-        values = b.emit_value(
-            "MPSWhere",
-            vdtype(b, values),
-            [1, 1],
-            input1_id=unary(b, "MPSIsnan", last, torch.bool),
-            input2_id=last,
-            input3_id=median,
+        values = b.emit(
+            N.MPSWhere(
+                input1_id=unary(b, N.MPSIsnan, last, torch.bool),
+                input2_id=last,
+                input3_id=median,
+                output_id=b.new_value(vdtype(b, values), [1, 1]),
+            )
         )
     view(b, values, vshape(b, out), out=out)
 
@@ -444,21 +448,23 @@ def _any(node: Node, b: GraphBuilder) -> None:
         if dt == torch.bool:
             b.alias(node, vid)
         else:
-            binary(b, "MPSNe", vid, b.scalar(0, dt), out=b.out(node))
+            binary(b, N.MPSNe, vid, b.scalar(0, dt), out=b.out(node))
         return
     dims = _reduce_dims(dim, rank(x))
     if dt != torch.bool:
-        vid = binary(b, "MPSNe", vid, b.scalar(0, dt))
+        vid = binary(b, N.MPSNe, vid, b.scalar(0, dt))
     fdt = b.compute_dtype(torch.float32)
     flags = b.cast(vid, fdt)
     out = b.out(node)
     if math.prod(_device_shape(x)[d] for d in dims) <= ANY_MEAN_MAX[fdt]:
         keep = target is not aten.any.default and bool(arg(node, 2, "keepdim", False))
-        frac = b.emit_value("MPSMean", fdt, vshape(b, out), input1_id=flags, num_dims=len(dims), dims=dims, keep_dims=keep)
-        binary(b, "MPSGt", frac, b.scalar(0.0, fdt), out=out)
+        frac = b.emit(
+            N.MPSMean(input1_id=flags, num_dims=len(dims), dims=dims, keep_dims=keep, output_id=b.new_value(fdt, vshape(b, out)))
+        )
+        binary(b, N.MPSGt, frac, b.scalar(0.0, fdt), out=out)
         return
     values, _ = pool_reduce(b, flags, shape(x), dims)
-    hit = binary(b, "MPSGt", values, b.scalar(0.0, fdt))
+    hit = binary(b, N.MPSGt, values, b.scalar(0.0, fdt))
     view(b, hit, vshape(b, out), out=out)
 
 
@@ -483,7 +489,7 @@ def _prod(node: Node, b: GraphBuilder) -> None:
             ones = b.memo(("prod ones", m, dt), lambda: b.constant(torch.ones(m, 1, dtype=dt), dtype=dt))
             vid = cat_values(b, [vid, ones], 1)
             n += 1
-        vid = binary(b, "MPSMul", slice_value(b, vid, 1, 0, n // 2), slice_value(b, vid, 1, n // 2, n))
+        vid = binary(b, N.MPSMul, slice_value(b, vid, 1, 0, n // 2), slice_value(b, vid, 1, n // 2, n))
         n //= 2
     out = b.out(node)
     view(b, vid, vshape(b, out), out=out)
@@ -516,7 +522,7 @@ def _cumsum(node: Node, b: GraphBuilder) -> None:
     xv = view(b, b.id(x), [a, n, c] if a > 1 else [n, c])
     tri = b.constant(torch.tril(torch.ones(n, n, dtype=torch.float32)), dtype=b.dtype(x))
     out3 = b.new_value(b.dtype(x), vshape(b, xv))
-    b.emit("MPSMatMul", input1_id=tri, input2_id=xv, output_id=out3)
+    b.emit(N.MPSMatMul(input1_id=tri, input2_id=xv, output_id=out3))
     view(b, out3, s, out=b.out(node))
 
 
@@ -547,15 +553,15 @@ def _var(node: Node, b: GraphBuilder) -> None:
     c = _correction(node)
     dt = b.dtype(x)
     mean = _mean_value(b, x, dims, True)
-    dev = binary(b, "MPSSub", b.id(x), mean)
-    sq = binary(b, "MPSMul", dev, dev)
+    dev = binary(b, N.MPSSub, b.id(x), mean)
+    sq = binary(b, N.MPSMul, dev, dev)
     s = _device_shape(x)
     out_shape = [1 if i in dims else d for i, d in enumerate(s)] if keep else [d for i, d in enumerate(s) if i not in dims]
     last = c == 0
     msq = b.out(node) if last else b.new_value(dt, out_shape)
-    b.emit("MPSMean", input1_id=sq, output_id=msq, num_dims=len(dims), dims=dims, keep_dims=keep)
+    b.emit(N.MPSMean(input1_id=sq, output_id=msq, num_dims=len(dims), dims=dims, keep_dims=keep))
     if not last:
-        binary(b, "MPSMul", msq, b.scalar(n / (n - c), dt), out=b.out(node))
+        binary(b, N.MPSMul, msq, b.scalar(n / (n - c), dt), out=b.out(node))
 
 
 LOWERINGS = [

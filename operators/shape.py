@@ -36,6 +36,7 @@ import torch
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import arg, clamp_index, norm_dim, rank, shape, val
 from .emit import cat_values, expand, index_select, permute, slice_value, view
@@ -49,13 +50,13 @@ aten = torch.ops.aten
 
 def _view(node: Node, b: GraphBuilder) -> None:
     out_shape = shape(node)
-    b.emit("MPSView", input1_id=b.id(node.args[0]), output_id=b.out(node), num_dims=len(out_shape), shape=out_shape)
+    b.emit(N.MPSView(input1_id=b.id(node.args[0]), output_id=b.out(node), num_dims=len(out_shape), shape=out_shape))
 
 
 def _permute(node: Node, b: GraphBuilder) -> None:
     r = rank(node.args[0])
     perm = [norm_dim(d, r) for d in node.args[1]]
-    b.emit("MPSPermute", input1_id=b.id(node.args[0]), output_id=b.out(node), num_dims=len(perm), perm=perm)
+    b.emit(N.MPSPermute(input1_id=b.id(node.args[0]), output_id=b.out(node), num_dims=len(perm), perm=perm))
 
 
 def _expand(node: Node, b: GraphBuilder) -> None:
@@ -71,14 +72,14 @@ def _cat_check(node: Node):
 
 def _cat(node: Node, b: GraphBuilder) -> None:
     dim = norm_dim(arg(node, 1, "dim", 0), rank(node))
-    b.emit("MPSCat", input_ids=[b.id(t) for t in node.args[0]], output_id=b.out(node), dim=dim)
+    b.emit(N.MPSCat(input_ids=[b.id(t) for t in node.args[0]], output_id=b.out(node), dim=dim))
 
 
 def _split(node: Node, b: GraphBuilder) -> None:
     x = node.args[0]
     dim = norm_dim(arg(node, 2, "dim", 0), rank(x))
     outs = b.outs(node)
-    b.emit("MPSSplitWithSizes", input1_id=b.id(x), output_ids=list(outs), split_sizes=[int(s) for s in node.args[1]], dim=dim)
+    b.emit(N.MPSSplitWithSizes(input1_id=b.id(x), output_ids=list(outs), split_sizes=[int(s) for s in node.args[1]], dim=dim))
 
 
 def _squeeze(node: Node, b: GraphBuilder) -> None:
@@ -93,12 +94,12 @@ def _squeeze(node: Node, b: GraphBuilder) -> None:
     if not axes or len(axes) == r:  # nothing to squeeze, or everything (rank 0 is [1] on device)
         _view(node, b)
         return
-    b.emit("MPSSqueeze", input1_id=b.id(x), output_id=b.out(node), dims=axes)
+    b.emit(N.MPSSqueeze(input1_id=b.id(x), output_id=b.out(node), dims=axes))
 
 
 def _unsqueeze(node: Node, b: GraphBuilder) -> None:
     dim = norm_dim(node.args[1], rank(node.args[0]) + 1)
-    b.emit("MPSUnsqueeze", input1_id=b.id(node.args[0]), output_id=b.out(node), dim=dim)
+    b.emit(N.MPSUnsqueeze(input1_id=b.id(node.args[0]), output_id=b.out(node), dim=dim))
 
 
 def _select(node: Node, b: GraphBuilder) -> None:
@@ -107,9 +108,9 @@ def _select(node: Node, b: GraphBuilder) -> None:
     index = int(node.args[2])
     index = index + shape(x)[dim] if index < 0 else index
     if rank(x) == 1:  # result is rank 0 = [1] on the device: a one-element slice
-        b.emit("MPSSlice", input1_id=b.id(x), output_id=b.out(node), dim=0, start=index, end=index + 1, step=1)
+        b.emit(N.MPSSlice(input1_id=b.id(x), output_id=b.out(node), dim=0, start=index, end=index + 1, step=1))
         return
-    b.emit("MPSSelect", input1_id=b.id(x), output_id=b.out(node), dim=dim, index=index)
+    b.emit(N.MPSSelect(input1_id=b.id(x), output_id=b.out(node), dim=dim, index=index))
 
 
 def _slice_check(node: Node):
@@ -124,13 +125,9 @@ def _slice(node: Node, b: GraphBuilder) -> None:
     start = clamp_index(arg(node, 2, "start", None), size, 0)
     end = clamp_index(arg(node, 3, "end", None), size, size)
     b.emit(
-        "MPSSlice",
-        input1_id=b.id(x),
-        output_id=b.out(node),
-        dim=dim,
-        start=start,
-        end=max(end, start),
-        step=int(arg(node, 4, "step", 1)),
+        N.MPSSlice(
+            input1_id=b.id(x), output_id=b.out(node), dim=dim, start=start, end=max(end, start), step=int(arg(node, 4, "step", 1))
+        )
     )
 
 
@@ -146,7 +143,7 @@ def _pixel_shuffle_check(node: Node):
 
 def _pixel_shuffle(node: Node, b: GraphBuilder) -> None:
     b.emit(
-        "MPSPixelShuffle", input1_id=b.id(node.args[0]), output_id=b.out(node), upscale_factor=int(arg(node, 1, "upscale_factor"))
+        N.MPSPixelShuffle(input1_id=b.id(node.args[0]), output_id=b.out(node), upscale_factor=int(arg(node, 1, "upscale_factor")))
     )
 
 
@@ -168,7 +165,7 @@ def _repeat(node: Node, b: GraphBuilder) -> None:
         vid = view(b, vid, paired)
     if expanded != paired:
         out = b.new_value(b.dtype(x), expanded)
-        b.emit("MPSExpand", input1_id=vid, output_id=out, num_dims=len(expanded), shape=expanded)
+        b.emit(N.MPSExpand(input1_id=vid, output_id=out, num_dims=len(expanded), shape=expanded))
         vid = out
     view(b, vid, shape(node), out=b.out(node))
 

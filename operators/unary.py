@@ -42,9 +42,10 @@ from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.dtypes import FLOAT_DTYPES
+from mps_backend.serialization.generated import nodes as N
 
 from ._util import val
-from .emit import binary, compare, const, convert, finish, full_like, unary, vdtype, where
+from .emit import Unary, binary, compare, const, convert, finish, full_like, unary, vdtype, where
 from .registry import Lowering
 
 aten = torch.ops.aten
@@ -56,39 +57,39 @@ aten = torch.ops.aten
 
 def isnan(b: GraphBuilder, x: int) -> int:
     if vdtype(b, x) in FLOAT_DTYPES:
-        return unary(b, "MPSIsnan", x, torch.bool)
+        return unary(b, N.MPSIsnan, x, torch.bool)
     return full_like(b, x, 0.0, torch.bool)
 
 
 def trunc(b: GraphBuilder, x: int) -> int:
     """Round toward zero (float x): ``where(x < 0, ceil(x), floor(x))`` — no MPSDiv 'trunc', which
     aborts on f16 (§6 #14)."""
-    neg = compare(b, "MPSLt", x, const(b, 0, vdtype(b, x)))
-    return where(b, neg, unary(b, "MPSCeil", x), unary(b, "MPSFloor", x))
+    neg = compare(b, N.MPSLt, x, const(b, 0, vdtype(b, x)))
+    return where(b, neg, unary(b, N.MPSCeil, x), unary(b, N.MPSFloor, x))
 
 
 def round_half_even(b: GraphBuilder, x: int) -> int:
     """torch.round of a float tensor (see the module docstring)."""
     dt = vdtype(b, x)
-    nearest = unary(b, "MPSRound", x)
-    e = unary(b, "MPSFloor", x)
+    nearest = unary(b, N.MPSRound, x)
+    e = unary(b, N.MPSFloor, x)
     # x - floor(x) is exact except for x in (-0.5, 0), where 1 - |x| may round up, onto 0.5 only
     # for x = -(0.5 - ulp/2), whose tie answer 2 * (-1 - floor(-0.5)) = 0 is right anyway
-    frac = binary(b, "MPSSub", x, e)
-    half = unary(b, "MPSFloor", binary(b, "MPSMul", e, const(b, 0.5, dt)))
-    even = binary(b, "MPSMul", binary(b, "MPSSub", e, half), const(b, 2, dt))
-    tie = compare(b, "MPSEq", frac, const(b, 0.5, dt))
+    frac = binary(b, N.MPSSub, x, e)
+    half = unary(b, N.MPSFloor, binary(b, N.MPSMul, e, const(b, 0.5, dt)))
+    even = binary(b, N.MPSMul, binary(b, N.MPSSub, e, half), const(b, 2, dt))
+    tie = compare(b, N.MPSEq, frac, const(b, 0.5, dt))
     return where(b, tie, even, nearest)
 
 
 def log1p(b: GraphBuilder, x: int) -> int:
     """``log(1 + x)`` of a float value, accurate near 0 (module docstring)."""
     dt = vdtype(b, x)
-    s = binary(b, "MPSDiv", x, binary(b, "MPSAdd", const(b, 2.0, dt), x))
-    a = unary(b, "MPSAtanh", s)
-    near0 = binary(b, "MPSAdd", a, a)  # 2 * atanh(s), exact
-    far = unary(b, "MPSLog", binary(b, "MPSAdd", const(b, 1.0, dt), x))
-    small = compare(b, "MPSLt", unary(b, "MPSAbs", x), const(b, 0.5, dt))
+    s = binary(b, N.MPSDiv, x, binary(b, N.MPSAdd, const(b, 2.0, dt), x))
+    a = unary(b, N.MPSAtanh, s)
+    near0 = binary(b, N.MPSAdd, a, a)  # 2 * atanh(s), exact
+    far = unary(b, N.MPSLog, binary(b, N.MPSAdd, const(b, 1.0, dt), x))
+    small = compare(b, N.MPSLt, unary(b, N.MPSAbs, x), const(b, 0.5, dt))
     return where(b, small, near0, far)
 
 
@@ -96,23 +97,23 @@ def expm1(b: GraphBuilder, x: int) -> int:
     """``exp(x) - 1`` of a float value, accurate near 0 (module docstring)."""
     dt = vdtype(b, x)
     near0 = expm1_nonpositive(b, x)
-    far = binary(b, "MPSSub", unary(b, "MPSExp", x), const(b, 1.0, dt))
-    return where(b, compare(b, "MPSGt", x, const(b, 0.5, dt)), far, near0)
+    far = binary(b, N.MPSSub, unary(b, N.MPSExp, x), const(b, 1.0, dt))
+    return where(b, compare(b, N.MPSGt, x, const(b, 0.5, dt)), far, near0)
 
 
 def expm1_nonpositive(b: GraphBuilder, x: int) -> int:
     """``2 t / (1 - t)``, ``t = tanh(x / 2)``: expm1 for ``x <= 0.5`` (inaccurate far above)."""
     dt = vdtype(b, x)
-    t = unary(b, "MPSTanh", binary(b, "MPSMul", x, const(b, 0.5, dt)))
-    return binary(b, "MPSDiv", binary(b, "MPSAdd", t, t), binary(b, "MPSSub", const(b, 1.0, dt), t))
+    t = unary(b, N.MPSTanh, binary(b, N.MPSMul, x, const(b, 0.5, dt)))
+    return binary(b, N.MPSDiv, binary(b, N.MPSAdd, t, t), binary(b, N.MPSSub, const(b, 1.0, dt), t))
 
 
 def minimum(b: GraphBuilder, x: int, y: int) -> int:
     """torch.minimum of two values of one dtype: MPSMinimum does not propagate NaN (§5.2)."""
     dt = vdtype(b, x)
     if dt == torch.bool:
-        return binary(b, "MPSBitwiseAnd", x, y)
-    m = binary(b, "MPSMinimum", x, y)
+        return binary(b, N.MPSBitwiseAnd, x, y)
+    m = binary(b, N.MPSMinimum, x, y)
     if dt not in FLOAT_DTYPES:
         return m
     return where(b, isnan(b, y), y, where(b, isnan(b, x), x, m))
@@ -123,8 +124,8 @@ def maximum(b: GraphBuilder, x: int, y: int) -> int:
     keeps a NaN x), then a NaN y is propagated. Exact, also for integers (no negation overflow)."""
     dt = vdtype(b, x)
     if dt == torch.bool:
-        return binary(b, "MPSBitwiseOr", x, y)
-    m = where(b, compare(b, "MPSLt", x, y), y, x)
+        return binary(b, N.MPSBitwiseOr, x, y)
+    m = where(b, compare(b, N.MPSLt, x, y), y, x)
     if dt not in FLOAT_DTYPES:
         return m
     return where(b, isnan(b, y), y, m)
@@ -138,30 +139,30 @@ def out_shape(node: Node) -> list[int]:
 # lowerings
 
 FLOAT_MATH = {
-    aten.exp.default: "MPSExp",
-    aten.exp2.default: "MPSExp2",
-    aten.reciprocal.default: "MPSReciprocal",
-    aten.sqrt.default: "MPSSqrt",
-    aten.rsqrt.default: "MPSRsqrt",
-    aten.log.default: "MPSLog",
-    aten.log10.default: "MPSLog10",
-    aten.log2.default: "MPSLog2",
-    aten.erf.default: "MPSErf",
-    aten.sigmoid.default: "MPSSigmoid",
-    aten.sin.default: "MPSSin",
-    aten.cos.default: "MPSCos",
-    aten.tan.default: "MPSTan",
-    aten.asin.default: "MPSAsin",
-    aten.acos.default: "MPSAcos",
-    aten.atan.default: "MPSAtan",
-    aten.sinh.default: "MPSSinh",
-    aten.cosh.default: "MPSCosh",
-    aten.tanh.default: "MPSTanh",
-    aten.asinh.default: "MPSAsinh",
-    aten.acosh.default: "MPSAcosh",
-    aten.atanh.default: "MPSAtanh",
+    aten.exp.default: N.MPSExp,
+    aten.exp2.default: N.MPSExp2,
+    aten.reciprocal.default: N.MPSReciprocal,
+    aten.sqrt.default: N.MPSSqrt,
+    aten.rsqrt.default: N.MPSRsqrt,
+    aten.log.default: N.MPSLog,
+    aten.log10.default: N.MPSLog10,
+    aten.log2.default: N.MPSLog2,
+    aten.erf.default: N.MPSErf,
+    aten.sigmoid.default: N.MPSSigmoid,
+    aten.sin.default: N.MPSSin,
+    aten.cos.default: N.MPSCos,
+    aten.tan.default: N.MPSTan,
+    aten.asin.default: N.MPSAsin,
+    aten.acos.default: N.MPSAcos,
+    aten.atan.default: N.MPSAtan,
+    aten.sinh.default: N.MPSSinh,
+    aten.cosh.default: N.MPSCosh,
+    aten.tanh.default: N.MPSTanh,
+    aten.asinh.default: N.MPSAsinh,
+    aten.acosh.default: N.MPSAcosh,
+    aten.atanh.default: N.MPSAtanh,
 }
-SAME_DTYPE = {aten.neg.default: "MPSNeg", aten.abs.default: "MPSAbs", aten.sign.default: "MPSSign"}
+SAME_DTYPE = {aten.neg.default: N.MPSNeg, aten.abs.default: N.MPSAbs, aten.sign.default: N.MPSSign}
 
 
 def _float_result(node: Node):
@@ -170,10 +171,10 @@ def _float_result(node: Node):
     return None
 
 
-def _float_math(op: str):
+def _float_math(op: Unary):
     def lower(node: Node, b: GraphBuilder) -> None:
         x = convert(b, b.id(node.args[0]), b.dtype(node))  # integer inputs: cast to float first
-        b.emit(op, input1_id=x, output_id=b.out(node))
+        b.emit(op(input1_id=x, output_id=b.out(node)))
 
     return lower
 
@@ -193,9 +194,9 @@ def _not_bool(node: Node):
     return None
 
 
-def _same_dtype(op: str):
+def _same_dtype(op: Unary):
     def lower(node: Node, b: GraphBuilder) -> None:
-        b.emit(op, input1_id=b.id(node.args[0]), output_id=b.out(node))
+        b.emit(op(input1_id=b.id(node.args[0]), output_id=b.out(node)))
 
     return lower
 
@@ -213,7 +214,7 @@ def _rounding(kind: str):
             exact = b.float32_input(node.args[0])
             src = exact if exact is not None else x
             out = b.new_value(vdtype(b, src), b.graph.values[src].dims)
-            b.emit("MPSFloor" if kind == "floor" else "MPSCeil", input1_id=src, output_id=out)
+            b.emit((N.MPSFloor if kind == "floor" else N.MPSCeil)(input1_id=src, output_id=out))
             b.alias(node, out if exact is None else b.cast(out, b.dtype(node)))
         else:
             b.alias(node, trunc(b, x) if kind == "trunc" else round_half_even(b, x))
@@ -230,9 +231,9 @@ def _round_decimals(node: Node, b: GraphBuilder) -> None:
         return
     scale = const(b, 10.0 ** abs(d), dt)
     if d > 0:
-        finish(b, node, binary(b, "MPSDiv", round_half_even(b, binary(b, "MPSMul", x, scale)), scale))
+        finish(b, node, binary(b, N.MPSDiv, round_half_even(b, binary(b, N.MPSMul, x, scale)), scale))
     else:
-        finish(b, node, binary(b, "MPSMul", round_half_even(b, binary(b, "MPSDiv", x, scale)), scale))
+        finish(b, node, binary(b, N.MPSMul, round_half_even(b, binary(b, N.MPSDiv, x, scale)), scale))
 
 
 def _round_decimals_check(node: Node):
@@ -241,11 +242,11 @@ def _round_decimals_check(node: Node):
     return None
 
 
-def _predicate(op: str):
+def _predicate(op: Unary):
     def lower(node: Node, b: GraphBuilder) -> None:
         x = b.id(node.args[0])
         if vdtype(b, x) in FLOAT_DTYPES:
-            b.emit(op, input1_id=x, output_id=b.out(node))
+            b.emit(op(input1_id=x, output_id=b.out(node)))
         else:  # integers are never NaN or infinite
             b.alias(node, full_like(b, x, 0.0, torch.bool))
 
@@ -260,15 +261,15 @@ def _int_or_bool(node: Node):
 
 
 def _bitwise_not(node: Node, b: GraphBuilder) -> None:
-    b.emit("MPSBitwiseNot", input1_id=b.id(node.args[0]), output_id=b.out(node))
+    b.emit(N.MPSBitwiseNot(input1_id=b.id(node.args[0]), output_id=b.out(node)))
 
 
 def _logical_not(node: Node, b: GraphBuilder) -> None:
     x = b.id(node.args[0])
     if vdtype(b, x) == torch.bool:
-        b.emit("MPSLogicalNot", input1_id=x, output_id=b.out(node))
+        b.emit(N.MPSLogicalNot(input1_id=x, output_id=b.out(node)))
     else:
-        b.alias(node, compare(b, "MPSEq", x, const(b, 0, vdtype(b, x))))
+        b.alias(node, compare(b, N.MPSEq, x, const(b, 0, vdtype(b, x))))
 
 
 LOWERINGS = [
@@ -284,8 +285,8 @@ LOWERINGS = [
     Lowering((aten.trunc.default,), _rounding("trunc"), _not_bool),
     Lowering((aten.round.default,), _rounding("round"), _not_bool),
     Lowering((aten.round.decimals,), _round_decimals, _round_decimals_check),
-    Lowering((aten.isnan.default,), _predicate("MPSIsnan")),
-    Lowering((aten.isinf.default,), _predicate("MPSIsinf")),
+    Lowering((aten.isnan.default,), _predicate(N.MPSIsnan)),
+    Lowering((aten.isinf.default,), _predicate(N.MPSIsinf)),
     Lowering((aten.bitwise_not.default,), _bitwise_not, _int_or_bool),
     Lowering((aten.logical_not.default,), _logical_not),
 ]

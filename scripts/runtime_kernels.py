@@ -5,7 +5,7 @@ For every release tag of an executorch git checkout (the releases that ship the 
 quantized kernel library (``kernels/quantized/quantized.yaml``) and its prim ops
 (``kernels/prim_ops/register_prim_ops.cpp``: the symbolic-size and scalar ops every runtime has). These
 are what an app links when it builds executorch with its standard kernel libraries; the export-time
-check (``mps_backend.runtime_compat``) refuses a program whose CPU part needs an operator the target
+check (``mps_backend.runtime_kernels``) refuses a program whose CPU part needs an operator the target
 release lacks, which would otherwise fail only when the app loads it.
 
     python scripts/runtime_kernels.py --repo PATH/TO/executorch   # a clone with its release tags

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .generated.schema_info import MPSGRAPH
 
@@ -127,6 +127,47 @@ class Tensor:
     def device_shape(self) -> tuple[int, ...]:
         """Shape on the device: rank 0 becomes [1] (semantics §3.2)."""
         return tuple(self.dims) if self.dims else (1,)
+
+
+def _field_ok(check: str, v: Any) -> bool:
+    if check == "int":
+        return isinstance(v, int)
+    if check == "float":
+        return isinstance(v, (int, float))
+    if check == "bool":
+        return isinstance(v, bool)
+    if check == "[int]":
+        return type(v) is list and all(isinstance(e, int) for e in v)
+    return isinstance(v, str) or (v is None and check == "str?")
+
+
+_CHECK_NAMES = {"int": "int", "float": "float", "bool": "bool", "[int]": "a list of int", "str": "str", "str?": "str or None"}
+
+
+class NodeFields:
+    """Base of the typed node kinds (``generated/nodes.py``, one class per union member): an instance
+    is one node's fields, built with keyword arguments, so a missing or unknown field is a TypeError
+    naming the member and the field where the node is built; each field's value is checked against
+    the schema type here (``int`` for ids, ``list`` of int for vectors, ...)."""
+
+    __slots__ = ()
+    #: the union member (empty on the table classes, which are not node kinds)
+    KIND: ClassVar[str] = ""
+    TABLE: ClassVar[str] = ""
+    #: (field name, check) in slot order; check is int, float, bool, [int], str or str? (str or None)
+    FIELDS: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def __post_init__(self) -> None:
+        if not self.KIND:
+            raise TypeError(f"{type(self).__name__} is the table {self.TABLE}, not a node kind: build one of its members")
+        for name, check in self.FIELDS:
+            v = getattr(self, name)
+            if not _field_ok(check, v):
+                raise TypeError(f"{self.KIND}.{name} must be {_CHECK_NAMES[check]}, got {type(v).__name__} {v!r}")
+
+    def fields(self) -> dict[str, Any]:
+        """The fields in slot order (what :class:`Node` holds)."""
+        return {name: getattr(self, name) for name, _ in self.FIELDS}
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The committed flatbuffer bindings are exactly what scripts/generate_bindings.py produces."""
+"""The committed generated code (flatc bindings, ``schema_info.py``, the typed node classes ``nodes.py``) is
+exactly what scripts/generate_bindings.py produces."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def test_generated_bindings_are_current(tmp_path):
         text=True,
     )
     fresh, committed = _files(out), _files(COMMITTED)
+    assert {"schema_info.py", "nodes.py", "mpsgraph/MPSGraph.py", "mobile/Module.py"} <= fresh.keys()
     differing = sorted(name for name in fresh.keys() & committed.keys() if fresh[name] != committed[name])
     only_fresh = sorted(fresh.keys() - committed.keys())
     only_committed = sorted(committed.keys() - fresh.keys())

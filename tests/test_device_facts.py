@@ -7,6 +7,7 @@ import torch
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.serialization import device_facts, reader
+from mps_backend.serialization.generated import nodes as N
 from mps_backend.serialization.model import Node
 
 
@@ -15,8 +16,8 @@ def test_builder_refuses_node_kinds_the_runtime_cannot_dispatch():
     x = b.new_value(torch.float32, [2])
     for op in sorted(device_facts.NOT_DISPATCHED):
         with pytest.raises(ValueError, match="never dispatched"):
-            b.emit(op, input1_id=x, input2_id=x, output_id=b.new_value(torch.float32, [2]))
-    b.emit("MPSMinimum", input1_id=x, input2_id=x, output_id=b.new_value(torch.float32, [2]))
+            b.emit(N.KINDS[op](input1_id=x, input2_id=x, output_id=b.new_value(torch.float32, [2])))
+    b.emit(N.MPSMinimum(input1_id=x, input2_id=x, output_id=b.new_value(torch.float32, [2])))
     assert [n.op for n in b.graph.nodes] == ["MPSMinimum"]
 
 

@@ -485,7 +485,7 @@ def test_argsort_is_refused_for_the_target_runtime_or_named_at_load(tmp_path):
     the program exports, and loading it names the missing kernel (it said "a delegate failed to initialise")."""
     from mps_backend.export import export_model
     from mps_backend.runtime import EmulatorError, run_pte
-    from mps_backend.runtime_compat import RuntimeCompatWarning
+    from mps_backend.runtime_kernels import RuntimeCompatWarning
 
     class Argsort(torch.nn.Module):
         def forward(self, x):

@@ -218,7 +218,7 @@ def test_layering_the_product_imports_no_harness_and_the_pipeline_nothing_above_
 
 
 def test_one_meaning_per_dtype_table_and_per_check_name():
-    from mps_backend import dtypes, runtime_compat
+    from mps_backend import dtypes, runtime_kernels
     from mps_backend.runtime import core, program_check
     from mps_backend.serialization import device_facts
 
@@ -235,8 +235,8 @@ def test_one_meaning_per_dtype_table_and_per_check_name():
             for table in ("FLOAT_DTYPES", "DEVICE_DTYPES"):
                 assert table not in targets or name == "mps_backend.dtypes", f"{name} defines its own {table}"
     # "check_program" is the format check of a .pte; the kernel-availability check is check_kernels
-    assert callable(program_check.check_program) and callable(runtime_compat.check_kernels)
-    assert not hasattr(runtime_compat, "check_program")
+    assert callable(program_check.check_program) and callable(runtime_kernels.check_kernels)
+    assert not hasattr(runtime_kernels, "check_program")
 
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"

@@ -28,7 +28,7 @@ from torch import nn
 
 from mps_backend.export import export_model
 from mps_backend.quantize import quantize_model
-from mps_backend.runtime_compat import missing_kernels, program_operators
+from mps_backend.runtime_kernels import missing_kernels, program_operators
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKER = ROOT / "scripts" / "compat_check.py"

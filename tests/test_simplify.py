@@ -9,6 +9,7 @@ import torch
 
 from mps_backend.builder import GraphBuilder
 from mps_backend.runtime.interpreter import execute
+from mps_backend.serialization.generated import nodes as N
 from mps_backend.serialization.reader import read_blob
 from mps_backend.serialization.writer import write_blob
 from mps_backend.simplify import simplify
@@ -23,19 +24,19 @@ def _graph():
     w = b.constant(torch.arange(24, dtype=torch.float32).reshape(4, 6))
     unused_w = b.constant(torch.ones(4, 6))
     b.current = "unsqueeze"
-    u = b.emit_value("MPSUnsqueeze", torch.float32, [2, 1, 3, 4], input1_id=x, dim=1)
+    u = b.emit(N.MPSUnsqueeze(input1_id=x, dim=1, output_id=b.new_value(torch.float32, [2, 1, 3, 4])))
     b.current = "view1"
-    v1 = b.emit_value("MPSView", torch.float32, [6, 4], input1_id=u, num_dims=2, shape=[6, 4])
+    v1 = b.emit(N.MPSView(input1_id=u, num_dims=2, shape=[6, 4], output_id=b.new_value(torch.float32, [6, 4])))
     b.current = "view2"
-    v2 = b.emit_value("MPSView", torch.float32, [4, 6], input1_id=v1, num_dims=2, shape=[4, 6])
+    v2 = b.emit(N.MPSView(input1_id=v1, num_dims=2, shape=[4, 6], output_id=b.new_value(torch.float32, [4, 6])))
     b.current = "add"
-    y = b.emit_value("MPSAdd", torch.float32, [4, 6], input1_id=v2, input2_id=w, alpha=1.0)
+    y = b.emit(N.MPSAdd(input1_id=v2, input2_id=w, alpha=1.0, output_id=b.new_value(torch.float32, [4, 6])))
     b.current = "dead"
-    dead = b.emit_value("MPSMul", torch.float32, [4, 6], input1_id=y, input2_id=unused_w)
-    b.emit_value("MPSExp", torch.float32, [4, 6], input1_id=dead)
+    dead = b.emit(N.MPSMul(input1_id=y, input2_id=unused_w, output_id=b.new_value(torch.float32, [4, 6])))
+    b.emit(N.MPSExp(input1_id=dead, output_id=b.new_value(torch.float32, [4, 6])))
     b.current = "relu"
-    r = b.emit_value("MPSReLU", torch.float32, [2, 3, 4], input1_id=x, input2_id=-1)
-    z = b.emit_value("MPSView", torch.float32, [24], input1_id=r, num_dims=1, shape=[24])
+    r = b.emit(N.MPSReLU(input1_id=x, input2_id=-1, output_id=b.new_value(torch.float32, [2, 3, 4])))
+    z = b.emit(N.MPSView(input1_id=r, num_dims=1, shape=[24], output_id=b.new_value(torch.float32, [24])))
     b.graph.output_ids = [y, z]
     return b, unused_w
 
@@ -70,8 +71,8 @@ def test_graph_outputs_and_their_producers_stay():
     x = b.new_value(torch.float32, [2, 3])
     b.graph.input_ids = [x]
     b.current = None
-    v1 = b.emit_value("MPSView", torch.float32, [3, 2], input1_id=x, num_dims=2, shape=[3, 2])
-    v2 = b.emit_value("MPSView", torch.float32, [6], input1_id=v1, num_dims=1, shape=[6])
+    v1 = b.emit(N.MPSView(input1_id=x, num_dims=2, shape=[3, 2], output_id=b.new_value(torch.float32, [3, 2])))
+    v2 = b.emit(N.MPSView(input1_id=v1, num_dims=1, shape=[6], output_id=b.new_value(torch.float32, [6])))
     b.graph.output_ids = [v1, v2]  # the intermediate view is itself an output
     simplify(b)
     assert [n.op for n in b.graph.nodes] == ["MPSView", "MPSView"]
@@ -85,9 +86,9 @@ def test_expand_and_squeeze_consumers_are_not_rewired():
     x = b.new_value(torch.float32, [3])
     b.graph.input_ids = [x]
     b.current = None
-    v = b.emit_value("MPSView", torch.float32, [1, 3], input1_id=x, num_dims=2, shape=[1, 3])
-    s = b.emit_value("MPSSqueeze", torch.float32, [3], input1_id=v, dims=[0])
-    e = b.emit_value("MPSExpand", torch.float32, [2, 3], input1_id=v, num_dims=2, shape=[2, 3])
+    v = b.emit(N.MPSView(input1_id=x, num_dims=2, shape=[1, 3], output_id=b.new_value(torch.float32, [1, 3])))
+    s = b.emit(N.MPSSqueeze(input1_id=v, dims=[0], output_id=b.new_value(torch.float32, [3])))
+    e = b.emit(N.MPSExpand(input1_id=v, num_dims=2, shape=[2, 3], output_id=b.new_value(torch.float32, [2, 3])))
     b.graph.output_ids = [s, e]
     assert simplify(b) == {
         "permutes composed": 0,
@@ -105,8 +106,8 @@ def test_identity_expand_is_bypassed():
     x = b.new_value(torch.float32, [2, 3])
     b.graph.input_ids = [x]
     b.current = None
-    e = b.emit_value("MPSExpand", torch.float32, [2, 3], input1_id=x, num_dims=2, shape=[2, 3])
-    y = b.emit_value("MPSExp", torch.float32, [2, 3], input1_id=e)
+    e = b.emit(N.MPSExpand(input1_id=x, num_dims=2, shape=[2, 3], output_id=b.new_value(torch.float32, [2, 3])))
+    y = b.emit(N.MPSExp(input1_id=e, output_id=b.new_value(torch.float32, [2, 3])))
     b.graph.output_ids = [y]
     assert simplify(b)["identity expands dropped"] == 1
     assert [n.op for n in b.graph.nodes] == ["MPSExp"] and b.graph.nodes[0].fields["input1_id"] == x
@@ -121,11 +122,11 @@ def _negation_graph(fold_input_dtype=torch.bool):
     flag = b.new_value(fold_input_dtype, [2, 1])
     b.graph.input_ids = [s, flag]
     b.current = None
-    eq = b.emit_value("MPSEq", torch.bool, [2, 4], input1_id=s, input2_id=b.scalar(float("-inf"), torch.float32))
-    keep = b.emit_value("MPSLogicalNot", torch.bool, [2, 4], input1_id=eq)
-    no_flag = b.emit_value("MPSLogicalNot", torch.bool, [2, 1], input1_id=flag)
+    eq = b.emit(N.MPSEq(input1_id=s, input2_id=b.scalar(float("-inf"), torch.float32), output_id=b.new_value(torch.bool, [2, 4])))
+    keep = b.emit(N.MPSLogicalNot(input1_id=eq, output_id=b.new_value(torch.bool, [2, 4])))
+    no_flag = b.emit(N.MPSLogicalNot(input1_id=flag, output_id=b.new_value(torch.bool, [2, 1])))
     zero = b.scalar(0.0, torch.float32)
-    out = b.emit_value("MPSWhere", torch.float32, [2, 4], input1_id=no_flag, input2_id=zero, input3_id=s)
+    out = b.emit(N.MPSWhere(input1_id=no_flag, input2_id=zero, input3_id=s, output_id=b.new_value(torch.float32, [2, 4])))
     b.graph.output_ids = [keep, out]
     return b
 
@@ -160,13 +161,13 @@ def test_duplicate_nodes_and_small_constants_merge():
     one_a = b.constant(torch.tensor([1.0]))
     one_b = b.constant(torch.tensor([1.0]))  # same bytes: one constant
     two = b.constant(torch.tensor([2.0]))
-    s1 = b.emit_value("MPSSub", torch.float32, [2, 3], input1_id=x, input2_id=one_a, alpha=1.0)
-    s2 = b.emit_value("MPSSub", torch.float32, [2, 3], input1_id=x, input2_id=one_b, alpha=1.0)  # = s1
-    s3 = b.emit_value("MPSSub", torch.float32, [2, 3], input1_id=x, input2_id=two, alpha=1.0)
-    c1 = b.emit_value("MPSClamp", torch.float32, [2, 3], min_max=(0.0, 1.0), input1_id=s1)
-    c2 = b.emit_value("MPSClamp", torch.float32, [2, 3], min_max=(0.0, 2.0), input1_id=s2)  # other bounds
-    e1 = b.emit_value("MPSExp", torch.float32, [2, 3], input1_id=s2)  # reads s1 after the merge
-    e2 = b.emit_value("MPSExp", torch.float32, [2, 3], input1_id=s1)  # same as e1 but a graph output
+    s1 = b.emit(N.MPSSub(input1_id=x, input2_id=one_a, alpha=1.0, output_id=b.new_value(torch.float32, [2, 3])))
+    s2 = b.emit(N.MPSSub(input1_id=x, input2_id=one_b, alpha=1.0, output_id=b.new_value(torch.float32, [2, 3])))  # = s1
+    s3 = b.emit(N.MPSSub(input1_id=x, input2_id=two, alpha=1.0, output_id=b.new_value(torch.float32, [2, 3])))
+    c1 = b.emit(N.MPSClamp(input1_id=s1, output_id=b.new_value(torch.float32, [2, 3])), min_max=(0.0, 1.0))
+    c2 = b.emit(N.MPSClamp(input1_id=s2, output_id=b.new_value(torch.float32, [2, 3])), min_max=(0.0, 2.0))  # other bounds
+    e1 = b.emit(N.MPSExp(input1_id=s2, output_id=b.new_value(torch.float32, [2, 3])))  # reads s1 after the merge
+    e2 = b.emit(N.MPSExp(input1_id=s1, output_id=b.new_value(torch.float32, [2, 3])))  # same as e1 but a graph output
     b.graph.output_ids = [c1, c2, s3, e1, e2]
     before = write_blob(copy.deepcopy(b.graph), dict(b.constants))
     stats = simplify(b)

@@ -24,7 +24,7 @@ from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache
 from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
-from mps_backend.runtime_compat import DEFAULT_TARGET
+from mps_backend.runtime_kernels import DEFAULT_TARGET
 
 #: the constant methods executorch's LLM runner (``extension/llm/runner``) reads, as executorch's
 #: own llama export writes them
@@ -255,7 +255,7 @@ def export_llm(
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
 
     from mps_backend.export import drop_unused_constants  # noqa: PLC0415
-    from mps_backend.runtime_compat import check_kernels  # noqa: PLC0415
+    from mps_backend.runtime_kernels import check_kernels  # noqa: PLC0415
 
     out = pathlib.Path(output)
     output_target(out)  # a directory, device or FIFO is refused before the checkpoint is read

@@ -59,7 +59,7 @@ def cmd_export_llm(args) -> int:
     from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
     from mps_backend.llm.export import export_llm  # noqa: PLC0415
     from mps_backend.progress import Progress  # noqa: PLC0415
-    from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
+    from mps_backend.runtime_kernels import RuntimeCompatError  # noqa: PLC0415
 
     if args.verify and args.no_verify:
         raise SystemExit("error: --verify and --no-verify contradict each other")
@@ -154,7 +154,7 @@ def cmd_export(args) -> int:
     source = args.model.split(":", 1)[0] if ".py:" in args.model else args.model
     if pathlib.Path(source).exists() and out.resolve() == pathlib.Path(source).resolve():
         raise UserError(f"output {out} is the input model {source}: choose another -o")
-    from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
+    from mps_backend.runtime_kernels import RuntimeCompatError  # noqa: PLC0415
 
     try:
         result = export_model(
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["zoo"]:  # its own options (argparse.REMAINDER would not take leading --options)
         return _run(cmd_zoo, argparse.Namespace(zoo_args=argv[1:]))
-    from mps_backend.runtime_compat import DEFAULT_TARGET, RUNTIME_VERSIONS  # noqa: PLC0415 - stdlib only
+    from mps_backend.runtime_kernels import DEFAULT_TARGET, RUNTIME_VERSIONS  # noqa: PLC0415 - stdlib only
 
     parser = argparse.ArgumentParser(prog="mps-backend", description="Lower PyTorch models to the ExecuTorch MPS delegate.")
     sub = parser.add_subparsers(dest="command", required=True)

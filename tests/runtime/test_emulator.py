@@ -1,6 +1,6 @@
 """The emulator: whole .pte files with MPSBackend delegates through ExecuTorch's own runtime.
 
-Plumbing tests replace ``emulator._execute_delegate`` (the one place that calls the
+Plumbing tests replace ``shim_bridge._execute_delegate`` (the one place that calls the
 interpreter) with a stand-in; the fixture tests at the end run the real interpreter.
 The shim is compiled once per machine into the user cache (about a second with g++ 12);
 ``test_build_*`` compile a second copy into a temporary cache directory.
@@ -19,7 +19,16 @@ import numpy as np
 import pytest
 import torch
 
-from mps_backend.runtime import EmulatorBuildError, EmulatorError, InputMismatchError, emulator, load_emulator, run_pte
+from mps_backend.runtime import (
+    EmulatorBuildError,
+    EmulatorError,
+    InputMismatchError,
+    emulator,
+    load_emulator,
+    run_pte,
+    shim_bridge,
+    shim_build,
+)
 from mps_backend.runtime.program_check import ProgramFormatError
 
 FIXTURES = ["cnn_fp32", "cnn_fp16", "conv1d_fp32", "conv1d_fp16", "mlp_fp32", "mlp_fp16", "ops_fp32", "ops_fp16"]
@@ -83,7 +92,7 @@ class Recorder:
 def standin(monkeypatch):
     def install(outputs=None, fn=None) -> Recorder:
         rec = Recorder(outputs, fn)
-        monkeypatch.setattr(emulator, "_execute_delegate", rec)
+        monkeypatch.setattr(shim_bridge, "_execute_delegate", rec)
         return rec
 
     return install
@@ -107,13 +116,13 @@ def _ops_outputs():
 
 def test_build_caches_atomically(tmp_path, monkeypatch):
     monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(tmp_path))
-    path = emulator.build_shim()
+    path = shim_build.build_shim()
     assert path.parent == tmp_path and path.name.startswith("emulator-")
     assert path.suffix == (".dylib" if sys.platform == "darwin" else ".so")
-    assert emulator._executorch_version().replace("+", "_") in path.name
+    assert shim_build._executorch_version().replace("+", "_") in path.name
     assert sorted(tmp_path.iterdir()) == [path, path.with_name(path.name + ".sha256")]  # no temporary left
     mtime = path.stat().st_mtime_ns
-    assert emulator.build_shim() == path and path.stat().st_mtime_ns == mtime  # cached
+    assert shim_build.build_shim() == path and path.stat().st_mtime_ns == mtime  # cached
 
 
 def test_build_without_compiler_names_what_to_install(tmp_path, monkeypatch):
@@ -122,20 +131,20 @@ def test_build_without_compiler_names_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     hint = r"xcode-select --install" if sys.platform == "darwin" else r"apt-get install g\+\+"
     with pytest.raises(EmulatorBuildError, match=hint):
-        emulator.build_shim(force=True)
+        shim_build.build_shim(force=True)
 
 
 def test_build_failure_reports_command(tmp_path, monkeypatch):
     monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "false")
     with pytest.raises(EmulatorBuildError, match="exit code 1"):
-        emulator.build_shim(force=True)
+        shim_build.build_shim(force=True)
     assert not any(tmp_path.iterdir())
 
 
 def test_shim_links_the_library_that_holds_the_backend_registry():
-    library = emulator._runtime_library()
-    et = emulator._executorch_dir()
+    library = shim_build._runtime_library()
+    et = shim_build._executorch_dir()
     assert library.is_file() and et in library.parents
     # the dynamic symbol table of that library defines register_backend (not only refers to it); Mach-O
     # names carry one more leading underscore, so the ELF name is a substring of nm's line there too
@@ -143,8 +152,8 @@ def test_shim_links_the_library_that_holds_the_backend_registry():
 
     nm = ["nm", "-gU"] if sys.platform == "darwin" else ["nm", "-D", "--defined-only"]
     symbols = subprocess.run([*nm, str(library)], capture_output=True, text=True, check=True)
-    assert emulator._REGISTER_BACKEND in symbols.stdout
-    command = emulator._compile_command("c++", Path("s.cpp"), Path("s.so"))
+    assert shim_build._REGISTER_BACKEND in symbols.stdout
+    command = shim_build._compile_command("c++", Path("s.cpp"), Path("s.so"))
     if sys.platform == "darwin":
         assert str(library) in command and f"-Wl,-rpath,{library.parent}" in command
     else:
@@ -158,11 +167,11 @@ def fake_wheel(tmp_path, monkeypatch):
     build command of any platform can be made on this machine: returns a function of the library name."""
     et = tmp_path / "site-packages" / "executorch"
     _header_tree(et / "include" / "executorch")
-    monkeypatch.setattr(emulator, "_executorch_dir", lambda: et)
+    monkeypatch.setattr(shim_build, "_executorch_dir", lambda: et)
 
     def with_library(name: str) -> Path:
         library = et / "lib" / name
-        monkeypatch.setattr(emulator, "_runtime_library", lambda: library)
+        monkeypatch.setattr(shim_build, "_runtime_library", lambda: library)
         return library
 
     return with_library
@@ -171,7 +180,7 @@ def fake_wheel(tmp_path, monkeypatch):
 def test_compile_command_on_linux_is_unchanged(fake_wheel):
     library = fake_wheel("libexecutorch.so")
     include = library.parents[1] / "include"
-    command = emulator._compile_command("g++", Path("shim.cpp"), Path("out.so"), platform="linux")
+    command = shim_build._compile_command("g++", Path("shim.cpp"), Path("out.so"), platform="linux")
     assert command == [
         "g++",
         "-std=c++17",
@@ -200,7 +209,7 @@ def test_compile_command_on_linux_is_unchanged(fake_wheel):
 def test_compile_command_on_macos_links_the_dylib_by_path(fake_wheel):
     library = fake_wheel("libexecutorch.dylib")
     include = library.parents[1] / "include"
-    command = emulator._compile_command("clang++", Path("shim.cpp"), Path("out.dylib"), platform="darwin")
+    command = shim_build._compile_command("clang++", Path("shim.cpp"), Path("out.dylib"), platform="darwin")
     assert command[0] == "clang++" and "-std=c++17" in command and "-fvisibility=hidden" in command
     assert "-dynamiclib" in command or "-shared" in command
     # libc++, ld64: none of the GNU flags
@@ -223,22 +232,22 @@ def test_compile_command_on_macos_links_the_dylib_by_path(fake_wheel):
 def test_compile_command_refuses_other_platforms(fake_wheel, platform):
     fake_wheel("libexecutorch.so")
     with pytest.raises(EmulatorBuildError, match=rf"'{platform}'.*Linux and macOS are supported"):
-        emulator._compile_command("c++", Path("shim.cpp"), Path("out.so"), platform=platform)
+        shim_build._compile_command("c++", Path("shim.cpp"), Path("out.so"), platform=platform)
     with pytest.raises(EmulatorBuildError, match="Linux and macOS are supported"):
-        emulator.shim_path(platform=platform)
+        shim_build.shim_path(platform=platform)
 
 
 def test_shim_file_suffix_per_platform(fake_wheel, tmp_path, monkeypatch):
     monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(tmp_path / "cache"))
     fake_wheel("libexecutorch.dylib")
-    mac = emulator.shim_path(platform="darwin")
+    mac = shim_build.shim_path(platform="darwin")
     fake_wheel("libexecutorch.so")
-    linux = emulator.shim_path(platform="linux")
+    linux = shim_build.shim_path(platform="linux")
     assert mac.suffix == ".dylib" and linux.suffix == ".so"
     assert mac.parent == linux.parent == tmp_path / "cache"
     assert mac.stem != linux.stem  # different commands and platforms: different cache keys
-    assert emulator._digest_path(mac).name == mac.name + ".sha256"
-    assert emulator.shim_path() == emulator.shim_path(platform=sys.platform)
+    assert shim_build._digest_path(mac).name == mac.name + ".sha256"
+    assert shim_build.shim_path() == shim_build.shim_path(platform=sys.platform)
 
 
 def _fake_compilers(folder: Path, *names: str) -> None:
@@ -254,23 +263,23 @@ def test_compiler_order_per_platform(tmp_path, monkeypatch):
     _fake_compilers(bin_dir, "c++", "g++", "clang++")
     monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.delenv("CXX", raising=False)
-    assert emulator._find_compiler(platform="darwin") == str(bin_dir / "clang++")  # Apple's clang first
-    assert emulator._find_compiler(platform="linux") == str(bin_dir / "c++")  # as before
+    assert shim_build._find_compiler(platform="darwin") == str(bin_dir / "clang++")  # Apple's clang first
+    assert shim_build._find_compiler(platform="linux") == str(bin_dir / "c++")  # as before
     (bin_dir / "clang++").unlink()
-    assert emulator._find_compiler(platform="darwin") == str(bin_dir / "c++")
+    assert shim_build._find_compiler(platform="darwin") == str(bin_dir / "c++")
     (bin_dir / "c++").unlink()
-    assert emulator._find_compiler(platform="darwin") == str(bin_dir / "g++")
-    assert emulator._find_compiler(platform="linux") == str(bin_dir / "g++")
+    assert shim_build._find_compiler(platform="darwin") == str(bin_dir / "g++")
+    assert shim_build._find_compiler(platform="linux") == str(bin_dir / "g++")
     monkeypatch.setenv("CXX", "g++")  # $CXX wins on both
     _fake_compilers(bin_dir, "clang++")
-    assert emulator._find_compiler(platform="darwin") == str(bin_dir / "g++")
+    assert shim_build._find_compiler(platform="darwin") == str(bin_dir / "g++")
     monkeypatch.delenv("CXX")
     for name in ("clang++", "g++"):
         (bin_dir / name).unlink()
     with pytest.raises(EmulatorBuildError, match=r"looked for \$CXX, clang\+\+, c\+\+, g\+\+.*xcode-select --install"):
-        emulator._find_compiler(platform="darwin")
+        shim_build._find_compiler(platform="darwin")
     with pytest.raises(EmulatorBuildError, match=r"looked for \$CXX, c\+\+, g\+\+, clang\+\+.*apt-get install g\+\+"):
-        emulator._find_compiler(platform="linux")
+        shim_build._find_compiler(platform="linux")
 
 
 def _header_tree(root: Path) -> Path:
@@ -285,24 +294,24 @@ def test_headers_a_wheel_lacks_come_from_MPS_BACKEND_ET_HEADERS(tmp_path, monkey
     bare.mkdir()
     monkeypatch.delenv("MPS_BACKEND_ET_HEADERS", raising=False)
     with pytest.raises(EmulatorBuildError, match=r"MPS_BACKEND_ET_HEADERS.*--branch v"):
-        emulator._extra_headers(bare)
+        shim_build._extra_headers(bare)
     monkeypatch.setenv("MPS_BACKEND_ET_HEADERS", str(tmp_path))
-    assert emulator._extra_headers(emulator._executorch_dir() / "include") == []  # 1.5.1 ships them
+    assert shim_build._extra_headers(shim_build._executorch_dir() / "include") == []  # 1.5.1 ships them
     # a checkout named executorch: its parent is the include folder
     checkout = _header_tree(tmp_path / "src" / "executorch")
     monkeypatch.setenv("MPS_BACKEND_ET_HEADERS", str(checkout))
-    assert emulator._extra_headers(bare) == [checkout.parent.resolve()]
+    assert shim_build._extra_headers(bare) == [checkout.parent.resolve()]
     monkeypatch.setenv("MPS_BACKEND_ET_HEADERS", str(checkout.parent))
-    assert emulator._extra_headers(bare) == [checkout.parent.resolve()]
+    assert shim_build._extra_headers(bare) == [checkout.parent.resolve()]
     # a checkout with another name: reached through a link named executorch in the cache
     other = _header_tree(tmp_path / "et-v1.0.1")
     monkeypatch.setenv("MPS_BACKEND_ET_HEADERS", str(other))
-    (folder,) = emulator._extra_headers(bare)
+    (folder,) = shim_build._extra_headers(bare)
     assert (folder / "executorch" / "runtime" / "backend" / "interface.h").read_text() == "// stand-in\n"
-    assert emulator._extra_headers(bare) == [folder]  # the link is reused
+    assert shim_build._extra_headers(bare) == [folder]  # the link is reused
     monkeypatch.setenv("MPS_BACKEND_ET_HEADERS", str(tmp_path / "nothing-here"))
     with pytest.raises(EmulatorBuildError, match="no executorch/runtime/backend/interface.h there"):
-        emulator._extra_headers(bare)
+        shim_build._extra_headers(bare)
 
 
 def test_backend_registered_in_the_pybindings_registry():
@@ -626,10 +635,10 @@ def test_upstream_fixture_reproduces_recorded_outputs(upstream_pte_dir, name):
 @pytest.mark.parametrize("damage", ["truncate", "foreign"])
 def test_a_damaged_cached_shim_is_rebuilt(tmp_path, monkeypatch, damage):
     monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(tmp_path))
-    path = emulator.build_shim()
+    path = shim_build.build_shim()
     good = path.read_bytes()
     path.write_bytes(good[: len(good) // 3] if damage == "truncate" else b"\x7fELF" + bytes(4000))
-    assert emulator.build_shim() == path and path.read_bytes() == good  # rebuilt, never loaded broken
+    assert shim_build.build_shim() == path and path.read_bytes() == good  # rebuilt, never loaded broken
 
 
 @pytest.mark.parametrize("obstacle", ["read-only", "file"])
@@ -645,22 +654,22 @@ def test_an_unusable_cache_falls_back_to_a_temporary_folder(tmp_path, monkeypatc
             cache.rmdir()
             cache.write_text("not a folder")
     monkeypatch.setenv("MPS_BACKEND_CACHE_DIR", str(cache))
-    monkeypatch.setattr(emulator, "_fallback_cache_dir", lambda: tmp_path / "fallback")
+    monkeypatch.setattr(shim_build, "_fallback_cache_dir", lambda: tmp_path / "fallback")
     with pytest.warns(UserWarning, match="not usable"):
-        path = emulator.build_shim()
-    assert path.parent == tmp_path / "fallback" and emulator._intact(path)
+        path = shim_build.build_shim()
+    assert path.parent == tmp_path / "fallback" and shim_build._intact(path)
 
 
 def test_empty_home_does_not_write_to_the_root(monkeypatch):
     monkeypatch.delenv("MPS_BACKEND_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", "")
-    assert emulator._cache_dir() == emulator._fallback_cache_dir()
+    assert shim_build._cache_dir() == shim_build._fallback_cache_dir()
 
 
 def test_cache_dir_defaults_to_user_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("MPS_BACKEND_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert emulator.shim_path().parent == tmp_path / "mps_backend"
+    assert shim_build.shim_path().parent == tmp_path / "mps_backend"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert emulator.shim_path().parent == Path.home() / ".cache" / "mps_backend"
+    assert shim_build.shim_path().parent == Path.home() / ".cache" / "mps_backend"

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from mps_backend.export import export_model
-from mps_backend.runtime_compat import (
+from mps_backend.runtime_kernels import (
     RUNTIME_VERSIONS,
     RuntimeCompatError,
     RuntimeCompatWarning,
