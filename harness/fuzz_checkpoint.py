@@ -38,6 +38,7 @@ from harness import child_env
 from harness.fuzz_pte import _limit  # the same address-space limit (24 GiB) and no core files
 
 CASE_SECONDS = 60.0  # a load of these tiny folders takes well under a second; beyond this is a hang
+STARTUP_SECONDS = 600.0  # a worker's imports (torch, executorch, transformers) on a loaded machine
 
 #: config keys the mutations set (the bounded sizes, and what transformers reads to build the model)
 CONFIG_KEYS = (
@@ -253,10 +254,13 @@ def _mutate_header_entry(rng: random.Random, header: dict) -> str:
 
 def _mutate_safetensors(rng: random.Random, path: Path) -> str:
     data = path.read_bytes()
+    if len(data) < 9:  # an earlier mutation of this case truncated it
+        path.write_bytes(data + bytes(rng.randint(1, 16)))
+        return "st extend"
     kind = rng.randrange(6)
     if kind == 0:  # the length field
         n = rng.choice((0, 1, 2, 7, len(data), len(data) - 8, 1 << 32, (1 << 63) + 5, (1 << 64) - 1, rng.randrange(1 << 16)))
-        path.write_bytes(n.to_bytes(8, "little") + data[8:])
+        path.write_bytes((n % (1 << 64)).to_bytes(8, "little") + data[8:])
         return "st length"
     if kind == 1:  # bytes of the JSON text (structure characters, digits)
         n = min(int.from_bytes(data[:8], "little"), len(data) - 8)  # an earlier mutation may have changed it
@@ -403,6 +407,10 @@ def worker() -> None:
 
     warnings.simplefilter("ignore")
     llm_export.decoder_for = _stop  # this worker process only: the stop after the load-and-check step
+    import executorch.exir  # noqa: F401, PLC0415 - what the first case would import: not counted in its time
+    import transformers  # noqa: F401, PLC0415
+
+    print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         folder, dtype = line.split()
         print(json.dumps({"result": run_case(Path(folder), dtype)}), flush=True)
@@ -419,6 +427,29 @@ class _Worker:
             preexec_fn=_limit,
         )
         self.buffer = b""
+        if self._answer(STARTUP_SECONDS) is None:  # the imports; each case's time limit starts after them
+            raise RuntimeError(f"the fuzz worker did not start within {STARTUP_SECONDS:.0f} s")
+
+    def _answer(self, seconds: float) -> dict | None:
+        """The worker's next JSON line, None if it died; {'result': 'HANG'} past ``seconds`` (then killed)."""
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + seconds
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.proc.kill()
+                self.proc.wait()
+                return {"result": "HANG"}
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    self.proc.wait()
+                    return None
+                self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return json.loads(line)
 
     def run(self, folder: Path, dtype: str, seconds: float) -> str:
         """The case's result, 'CRASH (exit N)' if the worker died on it, 'HANG' past ``seconds``
@@ -429,23 +460,8 @@ class _Worker:
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass
-        deadline = time.monotonic() + seconds
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.proc.kill()
-                self.proc.wait()
-                return "HANG"
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    self.proc.wait()
-                    return f"CRASH (exit {self.proc.returncode})"
-                self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return json.loads(line)["result"]
+        answer = self._answer(seconds)
+        return f"CRASH (exit {self.proc.returncode})" if answer is None else answer["result"]
 
     def alive(self) -> bool:
         return self.proc.poll() is None
