@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # inside 24 GiB); tests sharing a cached preparation form one group (tests/conftest.py)
 TEST_WORKERS ?= 2
 
-.PHONY: demo test bench zoo compat fuzz lint status clean
+.PHONY: demo test bench zoo compat fuzz fuzz-checkpoint lint status clean
 
 # executorch runtimes that ship the MPS delegate and run on this torch (1.3 and 1.4 need torch>=2.12; 2.14.1
 # satisfies it) for the runtime compatibility matrix: only their packages (about 110 MB each, --no-deps), one
@@ -49,6 +49,9 @@ compat: $(STAMP) $(COMPAT_STAMP)  ## programs written here, run by executorch 1.
 
 fuzz: $(STAMP)  ## 100,000 mutated .pte files through check/inspect/run, each worker under an address-space limit; crashes saved as regression files
 	$(BIN)/python -m harness.fuzz_pte --cases 100000 --seed $${SEED:-1} --crash-dir tests/fixtures/fuzz-regressions
+
+fuzz-checkpoint: $(STAMP)  ## 10,000 mutated hf: checkpoint folders (safetensors headers, config.json, shard index) through the export's load-and-check step, each in a worker under an address-space and time limit
+	$(BIN)/python -m harness.fuzz_checkpoint --cases 10000 --seed $${SEED:-1}
 
 lint: $(STAMP)  ## ruff check + ruff format --check + mypy (scripts/typecheck.py); config in pyproject.toml; tests/test_lint.py runs all three
 	$(BIN)/ruff check .

@@ -242,6 +242,65 @@ def _bounds_defined(node: Node) -> bool:
     return lo != -math.inf or hi != math.inf
 
 
+_POOLS = ("MPSMaxPool2DWithIndices", "MPSAvgPool2D")
+_CONVS = ("MPSConv2D", "MPSDepthwiseConv2D")
+
+
+def _check_window(graph: Graph, node: Node, where: str) -> None:
+    """Static bounds of a pooling or convolution node's parameters (semantics §5.12, §5.14), so that a
+    hostile value is refused here rather than by the device model at run time:
+
+    - strides and dilations >= 1, paddings >= 0, pooling kernels >= 1 (the device divides by the
+      stride; the device model refuses anything else when it runs);
+    - a pooling padding at most ``span * stride`` on each side (``span = dilation * (kernel - 1) + 1``,
+      the window's extent): the most any writer emits (torch accepts a padding of at most ``span / 2``;
+      a ceil-mode writer puts ``padding * stride`` at the bottom and right, ours the ceil tail, below
+      the stride, after the padding); beyond it whole windows lie in the padding, with nothing to take
+      a maximum or mean of (a max-pool padding of 2**30 on a 4 x 4 input was a 24 GiB tensor);
+    - a window (a pooling's kernel, a 4-D convolution's weight, dilated) no larger than the padded input
+      (torch refuses it at export; the device model's floor/ceil rule needs it). A convolution's padding
+      has no static bound (torch accepts any): the device model's per-tensor budget applies when it runs;
+    - the padded input's byte size below :data:`MAX_VALUE_BYTES` (int64 sizes), like any value."""
+    f = node.fields
+    if node.op in _POOLS:
+        k = (f["kernel_height"], f["kernel_width"])
+        s = (f["stride_height"], f["stride_width"])
+        d = (f["dilation_height"], f["dilation_width"])
+    else:  # the kernel is the weight's (checked against the padded input below when both are 4-D)
+        k, s, d = (1, 1), (f["stride_y"], f["stride_x"]), (f["dilation_y"], f["dilation_x"])
+    pads = {p: f[f"padding_{p}"] for p in ("top", "bottom", "left", "right")}
+    if min(k + s + d) < 1 or min(pads.values()) < 0:
+        kernel = f"kernel {list(k)}, " if node.op in _POOLS else ""
+        raise MPSFormatError(
+            f"{where}: {kernel}stride {list(s)}, dilation {list(d)}, padding {pads}: strides, dilations"
+            + (" and kernels" if kernel else "")
+            + " must be at least 1, paddings at least 0"
+        )
+    src = f.get("input1_id")
+    dims = list(graph.values[src].dims) if isinstance(src, int) and 0 <= src < len(graph.values) else []
+    weight = f.get("input2_id") if node.op in _CONVS else None
+    if isinstance(weight, int) and 0 <= weight < len(graph.values) and len(graph.values[weight].dims) == 4:
+        k = tuple(graph.values[weight].dims[2:])
+    span = [d[i] * (k[i] - 1) + 1 for i in (0, 1)]
+    for axis, names in ((0, ("top", "bottom")), (1, ("left", "right"))):
+        for name in names if node.op in _POOLS else ():
+            if pads[name] > span[axis] * s[axis]:
+                raise MPSFormatError(
+                    f"{where}: padding_{name} {pads[name]} beyond the window's span {span[axis]} times the stride "
+                    f"{s[axis]} (whole windows in the padding: no writer emits it)"
+                )
+        if len(dims) == 4 and span[axis] > dims[2 + axis] + pads[names[0]] + pads[names[1]]:
+            raise MPSFormatError(
+                f"{where}: a window of span {span[axis]} on an axis of {dims[2 + axis]} padded by "
+                f"{pads[names[0]]} + {pads[names[1]]}"
+            )
+    if len(dims) >= 2:
+        padded = [*dims[:-2], dims[-2] + pads["top"] + pads["bottom"], dims[-1] + pads["left"] + pads["right"]]
+        nbytes = math.prod(padded) * ELEMENT_SIZE.get(graph.values[src].datatype, 8)
+        if nbytes >= MAX_VALUE_BYTES:
+            raise MPSFormatError(f"{where}: its input padded to {padded} takes {nbytes} bytes, beyond int64 sizes")
+
+
 def validate_graph(graph: Graph, header: Header) -> None:
     """The graph-level checks of ``read_blob`` (ids, constants, define-before-use)."""
     n = len(graph.values)
@@ -282,6 +341,8 @@ def validate_graph(graph: Graph, header: Header) -> None:
                 elif v not in defined and not (v in empty and node.op == "MPSCat"):
                     state = "has no tensor (zero-element MPSFull)" if v in empty else "is used before it is defined"
                     raise MPSFormatError(f"{where}: {label} {v} {state}")
+        if node.op in _POOLS or node.op in _CONVS:
+            _check_window(graph, node, where)
         if node.op == "MPSClamp" and not _bounds_defined(node):
             outputs = []  # neither bound: the runtime never sets the output
         if node.op == "MPSFull" and 0 in node.fields["shape"]:

@@ -5,6 +5,7 @@ traceback, nothing executed or opened that the input names."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -399,9 +400,11 @@ def _blob_field_offset(blob: bytes, op: str, field: str) -> int:
 
 
 def test_run_of_a_program_the_device_aborts_on_is_one_line(tmp_path, capsys, monkeypatch):
-    """A max-pool padding of 2**30 passes the program check and inspect; the emulated delegate refuses it
-    (DeviceError out of executorch's execute, was a traceback) and run says so in one line naming the
-    MPS delegate, the node and the cause. A MemoryError (what std::bad_alloc becomes) is one line too."""
+    """A max-pool padding of 2**30 is refused by read_blob's static bound (inspect: malformed blob; run:
+    one line naming it; it passed both and reached the device model). A program the device model refuses
+    when it runs (here: a padded input beyond a small MPS_BACKEND_MAX_TENSOR_BYTES; DeviceError out of
+    executorch's execute, was a traceback) is one line naming the MPS delegate, the node and the cause.
+    A MemoryError (what std::bad_alloc becomes) is one line too."""
     import struct
 
     from mps_backend.export import export_model
@@ -416,8 +419,14 @@ def test_run_of_a_program_the_device_aborts_on_is_one_line(tmp_path, capsys, mon
     struct.pack_into("<i", data, at, 2**30)
     path = tmp_path / "pool.pte"
     path.write_bytes(bytes(data))
-    assert main(["inspect", str(path)]) == 0
-    capsys.readouterr()
+    assert main(["inspect", str(path)]) == 2
+    assert "malformed blob: node 0 (MPSMaxPool2DWithIndices): padding_left 1073741824 beyond" in capsys.readouterr().out
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if line.startswith("error: "))
+    assert _one_line_error(err) and "malformed blob" in line and "padding_left 1073741824" in line, err
+    path.write_bytes(pte)
+    monkeypatch.setenv("MPS_BACKEND_MAX_TENSOR_BYTES", "64")  # the 1 x 1 x 6 x 6 float32 padded input: 144 bytes
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
     assert _one_line_error(err), err
@@ -433,6 +442,49 @@ def test_run_of_a_program_the_device_aborts_on_is_one_line(tmp_path, capsys, mon
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
     assert _one_line_error(err) and "out of memory (std::bad_alloc)" in err, err
+
+
+def test_pooling_and_conv_parameters_are_bounded():
+    """read_blob's static bounds (reader._check_window): every pooling and convolution a torch model
+    exports passes them (ceil mode, the largest padding torch accepts, dilation, a conv padding beyond its
+    kernel), and each out-of-bound field of the exported blob is refused, naming the node and field."""
+    import struct
+
+    from mps_backend.export import export_model
+    from mps_backend.serialization import MPSFormatError, read_blob
+    from mps_backend.serialization.pte import delegate_blobs
+
+    class Windows(torch.nn.Module):
+        def forward(self, x, w):
+            f = torch.nn.functional
+            return (
+                f.max_pool2d(x, 3, 2, padding=1, ceil_mode=True),
+                f.avg_pool2d(x, 3, 3, padding=1, ceil_mode=True, count_include_pad=True),
+                f.max_pool2d(x, 2, 1, padding=1, dilation=2),
+                f.avg_pool2d(x, 5, 4, padding=2, ceil_mode=True, count_include_pad=False),
+                f.conv2d(x, w, padding=7, stride=2, dilation=2),
+            )
+
+    pte = export_model(Windows().eval(), [torch.randn(1, 2, 7, 9), torch.randn(3, 2, 2, 2)], use_fp16=False).pte
+    (d,) = [d for d in delegate_blobs(bytes(pte)) if d.backend_id == "MPSBackend"]
+    ops = [n.op for n in read_blob(d.blob).graph.nodes]
+    assert {"MPSMaxPool2DWithIndices", "MPSAvgPool2D", "MPSConv2D"} <= set(ops), ops
+    cases = [
+        ("MPSMaxPool2DWithIndices", "padding_top", 7, "padding_top 7 beyond the window's span 3 times the stride 2"),
+        ("MPSMaxPool2DWithIndices", "kernel_width", 0, "kernels must be at least 1"),
+        ("MPSMaxPool2DWithIndices", "kernel_height", 40, "a window of span 40 on an axis of 7"),
+        ("MPSAvgPool2D", "stride_width", 0, "strides, dilations and kernels must be at least 1"),
+        ("MPSAvgPool2D", "padding_right", -1, "paddings at least 0"),
+        ("MPSConv2D", "dilation_x", 0, "strides, dilations must be at least 1"),
+        ("MPSConv2D", "padding_bottom", -3, "paddings at least 0"),
+        ("MPSConv2D", "dilation_y", 100, "a window of span 101 on an axis of 7 padded by 7 + 7"),
+    ]
+    for op, field, value, message in cases:
+        blob = bytearray(d.blob)
+        struct.pack_into("<i", blob, _blob_field_offset(bytes(blob), op, field), value)
+        with pytest.raises(MPSFormatError, match=re.escape(message)) as e:
+            read_blob(bytes(blob))
+        assert str(e.value).startswith("node ") and op in str(e.value)
 
 
 def test_blob_value_sizes_are_bounded():

@@ -65,6 +65,31 @@ def _ids(value: Any) -> list[int]:
     return [int(value)]
 
 
+def _transformers_step(folder: pathlib.Path, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, a transformers call that reads the folder's config: whatever it refuses
+    the config with (its strict-dataclass validation errors, ValueError, TypeError, KeyError ... of a
+    config that passed :func:`check_folder`'s bounded checks) becomes one :class:`CheckpointError` line."""
+    try:
+        return fn(*args, **kwargs)
+    except (MPSBackendError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - any refusal of the file's contents (found by harness.fuzz_checkpoint)
+        detail = " ".join(line.strip() for line in str(e).splitlines() if line.strip())[:300]
+        raise CheckpointError(f"{folder / 'config.json'}: transformers could not {what} it: {type(e).__name__}: {detail}") from e
+
+
+def _token_ids(folder: pathlib.Path, gen: dict, config: Any, key: str, vocab: int) -> list[int]:
+    """The token ids ``key`` (``bos_token_id``, ``eos_token_id``) of generation_config.json, else of the
+    config: an id or a list of ids, each a token of the vocabulary; anything else is a CheckpointError."""
+    where = folder / ("generation_config.json" if key in gen else "config.json")
+    value = gen[key] if key in gen else getattr(config, key, None)
+    values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab:
+            raise CheckpointError(f"{where}: {key} {str(value)[:80]} is not a token id (an integer in [0, {vocab}))")
+    return list(values)
+
+
 def _read_json(path: pathlib.Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -288,7 +313,7 @@ def load_hf(
     except ImportError as e:
         raise CheckpointError("Hugging Face checkpoints need transformers: pip install 'mps-backend[llm]'") from e
 
-    config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    config = _transformers_step(folder, "read", transformers.AutoConfig.from_pretrained, folder, local_files_only=True)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = str(getattr(config, "model_type", "?"))
     notes = []
@@ -300,7 +325,14 @@ def load_hf(
     # eager attention: transformers' plain matmul/softmax attention (every architecture has it;
     # some, like Gemma 2's soft-capped attention, have no sdpa path)
     with _parameters_on_meta():
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+        model = _transformers_step(
+            folder,
+            "build a model from",
+            transformers.AutoModelForCausalLM.from_config,
+            config,
+            dtype=dtype,
+            attn_implementation="eager",
+        )
     weight_bytes = _hf_weight_bytes(folder)
     progress = bar(weight_bytes) if bar is not None else None
     try:
@@ -312,8 +344,9 @@ def load_hf(
         notes.append(f"{clamped} weight values beyond ±65504 clamped to the float16 range")
     model.eval().requires_grad_(False)
     gen = _read_json(folder / "generation_config.json")
-    bos = gen.get("bos_token_id", getattr(config, "bos_token_id", None))
-    eos = _ids(gen.get("eos_token_id", getattr(config, "eos_token_id", None)))
+    vocab = int(text.vocab_size)
+    bos = _token_ids(folder, gen, config, "bos_token_id", vocab)
+    eos = _token_ids(folder, gen, config, "eos_token_id", vocab)
     tok = folder / "tokenizer.json"
     return LoadedLM(
         model=model,
@@ -322,7 +355,7 @@ def load_hf(
         n_layers=int(text.num_hidden_layers),
         vocab_size=int(text.vocab_size),
         max_positions=int(getattr(text, "max_position_embeddings", 0) or 0),
-        bos_id=None if bos is None else int(_ids(bos)[0]),
+        bos_id=bos[0] if bos else None,
         eos_ids=eos,
         dtype=dtype,
         source_dtype=source,

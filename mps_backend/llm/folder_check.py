@@ -214,7 +214,8 @@ def check_safetensors(path: pathlib.Path, real: pathlib.Path, sizes: dict[str, i
         at = f"{path}: tensor {name[:200]!r}"
         if not isinstance(info, dict):
             raise FolderError(f"{at}: its entry is not an object")
-        itemsize = DTYPE_BYTES.get(info.get("dtype"))  # type: ignore[arg-type]
+        dtype = info.get("dtype")
+        itemsize = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None  # a list is not even hashable
         if itemsize is None:
             raise FolderError(f"{at}: unknown dtype {str(info.get('dtype'))[:40]!r} (known: {', '.join(DTYPE_BYTES)})")
         shape, offsets = info.get("shape"), info.get("data_offsets")

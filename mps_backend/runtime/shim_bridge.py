@@ -267,10 +267,11 @@ class _Emulator:
             observer = _NodeTracer(self.lib, trace) if trace else None
             try:
                 outputs = _execute_delegate(blob, inputs, mode, observer)
-            except ValueError as exc:  # the interpreter refusing the bound tensors: program and blob disagree
-                raise EmulatorError(
-                    f"MPS delegate (handle {handle_id}): the program's tensors do not match its blob: {exc}"
-                ) from exc
+            except ValueError as exc:  # a malformed blob, or the interpreter refusing the bound tensors
+                from mps_backend.serialization import MPSFormatError  # noqa: PLC0415
+
+                what = "malformed blob" if isinstance(exc, MPSFormatError) else "the program's tensors do not match its blob"
+                raise EmulatorError(f"MPS delegate (handle {handle_id}): {what}: {exc}") from exc
             if len(outputs) != n_out:
                 raise EmulatorError(f"interpreter returned {len(outputs)} outputs, the delegate call has {n_out}")
             for k, (desc, value) in enumerate(zip(descs[n_in:], outputs)):
