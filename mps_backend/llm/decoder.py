@@ -51,8 +51,9 @@ class _StaticCache:
         v_cache[:, :, self.input_pos] = value
         return k_cache, v_cache
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:  # never reached: position_ids are given
-        raise RuntimeError("the static decode step passes position_ids; get_seq_length is not used")
+    def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
+        """The positions before this step's token (models that ask, e.g. Falcon, get ``input_pos``)."""
+        return self.input_pos.view(())
 
 
 class HFDecoder(torch.nn.Module):

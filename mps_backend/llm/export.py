@@ -222,7 +222,10 @@ def export_llm(
     partitioner = MPSPartitioner(use_fp16=dtype == "fp16")
     with torch.no_grad():
         with prog.stage("torch.export"):
-            ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
+            try:
+                ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
+            except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
+                raise _refusal(model_type, e) from None
         del decoder
         with prog.stage("lower to MPS"):
             edge = to_edge_transform_and_lower(
@@ -255,6 +258,17 @@ def export_llm(
         seconds=dict(prog.seconds),
         notes=notes,
     )
+
+
+def _refusal(model_type: str, error: BaseException) -> CheckpointError:
+    """One line for a model whose decode step cannot be exported: the model type, the innermost
+    function of transformers' modeling code the failure came from (the part that cannot run), why."""
+    import traceback  # noqa: PLC0415
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/transformers/models/" in f.filename.replace(os.sep, "/")]
+    where = f" in {pathlib.Path(frames[-1].filename).stem}.{frames[-1].name}" if frames else ""
+    detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return CheckpointError(f"model type {model_type!r}: the static decode step cannot be exported{where}: {detail}")
 
 
 def _count_mps_delegates(edge) -> int:
