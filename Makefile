@@ -42,13 +42,13 @@ bench: $(STAMP)  ## every benchmark in benchmarks/ (ratios to yardsticks measure
 
 ZOO_ARGS ?=
 zoo: $(STAMP)  ## the full model zoo, fp32 and fp16, one subprocess per model: writes docs/model-zoo.md, exit 1 on a missed target
-	$(BIN)/python -m mps_backend.tools.zoo --out docs/model-zoo.md $(ZOO_ARGS)
+	$(BIN)/python -m harness.zoo --out docs/model-zoo.md $(ZOO_ARGS)
 
 compat: $(STAMP) $(COMPAT_STAMP)  ## programs written here, run by executorch 1.3.1's and 1.4.0's runtimes: writes docs/runtime-compat.md
 	MPS_BACKEND_COMPAT_REPORT=docs/runtime-compat.md $(BIN)/python -m pytest -q tests/test_runtime_matrix.py
 
 fuzz: $(STAMP)  ## 100,000 mutated .pte files through check/inspect/run, each worker under an address-space limit; crashes saved as regression files
-	$(BIN)/python -m mps_backend.tools.fuzz_pte --cases 100000 --seed $${SEED:-1} --crash-dir tests/fixtures/fuzz-regressions
+	$(BIN)/python -m harness.fuzz_pte --cases 100000 --seed $${SEED:-1} --crash-dir tests/fixtures/fuzz-regressions
 
 lint: $(STAMP)  ## ruff check + ruff format --check + mypy (scripts/typecheck.py); config in pyproject.toml; tests/test_lint.py runs all three
 	$(BIN)/ruff check .

@@ -71,8 +71,10 @@ SHAPES = {
         eos_token_id=1,
     ),
 }
+# the Llama-3.2-1B shape as released: tied embeddings (benchmarks/device_cost.py)
+SHAPES["1b-tied"] = SHAPES["1b"] | {"tie_word_embeddings": True}
 #: the float16 checkpoints each shape is exported from (1b: a float32 one too)
-DTYPES = {"1b": ("float32", "float16"), "3b": ("float16",), "tiny": ("float32", "float16")}
+DTYPES = {"1b": ("float32", "float16"), "3b": ("float16",), "1b-tied": ("float16",), "tiny": ("float32", "float16")}
 TARGET_FP32, TARGET_FP16, TARGET_SIZE, TARGET_TIME = 1.6, 2.0, 1.002, 0.5
 #: (e): the 3B shape exports within this machine's memory
 MEMORY_BUDGET = 24 * 2**30

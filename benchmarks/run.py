@@ -1,4 +1,5 @@
-"""Run every benchmark in this folder with its defaults (llm_scale.py: the Llama-3.2-1B and -3B shapes);
+"""Run every benchmark in this folder with its defaults (llm_scale.py: the Llama-3.2-1B and -3B shapes;
+device_cost.py: the device cost model's bytes per decode step at the 1B shape, fp16 and int4);
 each prints ratios to a yardstick measured in the same run. Exit status 1 when any missed a target."""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from torch.export import ExportedProgram
 
 from mps_backend import compile_specs as specs
 from mps_backend.builder import GraphBuilder
+from mps_backend.errors import InternalError, MPSBackendError
 from mps_backend.operators.registry import default_registry
 from mps_backend.passes import Float16RangeWarning, fp16_overflow, run_lowering_passes
 from mps_backend.passes._graph import constant_tensor
@@ -22,12 +23,12 @@ from mps_backend.serialization.writer import write_blob
 from mps_backend.simplify import simplify
 
 
-class LoweringError(RuntimeError):
+class LoweringError(MPSBackendError, RuntimeError):
     """preprocess could not lower the program: a node the device cannot run (the whole program was
     handed to ``MPSBackend`` without a partitioner), or a lowering bug (:class:`LoweringBug`)."""
 
 
-class LoweringBug(LoweringError):
+class LoweringBug(LoweringError, InternalError):
     """A node whose support check passed failed to lower: a bug of this project, never the input's fault."""
 
 

@@ -9,9 +9,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from mps_backend.errors import MPSBackendWarning
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, edge_compile_config
 from mps_backend.passes import check_fp16_constants, drop_unused_constants
-from mps_backend.runtime_compat import DEFAULT_TARGET, check_program
+from mps_backend.runtime_compat import DEFAULT_TARGET, check_kernels
 from mps_backend.serialization.model import Header
 
 #: max |device - eager| / max(|eager|) accepted by --verify. fp32: the device model computes in
@@ -75,7 +76,7 @@ def make_static(ep: torch.export.ExportedProgram, example_inputs: Sequence[torch
     )
     if symbolic:
         shapes = ", ".join(str(list(x.shape)) for x in example_inputs if isinstance(x, torch.Tensor))
-        warnings.warn(f"dynamic dimensions {', '.join(symbolic)} made static: inputs {shapes}", stacklevel=2)
+        warnings.warn(f"dynamic dimensions {', '.join(symbolic)} made static: inputs {shapes}", MPSBackendWarning, stacklevel=2)
     return drop_unused_constants(torch.export.export(ep.module(), tuple(example_inputs), strict=False))
 
 
@@ -134,7 +135,7 @@ def export_model(
         )
         blobs = _delegate_blobs(edge)
         program = stage("to_executorch", edge.to_executorch)
-        check_program(program, target_runtime, warn_only=allow_missing_kernels)
+        check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
         pte = program.buffer
     constant_bytes = sum(Header.from_bytes(b[:24]).segment_size for b in blobs)
     record = None
@@ -200,7 +201,7 @@ def bundle(
 def unbundle(data: bytes) -> bytes:
     """The program inside a bundled program (``.bpte``), read by the project's bounded reader (no
     ``flatc``); a malformed bundle raises ``ProgramFormatError``. The program itself is not checked
-    here: callers give it to ``check_program`` like any ``.pte``."""
+    here: callers give it to ``mps_backend.runtime.program_check.check_program`` like any ``.pte``."""
     from mps_backend.runtime.bundled_check import read_bundled  # noqa: PLC0415
     from mps_backend.runtime.program_check import ProgramFormatError  # noqa: PLC0415
 

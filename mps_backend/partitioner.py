@@ -21,12 +21,13 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from mps_backend import compile_specs as specs
 from mps_backend.backend import MPSBackend  # noqa: F401  (to_backend finds backends among BackendDetails subclasses)
+from mps_backend.errors import MPSBackendWarning
 from mps_backend.operators.registry import Registry, default_registry, op_key
 
 BACKEND_ID = "MPSBackend"
 
 
-class DynamicShapeWarning(UserWarning):
+class DynamicShapeWarning(MPSBackendWarning):
     """Nodes stay on CPU because the program has dynamic shapes (the device has none)."""
 
 

@@ -86,6 +86,46 @@ def quantizable(scheme: str, group_size: Optional[int] = None, *, embeddings: bo
     return wanted
 
 
+class RowQuantizedEmbedding(torch.nn.Module):
+    """An embedding table stored as int8 with one scale per row (symmetric): the lookup gathers the
+    token's int8 row and its scale, then dequantizes that row (``q[idx].to(dtype) * scale[idx]``,
+    plain ``aten.embedding`` / cast / mul): a step reads D bytes and one scale per token, never the
+    table. ``--quantize-embedding`` (int4 lookups are not offered: the device's int4 dequantize
+    takes a whole constant weight, so it would dequantize the whole table every step)."""
+
+    def __init__(self, weight: torch.Tensor, padding_idx: Optional[int] = None):
+        super().__init__()
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1, keepdim=True) / 127).clamp(min=torch.finfo(torch.float16).tiny)
+        self.register_buffer("qweight", torch.round(w / scale).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(weight.dtype))
+        self.padding_idx = padding_idx
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized table (what eager code that reads ``.weight`` sees)."""
+        return self.qweight.to(self.scale.dtype) * self.scale
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        rows = torch.nn.functional.embedding(idx, self.qweight)
+        return rows.to(self.scale.dtype) * torch.nn.functional.embedding(idx, self.scale)
+
+
+def quantize_embeddings(model: torch.nn.Module) -> int:
+    """Replace ``model``'s ``nn.Embedding`` tables by :class:`RowQuantizedEmbedding` (int8, a scale per
+    row), a table tied to a linear (``lm_head``) included: the linear keeps its own weight. Returns
+    how many were replaced."""
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is torch.nn.Embedding and child.weight.dim() == 2 and child.weight.dtype.is_floating_point
+    ]
+    for parent, name, child in swaps:
+        setattr(parent, name, RowQuantizedEmbedding(child.weight, child.padding_idx))
+    return len(swaps)
+
+
 def quantize_model(
     model: torch.nn.Module, scheme: str, group_size: Optional[int] = None, *, asymmetric: bool = False, embeddings: bool = False
 ) -> torch.nn.Module:

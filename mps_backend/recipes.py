@@ -42,6 +42,8 @@ from executorch.export import (
     recipe_registry,
 )
 
+from mps_backend.errors import MPSBackendWarning
+
 BACKEND_NAME = "mps"
 
 
@@ -75,7 +77,7 @@ _RECIPES: dict[MPSRecipeType, tuple[bool, Optional[str], bool]] = {
 }
 
 
-class EmulatorUnavailableWarning(UserWarning):
+class EmulatorUnavailableWarning(MPSBackendWarning):
     """The emulated MPS delegate could not be registered: ``session.run_method`` cannot run MPS delegates."""
 
 

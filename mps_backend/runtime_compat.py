@@ -5,7 +5,7 @@ them (its schema has not changed since 0.4), but every operator left on CPU runs
 executorch must register, and a program that names an operator the runtime lacks fails when the app
 loads it ("Missing operator"), not at export. ``mps_backend/data/runtime_kernels.json`` lists, per
 release, the operators of executorch's standard CPU kernel libraries (portable, quantized, prim ops),
-read from each release's sources by ``scripts/runtime_kernels.py``. :func:`check_program` looks every
+read from each release's sources by ``scripts/runtime_kernels.py``. :func:`check_kernels` looks every
 operator of a program up in the target release's list.
 
 The default target is the oldest release with the MPS delegate runtime (1.0): a program that passes runs
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Iterable
 
+from mps_backend.errors import MPSBackendError, MPSBackendWarning
+
 #: the releases the MPS delegate runtime shipped in, oldest first (patch releases share the kernel set
 #: of the latest patch listed in the data)
 RUNTIME_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
@@ -30,11 +32,11 @@ DEFAULT_TARGET = RUNTIME_VERSIONS[0]
 LIBRARIES = ("portable", "quantized", "prim")
 
 
-class RuntimeCompatError(ValueError):
+class RuntimeCompatError(MPSBackendError, ValueError):
     """The program needs a CPU kernel the target executorch runtime does not register."""
 
 
-class RuntimeCompatWarning(UserWarning):
+class RuntimeCompatWarning(MPSBackendWarning):
     """As :class:`RuntimeCompatError`, when the caller asked for warnings."""
 
 
@@ -140,7 +142,7 @@ def missing_kernels(pte: Any, target_runtime: str = DEFAULT_TARGET, edge_graphs:
     return [MissingKernel(name, tuple(nodes.get(name, ()))) for name in missing]
 
 
-def check_program(
+def check_kernels(
     pte: Any, target_runtime: str | None = DEFAULT_TARGET, *, edge_graphs: Iterable[Any] = (), warn_only: bool = False
 ) -> list[MissingKernel]:
     """Raise :class:`RuntimeCompatError` (or warn, with ``warn_only``) when the program's CPU part needs a

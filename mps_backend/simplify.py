@@ -9,6 +9,8 @@ the device tidy up what that leaves:
   (``view_copy`` after ``view_copy``, ``squeeze`` then ``view``), and lowerings add their own.
   Only an ``MPSView`` consumer is rewritten: its shape is absolute, while squeeze/unsqueeze/expand
   are relative to their input's shape.
+* identity expands: an ``MPSExpand`` to its input's own shape (torch's matmul decomposition puts
+  one before every bmm) is bypassed, its readers reading its input.
 * negations: ``MPSLogicalNot`` of an ``MPSEq``/``MPSNe`` result becomes the opposite comparison of
   the same operands (exact, NaN included: ``not(NaN == c)`` is ``NaN != c``; not so for ``<`` and
   ``>=``), and an ``MPSWhere`` whose condition is an ``MPSLogicalNot`` reads the negated value with
@@ -105,6 +107,26 @@ def _cancel_permutes(graph) -> int:
         for v in writes(node):
             producer[v] = node
     return cancelled
+
+
+def _drop_identity_expands(graph) -> int:
+    """An MPSExpand to its input's own shape (what torch's matmul decomposition emits before every
+    bmm) is the identity: its readers read its input. The expands left unread go in dead-node removal."""
+    replace: dict[int, int] = {}
+    outputs = set(graph.output_ids)
+    dropped = 0
+    for node in graph.nodes:
+        if replace:
+            _rename(node, replace)
+        if node.op != "MPSExpand" or node.fields["output_id"] in outputs:
+            continue
+        src, out = node.fields["input1_id"], node.fields["output_id"]
+        if list(graph.values[src].dims) == list(graph.values[out].dims) and (
+            graph.values[src].datatype == graph.values[out].datatype
+        ):
+            replace[out] = src
+            dropped += 1
+    return dropped
 
 
 #: comparison -> the comparison that is its exact negation
@@ -266,12 +288,14 @@ def simplify(b) -> dict[str, int]:
     """Apply the rewrites to builder ``b`` in place; returns how many of each were made."""
     rewired = _collapse_reshapes(b.graph.nodes)
     permutes = _cancel_permutes(b.graph)
+    expands = _drop_identity_expands(b.graph)
     folded = _fold_negations(b.graph)
     merged = _dedupe(b)
     removed = _remove_dead(b)
     return {
         "reshapes rewired": rewired,
         "permutes composed": permutes,
+        "identity expands dropped": expands,
         "negations folded": folded,
         "duplicates merged": merged,
         "nodes removed": removed,

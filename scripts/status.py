@@ -157,7 +157,7 @@ def render(data: dict, facts: CodeFacts) -> str:
         "",
         "- [model-zoo.md](model-zoo.md): every zoo model, fp32 and fp16 (`make zoo`)",
         "- [operator-suite.md](operator-suite.md): ExecuTorch's backend operator suite, `mps` flows"
-        " (`python -m mps_backend.tools.run_suite`)",
+        " (`python -m harness.run_suite`)",
         "- [runtime-compat.md](runtime-compat.md): programs exported here, run by older executorch runtimes (`make compat`)",
         "",
         "## From the code",

@@ -28,7 +28,7 @@ MAPPED = {"operators": ROOT / "operators", "serialization": ROOT / "serializatio
 
 # The pipeline: the mps_backend modules that take an exported program to an MPS delegate blob. A module
 # may be a file (checked with -m) or a package (checked with -p, whole).
-PIPELINE = ["backend", "partitioner", "builder", "pages", "simplify", "passes", "compile_specs", "dtypes"]
+PIPELINE = ["backend", "partitioner", "builder", "pages", "simplify", "passes", "compile_specs", "dtypes", "errors"]
 
 
 def build_tree(dest: Path) -> Path:

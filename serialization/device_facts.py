@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from .model import DataType
 
-#: dtypes the device can create placeholders/constants of (§3.1); the rest abort at init
-DEVICE_DTYPES = frozenset(
+#: serialized data types the device can create placeholders/constants of (§3.1); the rest abort at init. The
+#: torch dtypes the lowering emits are ``mps_backend.dtypes.DEVICE_DTYPES`` (a subset, as torch dtypes)
+DEVICE_DATATYPES = frozenset(
     {
         DataType.float16,
         DataType.float32,

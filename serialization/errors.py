@@ -1,5 +1,7 @@
 """Errors of the serialization layer."""
 
+from mps_backend.errors import MPSBackendError
 
-class MPSFormatError(ValueError):
+
+class MPSFormatError(MPSBackendError, ValueError):
     """A blob (or .pte) violates the MP00 format contract; the message names what and where."""

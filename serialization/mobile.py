@@ -28,13 +28,15 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from mps_backend.errors import MPSBackendError
+
 from .flatbuf import FlatBuffer, compile_schema
 from .generated.schema_info import MOBILE
 
 IDENTIFIER = b"PTMF"
 
 
-class MobileFormatError(ValueError):
+class MobileFormatError(MPSBackendError, ValueError):
     """A PyTorch Mobile flatbuffer module is malformed; the message names what and where."""
 
 

@@ -17,7 +17,7 @@ import math
 from typing import Any, Mapping
 
 from .device_facts import (
-    DEVICE_DTYPES,
+    DEVICE_DATATYPES,
     IGNORED_IDS,
     NOT_DISPATCHED,
     NULLABLE,
@@ -28,6 +28,7 @@ from .device_facts import (
 from .errors import MPSFormatError
 from .flatbuf import Field, FlatBuffer, compile_schema
 from .model import (
+    ELEMENT_SIZE,
     HEADER_SIZE,
     MAGIC,
     SCHEMA,
@@ -49,6 +50,11 @@ from .model import (
 
 _MP00 = compile_schema(SCHEMA)
 _LAYOUTS: Mapping[str, tuple[Field, ...]] = _MP00.tables
+
+#: a value's byte size (element count times element size) must be below this: the runtime computes
+#: both as int64 (NSInteger / executorch's ssize_t), so a larger one wraps; the device model's own,
+#: much smaller, per-tensor budget is checked when a blob is run (runtime/core.py)
+MAX_VALUE_BYTES = 1 << 63
 
 # ----------------------------------------------------------------------------------------------
 # Runtime facts the graph checks rely on: serialization/device_facts.py
@@ -111,6 +117,12 @@ def _read_tensor(fb: _FlatBuffer, pos: int, vid: int) -> Tensor:
     dims = dims[:num_dims]  # the device uses the first num_dims entries
     if any(d < 0 for d in dims):
         raise MPSFormatError(f"{where}: negative dimension in dims {dims}")
+    nbytes = math.prod(dims) * ELEMENT_SIZE.get(datatype, 1)
+    if nbytes >= MAX_VALUE_BYTES:
+        raise MPSFormatError(
+            f"{where}: {datatype.name} {dims} is {nbytes} bytes, not below 2**63 (the runtime's int64 "
+            "element counts and byte sizes would overflow)"
+        )
     if t["constant_buffer"] is not None:  # deprecated inline storage: never read, bounds-checked
         fb.table(t["constant_buffer"], "Buffer", f"{where} constant_buffer")
     return Tensor(datatype, dims, t["constant_buffer_size"], t["segment_offset"])
@@ -210,7 +222,7 @@ def _check_constants(graph: Graph, header: Header) -> None:
     for vid in graph.constant_ids:
         t = graph.values[vid]
         where = f"constant value {vid}"
-        if t.datatype not in DEVICE_DTYPES:
+        if t.datatype not in DEVICE_DATATYPES:
             raise MPSFormatError(f"{where}: dtype {t.datatype.name} is not supported on the device")
         size, off = t.constant_buffer_size, t.segment_offset
         if size <= 0:
@@ -242,7 +254,7 @@ def validate_graph(graph: Graph, header: Header) -> None:
         )
     for vid in graph.input_ids:
         dt = graph.values[vid].datatype
-        if dt not in DEVICE_DTYPES:
+        if dt not in DEVICE_DATATYPES:
             raise MPSFormatError(f"input value {vid}: dtype {dt.name} is not supported on the device")
     _check_constants(graph, header)
 

@@ -48,10 +48,15 @@ def pytest_collection_modifyitems(config, items):
       session-scoped export shared by the file's tests): one group per file, so it is built once, on
       one worker;
     - every other test: no group (spread one by one over the workers).
+
+    A test marked ``@pytest.mark.targets("aten.gather.default", ...)`` is selected by ``-k`` on any
+    part of those names, like the op-table rows named after their target.
     """
     first: dict = {}
     keyed = []
     for pos, item in enumerate(items):
+        for mark in item.iter_markers("targets"):  # ``pytest -k index_put`` selects these tests too
+            item.extra_keyword_matches.update(mark.args)
         row = getattr(getattr(item, "callspec", None), "params", {}).get("row")
         rid = getattr(row, "id", None)
         if rid is not None and item.path.parent.name == "ops":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mps_backend.tools.fuzz_pte import _Worker, campaign
+from harness.fuzz_pte import _Worker, campaign
 
 REGRESSIONS = Path(__file__).parent / "fixtures" / "fuzz-regressions"
 

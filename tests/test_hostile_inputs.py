@@ -219,6 +219,8 @@ def test_hf_folder_check_files(tmp_path):
     os.mkfifo(outside / "config.json")
     index = {"weight_map": {"model.embed_tokens.weight": "model.safetensors"}}
     st = _safetensors({"model.layers.0.w": ("F16", [2, 2])})
+    entry = json.dumps(_header())[1:-1].encode()
+    twice = b"{" + entry + b", " + entry + b"}"  # one tensor name, two entries
     cases = {
         "beyond the": {"model.safetensors": (10**9).to_bytes(8, "little") + b"{}"},
         "not a safetensors file": {"model.safetensors": b"\x01\x00"},
@@ -232,6 +234,11 @@ def test_hf_folder_check_files(tmp_path):
         },
         "is missing": {"model.safetensors.index.json": json.dumps({**index, "weight_map": {"a": "model-00002.safetensors"}})},
         "no weight_map": {"model.safetensors.index.json": "{}"},
+        "key 'num_hidden_layers' appears twice": {"config.json": json.dumps(CONFIG)[:-1] + ', "num_hidden_layers": 1000000}'},
+        "key 'a' appears twice": {
+            "model.safetensors.index.json": '{"weight_map": {"a": "model.safetensors", "a": "../outside/x"}}'
+        },
+        "header names 'model.layers.0.w' twice": {"model.safetensors": len(twice).to_bytes(8, "little") + twice + bytes(8)},
     }
     for i, (message, files) in enumerate(cases.items()):
         folder = _folder(tmp_path / f"c{i}", files=files)
@@ -367,3 +374,213 @@ def test_program_check_memory_plan(bundled, monkeypatch):
         program_check.check_program(pte)
     monkeypatch.setenv("MPS_BACKEND_MAX_PLAN_BYTES", str(total + 1))
     program_check.check_program(pte)
+
+
+# ---------------------------------------------------------------- run: delegate failures, memory
+
+
+def _blob_field_offset(blob: bytes, op: str, field: str) -> int:
+    """Byte offset in ``blob`` of the scalar ``field`` of the first ``op`` node (to patch in place)."""
+    import struct
+
+    from mps_backend.serialization import reader
+    from mps_backend.serialization.model import HEADER_SIZE, UNION_MEMBERS, UNION_NAMES
+
+    header = reader.read_header(blob)
+    fb = reader._FlatBuffer(memoryview(blob)[HEADER_SIZE : header.segment_offset], "blob")
+    graph = fb.table(fb.deref(0, "root"), "MPSGraph", "graph")
+    for pos in graph["mps_nodes"]:
+        tag, body = fb.table(pos, "MPSNode", "node")["mpsnode_union"]
+        if UNION_NAMES[tag] == op:
+            (slot,) = [f.slot for f in reader._LAYOUTS[UNION_MEMBERS[op]] if f.name == field]
+            vtable = body - struct.unpack_from("<i", fb.buf, body)[0]
+            return HEADER_SIZE + body + struct.unpack_from("<H", fb.buf, vtable + 4 + 2 * slot)[0]
+    raise AssertionError(f"no {op} node")
+
+
+def test_run_of_a_program_the_device_aborts_on_is_one_line(tmp_path, capsys, monkeypatch):
+    """A max-pool padding of 2**30 passes the program check and inspect; the emulated delegate refuses it
+    (DeviceError out of executorch's execute, was a traceback) and run says so in one line naming the
+    MPS delegate, the node and the cause. A MemoryError (what std::bad_alloc becomes) is one line too."""
+    import struct
+
+    from mps_backend.export import export_model
+    from mps_backend.serialization.pte import delegate_blobs
+
+    model = torch.nn.Sequential(torch.nn.MaxPool2d(2, 2, padding=1)).eval()
+    pte = bytes(export_model(model, [torch.randn(1, 1, 4, 4)], use_fp16=False).pte)
+    blob = delegate_blobs(pte)[0].blob
+    data = bytearray(pte)
+    at = pte.index(blob) + _blob_field_offset(blob, "MPSMaxPool2DWithIndices", "padding_left")
+    assert struct.unpack_from("<i", data, at) == (1,)
+    struct.pack_into("<i", data, at, 2**30)
+    path = tmp_path / "pool.pte"
+    path.write_bytes(bytes(data))
+    assert main(["inspect", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err), err
+    line = next(line for line in err.splitlines() if line.startswith("error: "))
+    assert "MPS delegate" in line and "MPSMaxPool2DWithIndices" in line and "padded to" in line, line
+
+    import mps_backend.runtime
+
+    def bad_alloc(*args, **kwargs):
+        raise MemoryError("std::bad_alloc")
+
+    monkeypatch.setattr(mps_backend.runtime, "run_pte", bad_alloc)
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "out of memory (std::bad_alloc)" in err, err
+
+
+def test_blob_value_sizes_are_bounded():
+    """A value whose byte size overflows int64 (dims of 2**31-1 in five axes) is refused by read_blob
+    (it passed, and the device model then failed in torch); one just within is left to the device model's
+    per-tensor budget (a DeviceError). A host allocation failing inside a kernel is a DeviceError too."""
+    import sys
+    from pathlib import Path
+
+    from mps_backend.runtime.core import DeviceError
+    from mps_backend.runtime.interpreter import Interpreter
+    from mps_backend.serialization import MPSFormatError, read_blob
+    from mps_backend.serialization.model import DataType
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.runtime.helpers import GraphSpec
+
+    def blob(dims):
+        g = GraphSpec()
+        x = g.value(DataType.float32, dims)
+        g.graph.input_ids.append(x)
+        o = g.value(DataType.float32, dims)
+        g.node("MPSExp", input1_id=x, output_id=o)
+        return g.output(o).to_bytes()
+
+    for dims in ([2**31 - 1] * 5, [2**31 - 1, 2**31 - 1, 2**30]):
+        with pytest.raises(MPSFormatError, match=r"not below 2\*\*63"):
+            read_blob(blob(dims))
+    near = blob([2**31 - 1, 2**30])  # 2**63 - 2**32 bytes: a valid blob the device model refuses
+    read_blob(near)
+    with pytest.raises(DeviceError, match="beyond the device model"):
+        Interpreter(near)
+
+    def no_memory(*args):
+        raise MemoryError
+
+    interp = Interpreter(blob([2]))
+    interp._plan = [(i, node, no_memory) for i, node, _ in interp._plan]
+    with pytest.raises(DeviceError, match="ran out of host memory"):
+        interp.run([torch.ones(2)])
+
+
+# ---------------------------------------------------------------- export: every program loads or is refused
+
+
+def test_argsort_is_refused_for_the_target_runtime_or_named_at_load(tmp_path):
+    """torch.argsort stays on CPU (the device has no sort) as aten::sort.values, which executorch 1.0's
+    kernel libraries lack: export refuses it with the reason in both precisions (here as the warning of
+    allow_missing_kernels). With the check skipped that way (or target_runtime=None, --target-runtime none)
+    the program exports, and loading it names the missing kernel (it said "a delegate failed to initialise")."""
+    from mps_backend.export import export_model
+    from mps_backend.runtime import EmulatorError, run_pte
+    from mps_backend.runtime_compat import RuntimeCompatWarning
+
+    class Argsort(torch.nn.Module):
+        def forward(self, x):
+            return torch.argsort(x, dim=-1)
+
+    x = torch.randn(2, 8)
+    for fp16 in (False, True):  # allow_missing_kernels: the refusal as a warning, and the program
+        with pytest.warns(RuntimeCompatWarning, match=r"aten::sort\.values .*no kernel in executorch 1\.0"):
+            result = export_model(Argsort().eval(), [x], use_fp16=fp16, allow_missing_kernels=True)
+        assert "no MPS lowering for aten.sort.default" in str(result.report)
+        with pytest.raises(EmulatorError, match=r"runs aten::sort\.values on CPU and this executorch runtime has no kernel"):
+            run_pte(result.pte, [x])
+    path = tmp_path / "argsort.pte"
+    path.write_bytes(bytes(result.pte))
+    assert main(["run", str(path)]) == 2
+
+
+# ---------------------------------------------------------------- export outputs
+
+
+def test_export_outputs_devices_fifos_symlinks_full_disk(tmp_path, capsys):
+    """-o naming a FIFO (or a device: /dev/full was replaced, rc 0) is refused in one line before the
+    export runs and is left as it was; a symlink is written through (the link stays, its target gets
+    the program); a write failing with ENOSPC is one OSError line, leaves no .partial file and the old
+    file intact."""
+    import errno
+    import os
+    import stat
+
+    from mps_backend.llm.export import write_atomically
+
+    fifo = tmp_path / "out.pte"
+    os.mkfifo(fifo)
+    for argv in (["export", "-o", str(fifo)], ["export", "--model", f"hf:{tmp_path}", "-o", str(fifo)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and "not a regular file" in err, err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    (tmp_path / "link.pte").symlink_to(fifo)
+    with pytest.raises(FileExistsError, match="a symlink to .*not a regular file"):
+        write_atomically(tmp_path / "link.pte", lambda f: f.write(b"x"))
+
+    target = tmp_path / "real" / "model.pte"
+    target.parent.mkdir()
+    target.write_bytes(b"old")
+    link = tmp_path / "link2.pte"
+    link.symlink_to(target)
+    assert write_atomically(link, lambda f: f.write(b"new program")) == len(b"new program")
+    assert link.is_symlink() and target.read_bytes() == b"new program"
+
+    def full_disk(f):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(OSError) as e:
+        write_atomically(target, full_disk)
+    assert e.value.errno == errno.ENOSPC and "\n" not in str(e.value) and "nothing was replaced" in str(e.value)
+    assert target.read_bytes() == b"new program"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model.pte"]  # no .partial left
+
+
+# ---------------------------------------------------------------- a checkpoint changed during an export
+
+
+@pytest.mark.parametrize("change", ["zeros in place", "truncated"])
+def test_checkpoint_changed_while_an_export_maps_it(tmp_path, monkeypatch, capsys, change):
+    """An fp16 checkpoint overwritten in place (the export succeeded, with unknown weights) or truncated
+    (SIGBUS when the mapped weights are copied) after the export began: one CheckpointError line naming
+    the file, before the weights are copied, and no .pte. (Size, mtime, ctime and inode of each weight
+    file are compared before the copy and again before the write.)"""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from llm_helpers import save_checkpoint
+
+    folder = save_checkpoint(tmp_path / "ck", "llama", dtype=torch.float16, layers=1)
+    weights = folder / "model.safetensors"
+    real_export = torch.export.export
+
+    def export_then_change(*args, **kwargs):
+        ep = real_export(*args, **kwargs)
+        size = weights.stat().st_size
+        with open(weights, "r+b") as f:  # in place: the mapping sees it
+            if change == "truncated":
+                f.truncate(size // 2)
+            else:
+                f.seek(size // 2)
+                f.write(bytes(size - size // 2))
+        return ep
+
+    monkeypatch.setattr(torch.export, "export", export_then_change)
+    out = tmp_path / "lm.pte"
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err), err
+    assert f"{weights} was {'truncated' if change == 'truncated' else 'rewritten in place'}" in err, err
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["ck"]

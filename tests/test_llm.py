@@ -136,8 +136,10 @@ def test_tied_embeddings_stored_once(tmp_path, tokenizer):
     unique = {p.data_ptr(): p.numel() * 4 for p in weights.parameters()}
     blob = read_blob(delegate_blobs(result.path.read_bytes())[0].blob)
     stored = sum(blob.graph.values[c].constant_buffer_size for c in blob.graph.constant_ids)
-    # every weight once (the tied table is read by the embedding and by lm_head), plus small constants
-    assert sum(unique.values()) <= stored <= sum(unique.values()) * 1.002 + 4096
+    # every weight once (the tied table is read by the embedding and by lm_head), RoPE's float32 cos
+    # and sin tables [max_seq_len, head_dim] (#23), plus small constants
+    rope = 2 * MAX_SEQ_LEN * (weights.config.hidden_size // weights.config.num_attention_heads) * 4
+    assert sum(unique.values()) <= stored <= sum(unique.values()) * 1.002 + rope + 4096
     # the tied lm_head reads the table untransposed ((W @ x.T).T): no permute of the table per step
     assert not _weights_moved(blob.graph), _weights_moved(blob.graph)
 
@@ -505,8 +507,11 @@ def test_cli_quantized_export(tmp_path, tokenizer, scheme, capsys):
     else:
         assert stored["int8"] == n_linear and "int4" not in stored
         scales = sum(w.shape[0] for w in linears)
-    # float16: the embedding, norms, biases and the scales; no linear weight left in float
-    assert n_float * 2 <= stored["float16"] <= (n_float + scales) * 2 + 64, (stored, n_float, scales)
+    # float16: the embedding, norms, biases, the scales and RoPE's cos/sin tables (16 positions each,
+    # computed in float32 at export); no linear weight left in float
+    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    rope = 2 * 16 * head_dim
+    assert (n_float + rope) * 2 <= stored["float16"] <= (n_float + scales + rope) * 2 + 64, (stored, n_float, scales, rope)
     assert sum(stored.values()) < (n_float + n_linear) * 2 * (0.5 if scheme == "int4" else 0.65)
     assert len(generate_ids(out, PROMPT[:3], 4)) == 4
 
@@ -520,3 +525,51 @@ def test_kv_cache_beyond_the_plan_budget_is_refused_before_allocation(tmp_path, 
     with pytest.raises(CheckpointError, match="KV cache would take"):
         export_llm(f"llama:{checkpoint}", tmp_path / "b.pte", dtype="fp32", params=params, max_seq_len=10**9)
     assert not list(tmp_path.glob("*.pte*"))
+
+
+def test_late_positions_exact_and_caches_read_once(tmp_path, tokenizer):
+    """#23: the fp16 decode step has no float16 angle arithmetic (RoPE's cos/sin are float32
+    tables gathered by position: no MPSCos/MPSSin, no float16 cast of the position) and reads each
+    KV cache once (no cache-sized MPSExpand/MPSPermute: grouped attention over a transposed K);
+    its logits at positions 540-551 of a 600-position cache are within FP16_LOGIT_TOL of eager
+    float32 with the earlier cache rows zero (the device steps write only rows 540-551). An angle
+    ``p * inv_freq`` rounded to float16 there is off by up to 0.25 rad."""
+    import math
+
+    from transformers import DynamicCache
+
+    from mps_backend.runtime import LoadedMethod
+
+    folder = save_checkpoint(tmp_path / "smollm", "smollm", tokenizer=tokenizer)
+    seq_len, first, tokens = 600, 540, PROMPT * 2 + [7, 11]
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=seq_len)
+    assert result.delegates == 1 and not result.report.on_cpu, result.summary()
+    (blob,) = delegate_blobs(result.path)
+    graph = read_blob(blob.blob).graph
+    ops = collections.Counter(n.op for n in graph.nodes)
+    assert not ops["MPSCos"] and not ops["MPSSin"], ops
+    cache_size = max(math.prod(graph.values[i].dims) for i in graph.input_ids)  # the KV caches
+    big = [
+        n.op
+        for n in graph.nodes
+        if n.op in ("MPSExpand", "MPSPermute") and math.prod(graph.values[n.fields["input1_id"]].dims) >= cache_size
+    ]
+    assert not big, big
+    step = LoadedMethod(result.path, "forward")
+    dev = torch.stack([step(list(_step_inputs(t, first + i)))[0].reshape(-1).float() for i, t in enumerate(tokens)])
+    model = eager_model(folder, torch.float32)
+    cfg = model.config
+    kv, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    cache = DynamicCache(config=cfg)
+    for layer in range(cfg.num_hidden_layers):
+        cache.update(torch.zeros(1, kv, first, d), torch.zeros(1, kv, first, d), layer)
+    pos = torch.arange(first, first + len(tokens))
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([tokens]), position_ids=pos[None], cache_position=pos, past_key_values=cache)
+    ref = ref.logits[0].float()
+    err = ((dev - ref).abs().max() / ref.abs().max()).item()
+    assert err <= FP16_LOGIT_TOL, f"fp16 logits at positions {first}+ off by {err:.3g} of their scale"
+
+
+def _step_inputs(token: int, pos: int):
+    return torch.tensor([[token]], dtype=torch.long), torch.tensor([pos], dtype=torch.long)

@@ -1,8 +1,8 @@
 """A representative subset of ExecuTorch's backend operator test suite, on the ``mps`` flow.
 
 The suite lives in the executorch wheel (``executorch/backends/test/suite/operators``); the flow
-is added by the pytest plugin ``mps_backend.tools.suite_flow`` and the run is driven by
-``mps_backend.tools.run_suite`` in a pytest subprocess (a native crash costs one case, not
+is added by the pytest plugin ``harness.suite_flow`` and the run is driven by
+``harness.run_suite`` in a pytest subprocess (a native crash costs one case, not
 this process). Full-suite results: docs/operator-suite.md.
 
 Regression guard: tests/data/operator_suite_expected_pass.txt lists every case that passed
@@ -12,7 +12,7 @@ still pass delegated -- a case that starts failing, or silently falls back to CP
 Inputs and weights depend only on the seed and the test id (``--mps-seed``), so the subset sees
 the same values as the full run. Regenerate the list with::
 
-    python -m mps_backend.tools.run_suite --write-expected-pass tests/data/operator_suite_expected_pass.txt
+    python -m harness.run_suite --write-expected-pass tests/data/operator_suite_expected_pass.txt
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mps_backend.tools import run_suite
+from harness import run_suite
 
 #: operator files of the subset: elementwise binary, activations, conv, matmul, concat, layout
 SUBSET = ("add", "relu", "sigmoid", "conv2d", "linear", "cat", "permute", "view")
@@ -47,7 +47,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def subset_run() -> run_suite.SuiteRun:
-    from mps_backend.tools.suite_flow import WHOLE_PROGRAM_ENV
+    from harness.suite_flow import WHOLE_PROGRAM_ENV
 
     previous = os.environ.get(WHOLE_PROGRAM_ENV)
     os.environ[WHOLE_PROGRAM_ENV] = "1"  # every case also lowered whole, as old export scripts do
@@ -85,7 +85,7 @@ def _expected_pass() -> list[str]:
 def test_mps_flows_register_with_the_suite(monkeypatch):
     from executorch.backends.test.suite import flow as flow_module
 
-    from mps_backend.tools import suite_flow
+    from harness import suite_flow
 
     monkeypatch.setattr(flow_module, "all_flows", flow_module.all_flows)  # restored afterwards
     monkeypatch.setenv("ET_TEST_ENABLED_BACKENDS", "mps")
@@ -155,7 +155,7 @@ def _run_case(name: str):
     """One suite case in this process, through the suite's own run_test."""
     from executorch.backends.test.suite.runner import run_test
 
-    from mps_backend.tools import suite_flow
+    from harness import suite_flow
 
     inputs = (torch.randn(2, 10), torch.randn(2, 10))
     record = run_test(_Add(), inputs, suite_flow.MPS_TEST_FLOW, name, name, 0, None, generate_random_test_inputs=False)

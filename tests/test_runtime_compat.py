@@ -11,7 +11,7 @@ from mps_backend.runtime_compat import (
     RUNTIME_VERSIONS,
     RuntimeCompatError,
     RuntimeCompatWarning,
-    check_program,
+    check_kernels,
     kernels,
     missing_kernels,
     program_operators,
@@ -59,7 +59,7 @@ def test_delegated_programs_pass_on_every_release():
     result = export_model(model, [torch.randn(1, 3, 8, 8)], use_fp16=True)
     for version in RUNTIME_VERSIONS:
         assert missing_kernels(result.pte, version) == []
-    assert check_program(result.pte, None) == []
+    assert check_kernels(result.pte, None) == []
 
 
 def test_cli_target_runtime(tmp_path, capsys, monkeypatch):

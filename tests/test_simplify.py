@@ -47,6 +47,7 @@ def test_reshape_chain_dead_nodes_and_unread_constants():
     # v2<-v1<-u rewired; u, v1, mul, exp dead
     assert stats == {
         "permutes composed": 0,
+        "identity expands dropped": 0,
         "reshapes rewired": 2,
         "negations folded": 0,
         "duplicates merged": 0,
@@ -90,12 +91,27 @@ def test_expand_and_squeeze_consumers_are_not_rewired():
     b.graph.output_ids = [s, e]
     assert simplify(b) == {
         "permutes composed": 0,
+        "identity expands dropped": 0,
         "reshapes rewired": 0,
         "negations folded": 0,
         "duplicates merged": 0,
         "nodes removed": 0,
     }
     assert b.graph.nodes[1].fields["input1_id"] == v and b.graph.nodes[2].fields["input1_id"] == v
+
+
+def test_identity_expand_is_bypassed():
+    b = GraphBuilder(use_fp16=False)
+    x = b.new_value(torch.float32, [2, 3])
+    b.graph.input_ids = [x]
+    b.current = None
+    e = b.emit_value("MPSExpand", torch.float32, [2, 3], input1_id=x, num_dims=2, shape=[2, 3])
+    y = b.emit_value("MPSExp", torch.float32, [2, 3], input1_id=e)
+    b.graph.output_ids = [y]
+    assert simplify(b)["identity expands dropped"] == 1
+    assert [n.op for n in b.graph.nodes] == ["MPSExp"] and b.graph.nodes[0].fields["input1_id"] == x
+    x0 = torch.randn(2, 3)
+    assert torch.equal(execute(read_blob(write_blob(b.graph, b.constants)), [x0])[0], torch.exp(x0))
 
 
 def _negation_graph(fold_input_dtype=torch.bool):

@@ -1,7 +1,7 @@
 """Model zoo (verification level 4): real models lower to one MPS delegate, match eager through the
 emulator, hold their weights once, and do not bloat the graph.
 
-Default run: the small zoo models (not ``slow`` in ``mps_backend.tools.zoo.ZOO``) and reduced llama /
+Default run: the small zoo models (not ``slow`` in ``harness.zoo.ZOO``) and reduced llama /
 TransformerEncoder configurations, exported in-process once per precision (results cached for the
 per-target tests below). ``pytest -m slow tests/test_zoo.py`` runs the full-size models, each in a fresh
 subprocess (``zoo.run_one``); ``make zoo`` runs every model through the zoo command and rewrites
@@ -17,7 +17,8 @@ import functools
 
 import pytest
 
-from mps_backend.tools import models, zoo
+from harness import zoo
+from mps_backend.tools import models
 
 #: llama with the issue's structure at a size that fits the default run
 TINY_LLAMA = {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256, "max_seq_len": 32}
@@ -148,8 +149,11 @@ def test_render_lists_notes_leftovers_and_misses():
         max_abs=1e-6,
         scale=1.0,
         expansion={"aten::hardswish": (21, 63)},
+        naive_ratio=1.5,
+        fused_ratio=1.125,
     )
     md = zoo.render({(r.spec, "fp32"): r}, ["fp32"])
+    assert "bytes / floor naive, fused |" in md and "| 1.50, 1.12 |" in md
     assert "| `torchvision:mobilenet_v3_large` |" in md and "`aten::hardswish` 21 → 63" in md
     assert "236 MPS nodes > 186 edge nodes" in md
     assert "## Notes" in md and zoo.ZOO[r.spec].note in md

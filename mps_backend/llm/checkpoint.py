@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from mps_backend.errors import MPSBackendError
 from mps_backend.pages import PageReleaser, map_copy_on_write, mapped_tensor
 from mps_backend.passes import FP16_MAX, largest_magnitude
 
@@ -32,7 +33,7 @@ from mps_backend.passes import FP16_MAX, largest_magnitude
 TESTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(MPSBackendError, ValueError):
     """A checkpoint cannot be exported as asked (missing file, unsupported model, float16 overflow)."""
 
 

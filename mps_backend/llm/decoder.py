@@ -5,8 +5,12 @@ signature executorch's LLM runner calls for a model with a KV cache and no dynam
 
     forward(tokens: int64 [1, 1], input_pos: int64 [1]) -> logits: float32 [1, vocab]
 
-The KV cache is one pair of mutable buffers per layer, ``[1, kv_heads, max_seq_len, head_dim]``,
-updated in place at ``input_pos`` (``cache[:, :, input_pos] = k``); the prompt is prefilled token by
+The KV cache is one pair of mutable buffers per layer, V ``[1, kv_heads, max_seq_len, head_dim]``
+and K transposed ``[1, kv_heads, head_dim, max_seq_len]`` (what ``q @ K^T`` reads, so the cache is
+never transposed per step; K as V's layout for a model whose attention cannot be replaced),
+updated in place at ``input_pos`` (``v_cache[:, :, input_pos] = v``); attention is grouped (the
+query heads sharing a KV head read it once, no ``repeat_kv``) and RoPE's cos/sin come from float32
+tables gathered by position (:mod:`mps_backend.llm.attention`). The prompt is prefilled token by
 token through the same method (the runner does so when ``enable_dynamic_shape`` is false). Attention
 reads the whole cache under a mask computed from ``input_pos``: key position ``k`` is visible to
 the query at position ``p`` when ``k <= p`` (and, for a sliding-window layer of width ``w``,
@@ -23,6 +27,8 @@ the query at position ``p`` when ``k <= p`` (and, for a sliding-window layer of 
 from __future__ import annotations
 
 import torch
+
+from mps_backend.llm.attention import group_llama_attention, tabulate_rope, use_grouped_attention
 
 
 def _head_dim(config) -> int:
@@ -47,7 +53,10 @@ class _StaticCache:
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         k_cache = getattr(self.owner, f"k_cache_{layer_idx}")
         v_cache = getattr(self.owner, f"v_cache_{layer_idx}")
-        k_cache[:, :, self.input_pos] = key
+        if self.owner.grouped:  # K stored transposed, [1, KV, d, S]: the new key is one column
+            k_cache[:, :, :, self.input_pos] = key.transpose(2, 3)
+        else:
+            k_cache[:, :, self.input_pos] = key
         v_cache[:, :, self.input_pos] = value
         return k_cache, v_cache
 
@@ -68,8 +77,13 @@ class HFDecoder(torch.nn.Module):
         kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
         shape = (1, kv_heads, self.max_seq_len, _head_dim(config))
         dtype = next(model.parameters()).dtype
+        # grouped attention (no repeat_kv, K cache transposed) where the modeling code dispatches
+        # through transformers' AttentionInterface; RoPE from float32 tables (mps_backend.llm.attention)
+        self.grouped = use_grouped_attention(model)
+        self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype)
+        k_shape = (1, kv_heads, _head_dim(config), self.max_seq_len) if self.grouped else shape
         for i in range(self.n_layers):
-            self.register_buffer(f"k_cache_{i}", torch.zeros(shape, dtype=dtype), persistent=False)
+            self.register_buffer(f"k_cache_{i}", torch.zeros(k_shape, dtype=dtype), persistent=False)
             self.register_buffer(f"v_cache_{i}", torch.zeros(shape, dtype=dtype), persistent=False)
         self.mask_dtype = dtype
         window = getattr(config, "sliding_window", None)
@@ -121,6 +135,8 @@ class ExecutorchLlamaDecoder(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
+        # grouped attention over a transposed-K cache (mps_backend.llm.attention)
+        self.grouped_layers = group_llama_attention(model)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         logits = self.model(tokens, {"input_pos": input_pos})

@@ -60,12 +60,16 @@ class LLMExportResult:
     quantize: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: the self-check (``verify_steps``): a :class:`mps_backend.llm.verify.LLMVerification`
+    verification: Any = None
+    quantize_embedding: bool = False
 
     def summary(self) -> str:
         r = self.report
         lines = [
             f"model            {self.model_type} ({self.precision}"
             + (f", {self.quantize} weight-only" if self.quantize else "")
+            + (", int8 embedding (a scale per row)" if self.quantize_embedding else "")
             + ")",
             f"max_seq_len      {self.max_seq_len} (static shapes: decode step tokens [1, 1], input_pos [1])",
             f"MPS delegates    {self.delegates}",
@@ -76,6 +80,8 @@ class LLMExportResult:
         lines += [f"note             {n}" for n in self.notes]
         if r.on_cpu:
             lines.append(str(r).split("\n", 1)[1])
+        if self.verification is not None:
+            lines.append(str(self.verification))
         return "\n".join(lines)
 
 
@@ -147,16 +153,68 @@ def metadata(lm: LoadedLM, max_seq_len: int) -> dict[str, Any]:
     return meta
 
 
+def _checkpoint_state(source: str | os.PathLike, files=None) -> dict[str, tuple[int, ...]]:
+    """(size, mtime, ctime, inode, device) of each weight file of a checkpoint: the ``*.safetensors``
+    of an hf: folder, or the llama: checkpoint file (symlinks followed, as the loader does)."""
+    if files is None:
+        p = pathlib.Path(source)
+        files = sorted(str(f) for f in p.glob("*.safetensors")) if p.is_dir() else [str(p)]
+    state = {}
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            state[f] = ()
+            continue
+        state[f] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    return state
+
+
+def _check_checkpoint_unchanged(before: dict[str, tuple[int, ...]], when: str) -> None:
+    """Refuse (CheckpointError) when a weight file was written, truncated or replaced since the export
+    began reading it: the program would hold a mix of old and new weights, and a truncated mapped file
+    ends the process with SIGBUS when its missing pages are read."""
+    after = _checkpoint_state(None, list(before))
+    for f, was in before.items():
+        now = after[f]
+        if now != was:
+            how = "truncated or extended" if not now or not was or now[0] != was[0] else "rewritten in place"
+            raise CheckpointError(
+                f"{f} was {how} while the export read it ({when}): nothing written; export again once the "
+                "checkpoint is no longer being changed"
+            )
+
+
+def output_target(path: str | os.PathLike) -> pathlib.Path:
+    """The file an export to ``path`` replaces, checked before any work: ``path`` itself, or for a
+    symlink the file it points to (written through: the link stays, its target gets the new program,
+    as ``cp`` does). A directory, or anything else that is not a regular file (a device such as
+    /dev/full, a FIFO, a socket), is refused with OSError; so is a missing folder."""
+    path = pathlib.Path(path)
+    target = path.resolve() if path.is_symlink() else path
+    shown = f"{path} (a symlink to {target})" if target != path else str(path)
+    if target.is_dir():
+        raise IsADirectoryError(f"{shown} is a directory, not a file to write")
+    if target.exists() and not target.is_file():
+        raise FileExistsError(f"{shown} is not a regular file (a device, FIFO or socket): refusing to replace it")
+    if path.is_symlink() and not target.parent.is_dir():
+        raise FileNotFoundError(f"{shown}: folder {target.parent} does not exist")
+    return target
+
+
 def write_atomically(path: pathlib.Path, write) -> int:
-    """``write(f)`` into a temporary file beside ``path``, then rename it to ``path``: an interrupted
-    export never leaves a truncated file nor destroys the file that was there. Returns the size."""
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory, not a file to write")
+    """``write(f)`` into a temporary file beside the target (:func:`output_target`), then rename it
+    there: an interrupted export never leaves a truncated file nor destroys the file that was there,
+    and a failed write (a full disk) leaves no temporary file. Returns the size."""
+    path = output_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+        except OSError as e:  # ENOSPC, EIO, EDQUOT...: one line, the old file is intact
+            raise OSError(e.errno, f"writing {path} failed ({e.strerror or e}); nothing was replaced") from e
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what open() would have given
@@ -180,6 +238,8 @@ def export_llm(
     progress: bool | Progress = False,
     target_runtime: str | None = DEFAULT_TARGET,
     allow_missing_kernels: bool = False,
+    verify_steps: int = 0,
+    quantize_embedding: bool = False,
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` with ``params``)
     to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
@@ -187,17 +247,23 @@ def export_llm(
     ``dtype``: ``fp16`` (default) or ``fp32`` on the device. ``quantize``: ``int4`` or ``int8``
     weight-only (torchao, ``group_size`` as in ``mps-backend export``). ``max_seq_len``: the static
     KV-cache length (default 2048 capped by the model's positions). ``target_runtime``: as in
-    :func:`mps_backend.export.export_model` (checked before anything is written)."""
+    :func:`mps_backend.export.export_model` (checked before anything is written). ``verify_steps``:
+    after writing, run that many decode steps of the ``.pte`` against the eager float32 model
+    (:mod:`mps_backend.llm.verify`; the CLI's default is 4) into ``result.verification``.
+    ``quantize_embedding``: the embedding table int8 with a scale per row, dequantized after the
+    lookup (:class:`mps_backend.quantize.RowQuantizedEmbedding`)."""
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower  # noqa: PLC0415
 
     from mps_backend.export import drop_unused_constants  # noqa: PLC0415
-    from mps_backend.runtime_compat import check_program  # noqa: PLC0415
+    from mps_backend.runtime_compat import check_kernels  # noqa: PLC0415
 
     out = pathlib.Path(output)
+    output_target(out)  # a directory, device or FIFO is refused before the checkpoint is read
     kind, source = parse_model_spec(model)
     if out.resolve() == pathlib.Path(source).resolve():
         raise CheckpointError(f"output {out} is the input checkpoint")
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
+    weights = _checkpoint_state(source)  # checked again before the weights are copied and before the write
     with prog.stage("load checkpoint", ticker=False):
         lm = load_checkpoint(model, dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16, progress=prog)
     notes = list(lm.notes)
@@ -215,6 +281,11 @@ def export_llm(
 
         with prog.stage(f"quantize {quantize}"):
             quantize_model(lm.model, quantize, resolve_group_size(quantize, group_size))
+    if quantize_embedding:
+        from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
+
+        with prog.stage("quantize embedding int8"):
+            quantize_embeddings(lm.model)
     decoder = decoder_for(lm, seq_len)
     meta = metadata(lm, seq_len)
     model_type, weight_bytes = lm.model_type, lm.weight_bytes
@@ -227,6 +298,7 @@ def export_llm(
             except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
                 raise _refusal(model_type, e) from None
         del decoder
+        _check_checkpoint_unchanged(weights, "before its weights were copied into the program")
         with prog.stage("lower to MPS"):
             edge = to_edge_transform_and_lower(
                 ep, partitioner=[partitioner], constant_methods=meta, compile_config=edge_compile_config()
@@ -239,12 +311,14 @@ def export_llm(
             warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected", category=UserWarning)
             program = edge.to_executorch(ExecutorchBackendConfig())
         del edge
-        check_program(program, target_runtime, warn_only=allow_missing_kernels)
+        check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
+    _check_checkpoint_unchanged(weights, "while its weights were copied into the program")
     with prog.stage(f"write {out.name}", ticker=False):
         bar = prog.bytes_bar("write", 0)
         size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
         bar.close()
-    return LLMExportResult(
+    program = None  # released before the verification loads the eager model
+    result = LLMExportResult(
         path=out,
         model_type=model_type,
         precision="float16" if dtype == "fp16" else "float32",
@@ -255,9 +329,34 @@ def export_llm(
         weight_bytes=weight_bytes,
         metadata=meta,
         quantize=quantize,
+        quantize_embedding=quantize_embedding,
         seconds=dict(prog.seconds),
         notes=notes,
     )
+    if verify_steps:
+        from mps_backend.llm.verify import verify_export  # noqa: PLC0415
+
+        def export_truncated(spec: str, path: pathlib.Path, truncated_params: str | None) -> None:
+            export_llm(
+                spec,
+                path,
+                dtype=dtype,
+                quantize=quantize,
+                group_size=group_size,
+                max_seq_len=seq_len,
+                params=truncated_params,
+                clamp_fp16=clamp_fp16,
+                target_runtime=target_runtime,
+                allow_missing_kernels=allow_missing_kernels,
+                quantize_embedding=quantize_embedding,
+            )
+
+        with prog.stage(f"verify {verify_steps} steps"):
+            result.verification = verify_export(
+                result, model, steps=verify_steps, group_size=group_size, params=params, export=export_truncated
+            )
+        result.seconds = dict(prog.seconds)
+    return result
 
 
 def _refusal(model_type: str, error: BaseException) -> CheckpointError:

@@ -14,6 +14,8 @@ one :class:`FolderError` line naming the file and the reason, before any weight 
   ``[begin, end]`` within the data, point into one another (overlap) or disagree with the shape;
 - tensors that disagree with the config: the embedding and output matrices (``[vocab, hidden]``) and
   layer indexes ``layers.N`` at or beyond ``num_hidden_layers``;
+- a key repeated within one JSON object of ``config.json``, the shard index or a safetensors header
+  (parsers disagree on which value wins: the check could read one, the loader use the other);
 - a shard index (``model.safetensors.index.json``) naming a file outside the folder (``..``, a path, an
   absolute name) or a shard that is missing;
 - ``tokenizer.json``, ``tokenizer_config.json``, ``generation_config.json``, ``special_tokens_map.json``
@@ -32,6 +34,7 @@ import re
 import stat
 from typing import Any
 
+from mps_backend.errors import MPSBackendError
 from mps_backend.llm.checkpoint import CheckpointError
 
 #: config key -> (smallest, largest) accepted value. Largest released values today: 126 layers
@@ -105,6 +108,29 @@ def _open(real: pathlib.Path):
     return os.fdopen(fd, "rb")
 
 
+class _DuplicateKey(MPSBackendError, ValueError):
+    """A key given twice in one JSON object (caught here and reported as a :class:`FolderError`)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """json object_pairs_hook: a key given twice is refused (parsers disagree on which one wins: the
+    check would read one value, the loader may use the other)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _loads(data: bytes, unique: bool) -> Any:
+    return json.loads(data, object_pairs_hook=_unique_keys) if unique else json.loads(data)
+
+
+#: files whose objects must not repeat a key (tokenizer files are left to the tokenizer's own parser)
+UNIQUE_KEY_FILES = ("config.json", "model.safetensors.index.json")
+
+
 def _json_object(folder: pathlib.Path, name: str, *, required: bool = False) -> dict | None:
     path = folder / name
     if not os.path.lexists(path):
@@ -118,7 +144,9 @@ def _json_object(folder: pathlib.Path, name: str, *, required: bool = False) -> 
     if len(data) > limit:
         raise FolderError(f"{path}: larger than {limit >> 20} MiB")
     try:
-        value = json.loads(data)
+        value = _loads(data, name in UNIQUE_KEY_FILES)
+    except _DuplicateKey as e:
+        raise FolderError(f"{path}: key {str(e)[:120]!r} appears twice in one JSON object") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise FolderError(f"{path}: not valid JSON ({str(e).splitlines()[0][:120]})") from None
     if not isinstance(value, dict):
@@ -180,7 +208,9 @@ def check_safetensors(path: pathlib.Path, real: pathlib.Path, sizes: dict[str, i
     if len(raw) != n:
         raise FolderError(f"{path}: truncated safetensors header")
     try:
-        header = json.loads(raw)
+        header = _loads(raw, True)
+    except _DuplicateKey as e:
+        raise FolderError(f"{path}: safetensors header names {str(e)[:120]!r} twice") from None
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise FolderError(f"{path}: safetensors header is not JSON ({str(e).splitlines()[0][:120]})") from None
     if not isinstance(header, dict):

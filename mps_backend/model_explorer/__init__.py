@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mps_backend.config import env_path
 from mps_backend.serialization import read_blob
 from mps_backend.serialization.device_facts import is_value_field, node_value_ids
 from mps_backend.serialization.model import Blob, Tensor
@@ -137,7 +138,7 @@ def etrecord_sources(etrecord: str | os.PathLike) -> list[dict[int, list[str]]]:
 
 def _handler(blob: bytes, settings: dict) -> Any:
     """The .pte adapter's handler signature: blob and settings in, graph out (one call per delegate)."""
-    etrecord = settings.get("etrecord") or os.environ.get("MPS_BACKEND_ETRECORD")
+    etrecord = settings.get("etrecord") or env_path("MPS_BACKEND_ETRECORD")
     sources = None
     if etrecord:
         per_delegate = etrecord_sources(etrecord)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from mps_backend.errors import MPSBackendError, MPSBackendWarning
+
 
 def drop_unused_constants(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """Remove parameters, buffers and lifted constants that no node reads (in place; returns ``ep``).
@@ -37,11 +39,11 @@ def drop_unused_constants(ep: torch.export.ExportedProgram) -> torch.export.Expo
 FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
-class Float16RangeError(ValueError):
+class Float16RangeError(MPSBackendError, ValueError):
     """Constants the delegate would hold in float16 have values beyond float16's range."""
 
 
-class Float16RangeWarning(UserWarning):
+class Float16RangeWarning(MPSBackendWarning):
     """A constant held in float16 by the delegate has values beyond float16's range (they become inf)."""
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazi
         build_shim,
         constant_method_values,
         load_emulator,
+        program_input_specs,
         run_pte,
         run_with_etdump,
         verify_bundled,
@@ -35,6 +36,7 @@ _LAZY = {
     "constant_method_values": "emulator",
     "verify_bundled": "emulator",
     "run_with_etdump": "emulator",
+    "program_input_specs": "emulator",
 }
 
 __all__ = sorted(_LAZY)

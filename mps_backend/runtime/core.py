@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mps_backend.config import env_bytes
+from mps_backend.errors import MPSBackendError
 from mps_backend.serialization.model import DataType, Node
 
 #: serialized dtype -> device torch dtype (semantics §3.1); absent = the runtime aborts
@@ -33,7 +35,6 @@ DEVICE_DTYPE: dict[DataType, torch.dtype] = {
 
 #: device dtypes that the binary helpers accept (semantics §3.1, last paragraph)
 BINARY_DTYPES = (torch.float16, torch.float32, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
-FLOAT_DTYPES = (torch.float16, torch.float32)
 
 
 #: the device model refuses any single tensor larger than this (bytes; $MPS_BACKEND_MAX_TENSOR_BYTES
@@ -44,13 +45,10 @@ DEFAULT_MAX_TENSOR_BYTES = 4 << 30
 
 
 def max_tensor_bytes() -> int:
-    import os  # noqa: PLC0415
-
-    value = os.environ.get("MPS_BACKEND_MAX_TENSOR_BYTES")
-    return int(value) if value and value.isdigit() else DEFAULT_MAX_TENSOR_BYTES
+    return env_bytes("MPS_BACKEND_MAX_TENSOR_BYTES", DEFAULT_MAX_TENSOR_BYTES)
 
 
-class DeviceError(RuntimeError):
+class DeviceError(MPSBackendError, RuntimeError):
     """What the device would do is abort, refuse to build the graph, or return NotImplemented."""
 
     def __init__(self, reason: str, node_index: int | None = None, op: str | None = None):

@@ -47,6 +47,9 @@ from typing import Any
 
 import torch
 
+from mps_backend.config import env_path
+from mps_backend.errors import MPSBackendError, MPSBackendWarning
+
 __all__ = [
     "EmulatorBuildError",
     "EmulatorError",
@@ -65,7 +68,7 @@ _SHIM_SOURCE = Path(__file__).with_name("shim") / "mps_emulator.cpp"
 _BUILD_TIMEOUT_S = 600
 
 
-class EmulatorError(RuntimeError):
+class EmulatorError(MPSBackendError, RuntimeError):
     """The emulator could not be set up, or a program could not be loaded or run."""
 
 
@@ -73,7 +76,7 @@ class EmulatorBuildError(EmulatorError):
     """The C++ shim could not be compiled (no compiler, or the compiler failed)."""
 
 
-class InputMismatchError(ValueError):
+class InputMismatchError(EmulatorError, ValueError):
     """The inputs given to :func:`run_pte` do not match what the method expects."""
 
 
@@ -145,7 +148,7 @@ def _torch_dtype(code: int) -> torch.dtype:
 
 
 def _cache_dir() -> Path:
-    explicit = os.environ.get("MPS_BACKEND_CACHE_DIR")
+    explicit = env_path("MPS_BACKEND_CACHE_DIR")
     if explicit:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -295,7 +298,7 @@ def _extra_headers(include: Path) -> list[Path]:
     folder inside), e.g. ``git clone --branch v1.0.1 https://github.com/pytorch/executorch``."""
     if (include / _BACKEND_HEADER).is_file():
         return []  # a complete wheel (1.3 and later): its own headers only
-    named = os.environ.get("MPS_BACKEND_ET_HEADERS")
+    named = env_path("MPS_BACKEND_ET_HEADERS")
     if not named:
         raise EmulatorBuildError(
             f"this executorch wheel ({_executorch_version()}) ships no {_BACKEND_HEADER} under {include} "
@@ -468,6 +471,7 @@ def build_shim(*, force: bool = False) -> Path:
         warnings.warn(
             f"the MPS emulator cache {target.parent} is not usable ({exc}); building in "
             f"{fallback.parent} (set MPS_BACKEND_CACHE_DIR to choose)",
+            MPSBackendWarning,
             stacklevel=2,
         )
         try:
@@ -639,7 +643,8 @@ class _Emulator:
         # Nothing may escape: ctypes would print the exception and return 0 (= success).
         try:
             mode = getattr(self.state, "mode", None) or "faithful"
-            blob = ctypes.string_at(blob_ptr, blob_len)
+            # (not ctypes.string_at: its size is a C int, negative for a blob of 2 GiB or more)
+            blob = bytes((ctypes.c_char * blob_len).from_address(blob_ptr))
             descs = [args[i] for i in range(n_args)]
             n_in, n_out = _io_counts(blob)
             if n_in + n_out != n_args:
@@ -819,6 +824,7 @@ class LoadedMethod:
         try:
             self._method = self._program.load_method(method)
         except RuntimeError as exc:
+            _refuse_missing_kernels(_C, self._data, method, exc)
             raise EmulatorError(
                 f"ExecuTorch could not load method {method!r} (a delegate failed to initialise, "
                 f"e.g. an MPSBackend payload that is not an MP00 blob, or a backend that is not "
@@ -880,6 +886,22 @@ class LoadedMethod:
                     raise error from exc
                 raise EmulatorError(f"ExecuTorch failed to execute {self.name!r}: {exc}") from exc
         return list(loaded.get_outputs(clone_outputs=True))
+
+
+def _refuse_missing_kernels(_C: Any, data: bytes, method: str, exc: BaseException) -> None:
+    """After executorch failed to load ``method``: if the program names CPU operators this runtime has
+    no kernel for ("Missing operator"), raise an EmulatorError listing them (an export whose runtime
+    check was skipped, ``--target-runtime none`` or ``--allow-missing-kernels``, can name such ones)."""
+    from mps_backend.runtime.program_check import method_operators  # noqa: PLC0415
+
+    registered = set(_C._get_operator_names())
+    missing = [op for op in method_operators(data, method) if op not in registered]
+    if missing:
+        raise EmulatorError(
+            f"ExecuTorch could not load method {method!r}: it runs {', '.join(missing)} on CPU and this "
+            f"executorch runtime has no kernel for {'them' if len(missing) > 1 else 'it'} (export checks the "
+            "target runtime's kernels unless --target-runtime none or --allow-missing-kernels)"
+        ) from exc
 
 
 def run_pte(
@@ -947,6 +969,7 @@ def run_with_etdump(
                     error, state.error = state.error, None
                     if error is not None:
                         raise error from exc
+                    _refuse_missing_kernels(_C, data, method, exc)
                     raise EmulatorError(f"ExecuTorch failed to execute {method!r}: {exc}") from exc
             module.write_etdump_result_to_file(
                 os.fspath(etdump_path), None if debug_buffer_path is None else os.fspath(debug_buffer_path)

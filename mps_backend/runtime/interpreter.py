@@ -264,6 +264,8 @@ class Interpreter:
                 raise
             except (RuntimeError, IndexError) as e:  # torch refusing the op = MPSGraph build failure
                 raise DeviceError(f"MPSGraph would fail to build: {e}", i, node.op) from e
+            except MemoryError as e:  # a tensor within the budget that this host cannot allocate
+                raise DeviceError(f"the device model ran out of host memory ({e or 'MemoryError'})", i, node.op) from e
             if observer is not None:
                 observer.end(i, node, [ctx.values[v] for v in node_outputs(node) if v in ctx.values])
 

@@ -29,9 +29,10 @@ The partial schema is ``serialization/program.py``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from mps_backend.config import env_bytes
+from mps_backend.errors import MPSBackendError
 from mps_backend.serialization import program as _program
 from mps_backend.serialization.flatbuf import FlatBuffer, compile_schema
 from mps_backend.serialization.program import open_program
@@ -62,13 +63,12 @@ def _tensor_layouts() -> Any:
 _LAYOUTS = _tensor_layouts()
 
 
-class ProgramFormatError(ValueError):
+class ProgramFormatError(MPSBackendError, ValueError):
     """A ``.pte`` the runtime must not be given: the message says what is wrong and where."""
 
 
 def max_plan_bytes() -> int:
-    value = os.environ.get("MPS_BACKEND_MAX_PLAN_BYTES")
-    return int(value) if value else DEFAULT_MAX_PLAN_BYTES
+    return env_bytes("MPS_BACKEND_MAX_PLAN_BYTES", DEFAULT_MAX_PLAN_BYTES)
 
 
 def _name(fb: FlatBuffer, value: Any, what: str) -> str:
@@ -191,6 +191,29 @@ def _check_planned_tensors(fb: FlatBuffer, plan: dict, where: str) -> None:
             )
 
 
+def _operators(fb: FlatBuffer, plan: dict, where: str) -> list[tuple[str, str]]:
+    operators = []
+    for i, op_pos in enumerate(plan["operators"] or ()):
+        op = fb.table(op_pos, "Operator", f"{where} operators[{i}]")
+        name = _name(fb, op["name"], f"{where} operators[{i}].name")
+        overload = _name(fb, op["overload"], f"{where} operators[{i}].overload") if op["overload"] is not None else ""
+        operators.append((name, overload))
+    return operators
+
+
+def method_operators(data: bytes | bytearray | memoryview, method: str) -> list[str]:
+    """The operators (``"aten::sort.values"``) the execution plan ``method`` names, i.e. the CPU kernels
+    the runtime resolves when it loads the method (read with the bounded reader; ``[]`` if no such
+    method)."""
+    tables = open_program(data, ProgramFormatError)
+    fb = tables.fb
+    for p, pos in enumerate(tables.program["execution_plan"] or ()):
+        plan = fb.table(pos, "ExecutionPlan", f"execution_plan[{p}]")
+        if _name(fb, plan["name"], f"execution_plan[{p}].name") == method:
+            return [f"{n}.{o}" if o else n for n, o in _operators(fb, plan, f"method {method!r}")]
+    return []
+
+
 def check_program(data: bytes | bytearray | memoryview) -> None:
     """Raise :class:`ProgramFormatError` if ``data`` is not a program the runtime can be given safely."""
     tables = open_program(data, ProgramFormatError)
@@ -217,12 +240,7 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
             bad = [i for i in plan[field] if not 0 <= i < n_values]
             if bad:
                 raise fb.fail(f"{where}: {field} {bad} outside the {n_values} values")
-        operators = []
-        for i, op_pos in enumerate(plan["operators"] or ()):
-            op = fb.table(op_pos, "Operator", f"{where} operators[{i}]")
-            name = _name(fb, op["name"], f"{where} operators[{i}].name")
-            overload = _name(fb, op["overload"], f"{where} operators[{i}].overload") if op["overload"] is not None else ""
-            operators.append((name, overload))
+        operators = _operators(fb, plan, where)
         _check_kernel_calls(fb, plan, operators, where)
         _check_planned_tensors(fb, plan, where)
         for d, d_pos in enumerate(plan["delegates"] or ()):

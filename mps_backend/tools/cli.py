@@ -1,4 +1,4 @@
-"""The ``mps-backend`` command: export | inspect | run | generate | ops | zoo."""
+"""The ``mps-backend`` command: export | inspect | cost | run | generate | ops | zoo."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import collections
 import pathlib
 import sys
 import zipfile
+
+from mps_backend.errors import InternalError, MPSBackendError
 
 
 def _say(msg: str) -> None:
@@ -59,11 +61,8 @@ def cmd_export_llm(args) -> int:
     from mps_backend.progress import Progress  # noqa: PLC0415
     from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
 
-    if args.verify:
-        raise SystemExit(
-            "--verify applies to single-step models; for a language model run "
-            "`mps-backend generate OUT.pte --tokenizer ...` (tests/test_llm.py compares with eager)"
-        )
+    if args.verify and args.no_verify:
+        raise SystemExit("error: --verify and --no-verify contradict each other")
     if args.bundled or args.etrecord:
         raise SystemExit("error: --bundled and --etrecord apply to single-step models, not to language models")
     out = _output_path(args, _use_fp16(args))
@@ -80,13 +79,15 @@ def cmd_export_llm(args) -> int:
             progress=Progress(enabled=True),
             target_runtime=_target_runtime(args),
             allow_missing_kernels=args.allow_missing_kernels,
+            verify_steps=0 if args.no_verify else args.verify_steps,
+            quantize_embedding=args.quantize_embedding,
         )
     except (CheckpointError, FileNotFoundError, RuntimeCompatError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.summary())
     print(f"wrote {result.path}")
-    return 0
+    return 0 if result.verification is None or result.verification.ok else 1
 
 
 def cmd_generate(args) -> int:
@@ -131,6 +132,8 @@ def cmd_export(args) -> int:
     for flag in ("max_seq_len", "params"):
         if getattr(args, flag) is not None:
             raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model hf:... or llama:...)")
+    if args.quantize_embedding or args.no_verify:
+        raise SystemExit("--quantize-embedding and --no-verify apply to language models (--model hf:... or llama:...)")
 
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
@@ -145,6 +148,9 @@ def cmd_export(args) -> int:
         model = quantize_model(model, args.quantize, group)
     use_fp16 = _use_fp16(args)
     out = _output_path(args, use_fp16)
+    from mps_backend.llm.export import output_target  # noqa: PLC0415
+
+    output_target(out)  # a directory, device or FIFO is refused before the export runs
     source = args.model.split(":", 1)[0] if ".py:" in args.model else args.model
     if pathlib.Path(source).exists() and out.resolve() == pathlib.Path(source).resolve():
         raise UserError(f"output {out} is the input model {source}: choose another -o")
@@ -388,6 +394,16 @@ def cmd_debug(args) -> int:
     return 0
 
 
+def cmd_cost(args) -> int:
+    from mps_backend.cost import cost_of_program  # noqa: PLC0415
+
+    if args.top < 0:
+        raise UserError(f"--top {args.top}: give a count of 0 or more")
+    cost = cost_of_program(_read_pte(args.file, mapped=True), args.method, top=args.top)
+    print(cost.to_json() if args.json else cost.format())
+    return 0
+
+
 def cmd_ops(args) -> int:
     from mps_backend.operators import default_registry  # noqa: PLC0415
 
@@ -398,41 +414,27 @@ def cmd_ops(args) -> int:
 
 
 def cmd_zoo(args) -> int:
-    from mps_backend.tools import zoo  # noqa: PLC0415
+    """The model zoo is a harness of the source checkout (harness/zoo.py), not installed: run it from there."""
+    import importlib  # noqa: PLC0415
 
-    return zoo.main(args.zoo_args)
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    if not (checkout / "harness" / "zoo.py").is_file():
+        raise UserError(
+            "mps-backend zoo runs the model zoo of a source checkout (harness/zoo.py, `make zoo`); this installation has none"
+        )
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    return importlib.import_module("harness.zoo").main(args.zoo_args)
 
 
-class UserError(Exception):
+class UserError(MPSBackendError):
     """A problem with what the user asked for: printed as one line, exit status 2."""
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean "this input cannot be used" rather than a bug: one line, no traceback."""
-    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
-    from mps_backend.passes import Float16RangeError  # noqa: PLC0415
-    from mps_backend.runtime.emulator import EmulatorError, InputMismatchError  # noqa: PLC0415
-    from mps_backend.runtime.program_check import ProgramFormatError  # noqa: PLC0415
-    from mps_backend.runtime_compat import RuntimeCompatError  # noqa: PLC0415
-    from mps_backend.serialization import MPSFormatError  # noqa: PLC0415
-
-    return (
-        UserError,
-        CheckpointError,
-        Float16RangeError,
-        EmulatorError,
-        InputMismatchError,
-        MPSFormatError,
-        ProgramFormatError,
-        RuntimeCompatError,
-        OSError,
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["zoo"]:  # its own options (argparse.REMAINDER would not take leading --options)
-        return cmd_zoo(argparse.Namespace(zoo_args=argv[1:]))
+        return _run(cmd_zoo, argparse.Namespace(zoo_args=argv[1:]))
     from mps_backend.runtime_compat import DEFAULT_TARGET, RUNTIME_VERSIONS  # noqa: PLC0415 - stdlib only
 
     parser = argparse.ArgumentParser(prog="mps-backend", description="Lower PyTorch models to the ExecuTorch MPS delegate.")
@@ -445,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_TARGET,
         choices=(*RUNTIME_VERSIONS, "none"),
         help="the oldest executorch release the app ships (default: %(default)s, the oldest with the MPS "
-        "delegate): an operator left on CPU without a kernel there is an error; none: no check",
+        "delegate): an operator left on CPU without a kernel there is an error; none: no check (such a "
+        "program then fails to load, naming the missing kernel)",
     )
     p.add_argument(
         "--allow-missing-kernels",
@@ -491,8 +494,31 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="language models: clamp weights beyond the float16 range to ±65504 instead of failing",
     )
-    p.add_argument("--verify", action="store_true", help="run the .pte in the device model and compare with eager")
-    p.add_argument("-o", "--output", help="output path (default: <output_dir>/<model>_mps_<fp16|fp32>.pte)")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="run the .pte in the device model and compare with eager, exit 1 on a mismatch "
+        "(language models: always, unless --no-verify)",
+    )
+    p.add_argument(
+        "--verify-steps",
+        type=int,
+        default=4,
+        metavar="N",
+        help="language models: after writing, run the first N decode steps (default %(default)s) of the .pte "
+        "on the emulated runtime against the eager float32 model on the same tokens; exit 1 when "
+        "max |logit diff| / max |eager logit| exceeds 1e-05 (fp32), 0.01 (fp16), at least 0.002 with int4. "
+        "A model whose eager float32 copy exceeds half the available memory is checked on a copy of its "
+        "first 2 layers",
+    )
+    p.add_argument("--no-verify", action="store_true", help="language models: skip the --verify-steps check")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="output path (default: <output_dir>/<model>_mps_<fp16|fp32>.pte); written atomically (a temporary "
+        "file beside it, then renamed); a symlink is written through (its target gets the program, the link "
+        "stays); a directory, device or FIFO is refused",
+    )
     p.add_argument(
         "--output_dir",
         "--output-dir",
@@ -528,11 +554,27 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="weights sharing one scale (default: 32 for int4, per output channel for int8; 0 = per channel)",
     )
+    p.add_argument(
+        "--quantize-embedding",
+        action="store_true",
+        help="language models: store the embedding table as int8 with a scale per row; the lookup gathers "
+        "the token's row and scale, then dequantizes that row (reads D bytes a token, never the table)",
+    )
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("inspect", help="describe the MPS delegates of a .pte (or a PyTorch Mobile .ff)")
     p.add_argument("file")
     p.add_argument("--values", action="store_true", help="list every value")
     p.set_defaults(fn=cmd_inspect)
+    p = sub.add_parser(
+        "cost",
+        help="bytes a method of a .pte moves per execution on the device, naive and fused, vs the floor "
+        "(a model, not a device measurement: docs/device-cost.md)",
+    )
+    p.add_argument("file")
+    p.add_argument("--method", default=None, help="the method (default: forward)")
+    p.add_argument("--json", action="store_true", help="print the cost as JSON")
+    p.add_argument("--top", type=int, default=10, help="how many of the costliest nodes to list (default: %(default)s)")
+    p.set_defaults(fn=cmd_cost)
     p = sub.add_parser("run", help="run a .pte through the emulated MPS runtime")
     p.add_argument("file")
     src = p.add_mutually_exclusive_group()
@@ -583,18 +625,40 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("ops", help="list the aten targets with an MPS lowering")
     p.set_defaults(fn=cmd_ops)
     p = sub.add_parser(
-        "zoo", add_help=False, help="export, verify and measure the model zoo (mps_backend/tools/zoo.py; --help for options)"
+        "zoo",
+        add_help=False,
+        help="export, verify and measure the model zoo (harness/zoo.py of a source checkout; --help for options)",
     )
     p.add_argument("zoo_args", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_zoo)
     args = parser.parse_args(argv)
+    return _run(args.fn, args)
+
+
+def _run(fn, args) -> int:
+    """``fn(args)``, any error of mps_backend (or the file system) told in one line."""
     try:
-        return args.fn(args)
-    except Exception as e:  # noqa: BLE001  (user errors become one line; anything else is a bug: re-raised)
-        if isinstance(e, _user_errors()):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
+        return fn(args)
+    except InternalError as e:  # a bug of mps_backend, not the input's fault: one line, exit 1
+        print(f"internal error (a bug of mps_backend, please report it): {e}", file=sys.stderr)
+        return 1
+    except (MPSBackendError, OSError, MemoryError) as e:  # this input cannot be used: one line, exit 2
+        print(f"error: {_runtime_failure(e) or e}", file=sys.stderr)
+        return 2
+
+
+def _runtime_failure(e: BaseException) -> str | None:
+    """One line for a failure of the program being run rather than of the CLI: an emulated MPS delegate
+    the device would abort on (DeviceError, raised out of executorch's execute), or memory running out
+    (a MemoryError, which is also what a C++ std::bad_alloc inside executorch or torch becomes)."""
+    from mps_backend.runtime.core import DeviceError  # noqa: PLC0415
+
+    if isinstance(e, DeviceError):
+        return f"the MPS delegate failed on the device model: {e}"
+    if isinstance(e, MemoryError):
+        detail = f" ({e})" if str(e) else ""
+        return f"out of memory{detail}: the program or model needs more memory than this machine has"
+    return None
 
 
 if __name__ == "__main__":

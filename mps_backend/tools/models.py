@@ -1,6 +1,6 @@
 """Model specs for ``mps-backend export --model``: 'demo', 'torchvision:NAME', 'executorch:NAME' (llama,
 llama-kv and the executorch example models of EXECUTORCH_EXAMPLES), 'torch:transformer_encoder',
-'path/file.py:factory'. The model zoo (mps_backend/tools/zoo.py) lists the ones that are checked.
+'path/file.py:factory'. The model zoo (harness/zoo.py) lists the ones that are checked.
 
 A factory returns ``(model, example_inputs)``. Weights are random (nothing is downloaded).
 """
@@ -78,7 +78,7 @@ def _from_file(path: str, factory: str):
     return model.eval(), tuple(inputs)
 
 
-# ---- executorch example models, llama, TransformerEncoder (the model zoo: mps_backend/tools/zoo.py) ----------
+# ---- executorch example models, llama, TransformerEncoder (the model zoo: harness/zoo.py) ----------
 
 #: the issue's llama: ``construct_transformer(ModelArgs(dim=768, n_layers=12, n_heads=12, vocab_size=32000,
 #: max_seq_len=128))``; the prompt without KV cache is LLAMA_PROMPT tokens long

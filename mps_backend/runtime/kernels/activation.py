@@ -14,7 +14,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import FLOAT_DTYPES, KernelContext, compute, f32, round_to, scalar_const, to
+from mps_backend.dtypes import FLOAT_DTYPES
+
+from ..core import KernelContext, compute, f32, round_to, scalar_const, to
 
 _SQRT1_2 = f32(math.sqrt(0.5))  # the float constant of mpsNormCdfOp
 

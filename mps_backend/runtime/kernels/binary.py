@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from ..core import FLOAT_DTYPES, KernelContext, compute, f32, promote, round_to, scalar_const, to
+from mps_backend.dtypes import FLOAT_DTYPES
+
+from ..core import KernelContext, compute, f32, promote, round_to, scalar_const, to
 
 
 def _operands(ctx: KernelContext, node) -> tuple[torch.Tensor, torch.Tensor, torch.dtype]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..core import FLOAT_DTYPES, KernelContext, promote
+from mps_backend.dtypes import FLOAT_DTYPES
+
+from ..core import KernelContext, promote
 
 
 def _bitwise(fn):

@@ -15,7 +15,9 @@ import math
 
 import torch
 
-from ..core import FLOAT_DTYPES, KernelContext, compute, f32, same_dtype, scalar_const, to
+from mps_backend.dtypes import FLOAT_DTYPES
+
+from ..core import KernelContext, compute, f32, same_dtype, scalar_const, to
 
 
 def clamp(ctx: KernelContext, node) -> None:

@@ -7,7 +7,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import FLOAT_DTYPES, KernelContext, checked, compute, same_dtype, to
+from mps_backend.dtypes import FLOAT_DTYPES
+
+from ..core import KernelContext, checked, compute, same_dtype, to
 
 
 def _conv(ctx: KernelContext, node, x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.Tensor:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..core import FLOAT_DTYPES, KernelContext, checked, compute, f32, same_dtype, to
+from mps_backend.dtypes import FLOAT_DTYPES
+
+from ..core import KernelContext, checked, compute, f32, same_dtype, to
 
 
 def _operands(ctx: KernelContext, node, ids: tuple[str, ...]) -> tuple[torch.dtype, list[torch.Tensor]]:

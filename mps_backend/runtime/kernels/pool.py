@@ -12,7 +12,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import FLOAT_DTYPES, KernelContext, checked, compute, to
+from mps_backend.dtypes import FLOAT_DTYPES
+
+from ..core import KernelContext, checked, compute, to
 
 
 def _geometry(ctx: KernelContext, node, x: torch.Tensor):

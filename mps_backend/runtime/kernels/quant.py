@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from mps_backend.dtypes import FLOAT_DTYPES
 from mps_backend.serialization.model import DataType
 
-from ..core import FLOAT_DTYPES, KernelContext
+from ..core import KernelContext
 
 
 def dequantize_per_channel_group(ctx: KernelContext, node) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..core import FLOAT_DTYPES, KernelContext, compute, to, wrap_dim
+from mps_backend.dtypes import FLOAT_DTYPES
+
+from ..core import KernelContext, compute, to, wrap_dim
 
 
 def mean(ctx: KernelContext, node) -> None:

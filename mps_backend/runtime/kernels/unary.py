@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from ..core import FLOAT_DTYPES, KernelContext, compute, to
+from mps_backend.dtypes import FLOAT_DTYPES
+
+from ..core import KernelContext, compute, to
 
 _FLOAT_MATH = {
     "MPSExp": torch.exp,

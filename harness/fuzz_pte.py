@@ -1,7 +1,7 @@
 """Seeded fuzzing of the entry points that take a ``.pte``, each mutant in a worker process under an
 address-space limit, so a crash, an abort or a memory bomb ends one worker instead of the caller.
 
-    python -m mps_backend.tools.fuzz_pte --cases 100000 [--seed 1] [--crash-dir tests/fixtures/fuzz-crashes]
+    python -m harness.fuzz_pte --cases 100000 [--seed 1] [--crash-dir tests/fixtures/fuzz-crashes]
 
 Bases: small programs exported here (a CNN in fp16, an MLP in fp32 with a CPU island, an int4 MLP). Each
 mutant (byte writes, u32/u64 writes, truncations, extensions, writes into names) goes through what a
@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from harness import child_env
 
 ADDRESS_SPACE_LIMIT = 24 << 30  # torch reserves much virtual memory at import; a memory bomb exceeds this
 ALLOWED = ("ProgramFormatError", "EmulatorError", "InputMismatchError", "MPSFormatError", "DeviceError")
@@ -137,8 +139,9 @@ def _limit() -> None:
 class _Worker:
     def __init__(self, folder: Path):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mps_backend.tools.fuzz_pte", "--worker", str(folder)],
+            [sys.executable, "-m", "harness.fuzz_pte", "--worker", str(folder)],
             stdin=subprocess.PIPE,
+            env=child_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,

@@ -1,6 +1,6 @@
 """pytest plugin: the ``mps`` flows of ExecuTorch's backend test suite.
 
-    pytest -p mps_backend.tools.suite_flow -m flow_mps \\
+    pytest -p harness.suite_flow -m flow_mps \\
         <site-packages>/executorch/backends/test/suite/operators
 
 How it plugs in. The suite (``executorch.backends.test.suite``) has no flow registry: its
@@ -38,7 +38,7 @@ Reporting. With ``--mps-suite-report PATH`` the plugin appends one JSON line whe
 starts (``{"event": "start"}``) and one when it ends (``{"event": "result"}``: pytest outcome
 and, per subtest, the metadata the suite's conftest produces for pytest-json-report plus the
 MPS-specific fields below). A process that dies mid-test leaves a start without a result,
-which :mod:`mps_backend.tools.run_suite` records as a crash.
+which :mod:`harness.run_suite` records as a crash.
 
 Per-subtest MPS fields: ``Failure Class`` (see :data:`FAILURE_CLASSES`), ``Root Error`` (the
 innermost relevant exception, untruncated up to 600 characters) and ``CPU Nodes`` (each node
@@ -74,9 +74,10 @@ from executorch.backends.test.harness import Tester
 from executorch.backends.test.harness.stages import Serialize, StageType, ToEdgeTransformAndLower
 from executorch.backends.test.suite.flow import TestFlow
 
+from harness.run_suite import CLASS_TEXT
+from mps_backend.errors import MPSBackendError
 from mps_backend.export import TOLERANCE as _EXPORT_TOLERANCE
 from mps_backend.partitioner import MPSPartitioner
-from mps_backend.tools.run_suite import CLASS_TEXT
 
 __all__ = [
     "BACKEND",
@@ -102,11 +103,11 @@ FP16_SCALE_TOLERANCE = _EXPORT_TOLERANCE[True]
 FAILURE_CLASSES = CLASS_TEXT
 
 
-class MPSDelegateError(RuntimeError):
+class MPSDelegateError(MPSBackendError, RuntimeError):
     """An MPS delegate failed while ExecuTorch ran the program (the device model raised)."""
 
 
-class SuiteTimeout(Exception):
+class SuiteTimeout(MPSBackendError):
     """A suite test ran longer than its timeout marker allows."""
 
 
@@ -442,13 +443,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if bound is not None and not getattr(bound, "_with_mps_flows", False):
         raise pytest.UsageError(
             "the ExecuTorch suite's conftest was imported before "
-            "mps_backend.tools.suite_flow registered the MPS flows; "
-            "load it with `-p mps_backend.tools.suite_flow`"
+            "harness.suite_flow registered the MPS flows; "
+            "load it with `-p harness.suite_flow`"
         )
     if not config.pluginmanager.hasplugin("timeout"):
         config.addinivalue_line(
             "markers",
-            "timeout(seconds): per-test timeout (enforced by mps_backend.tools.suite_flow when pytest-timeout is absent)",
+            "timeout(seconds): per-test timeout (enforced by harness.suite_flow when pytest-timeout is absent)",
         )
     path = config.getoption("--mps-suite-report")
     config.stash[_REPORT_KEY] = {"path": Path(path) if path else None}

@@ -1,0 +1,180 @@
+"""Decode-step attention and RoPE that move each byte once (#23).
+
+- :func:`grouped_attention`: grouped-query attention without ``repeat_kv``. The query heads that
+  share a KV head are one matrix ``q [1, KV, G*T, d]`` against that head's cache, so K and V are
+  read once, never expanded to every query head. Only ``q`` is scaled (never the whole K). The K
+  cache is stored transposed, ``[1, KV, d, S]``, so ``q @ K`` needs no per-step transpose of the
+  cache. Registered in transformers' ``AttentionInterface`` as :data:`ATTENTION`; it honours what
+  transformers' eager attention does with what the layers pass: ``scaling``, the additive mask
+  (the decode step passes it precomputed, sliding windows included, so ``sliding_window`` needs
+  nothing more), ``softcap`` (Gemma 2), attention sinks ``s_aux`` (gpt-oss); dropout is 0 in eval.
+- :class:`RopeTable`: a model's rotary embedding replaced by its own cos/sin computed at export in
+  float32 for every position ``0 .. max_seq_len-1``, stored in the model's dtype and gathered by
+  position: the program has no position-dependent float16 arithmetic (an fp16 angle ``p * inv_freq``
+  is off by up to 0.25 rad at positions 512-1023).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+#: the AttentionInterface name of :func:`grouped_attention` (K cache transposed: ``[1, KV, d, S]``)
+ATTENTION = "mps_backend_grouped_kt"
+
+
+def grouped_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key_t: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """``query [B, H, T, d]``, ``key_t [B, KV, d, S]`` (the cache, transposed), ``value [B, KV, S, d]``
+    -> ``(out [B, T, H, d], None)``, transformers' attention-function contract."""
+    if dropout and module.training:
+        raise ValueError("grouped_attention is the inference decode step: dropout must be 0")
+    b, h, t, d = query.shape
+    kv, s = key_t.shape[1], key_t.shape[-1]
+    g = h // kv
+    if scaling is None:
+        scaling = float(module.head_dim) ** -0.5
+    # query head kv*G + j uses KV head kv (repeat_kv's order): [B, KV, G*T, d], scaled once
+    q = (query * scaling).reshape(b, kv, g * t, d)
+    scores = torch.matmul(q, key_t)  # [B, KV, G*T, S]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        mask = attention_mask[:, :, :, :s]
+        scores = (scores.view(b, kv, g, t, s) + mask.unsqueeze(2)).view(b, kv, g * t, s)
+    if s_aux is not None:
+        # gpt-oss: one learned sink logit per query head joins the softmax, its weight dropped
+        sinks = s_aux.reshape(1, kv, g, 1, 1).expand(b, kv, g, t, 1).reshape(b, kv, g * t, 1).to(scores.dtype)
+        combined = torch.cat([scores, sinks], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.matmul(probs, value)  # [B, KV, G*T, d]
+    return out.view(b, h, t, d).transpose(1, 2).contiguous(), None
+
+
+def use_grouped_attention(model: torch.nn.Module) -> bool:
+    """Switch a transformers model to :func:`grouped_attention` when its modeling code dispatches
+    through ``AttentionInterface``; False (model unchanged, eager attention) otherwise."""
+    try:
+        from transformers import AttentionInterface  # noqa: PLC0415
+    except ImportError:
+        return False
+    can_set = getattr(model, "_can_set_attn_implementation", None)
+    if can_set is None or not can_set() or not hasattr(model, "set_attn_implementation"):
+        return False
+    # transformers' registry of attention functions is process-wide by design; registering the same
+    # function under the same name again is a no-op
+    AttentionInterface.register(ATTENTION, grouped_attention)
+    model.set_attn_implementation(ATTENTION)
+    return model.config._attn_implementation == ATTENTION
+
+
+class RopeTable(torch.nn.Module):
+    """A rotary embedding's ``(cos, sin)`` for positions ``0 .. max_seq_len-1``, computed once by the
+    module itself in float32, stored in ``dtype`` and gathered by ``position_ids`` (one row each)."""
+
+    def __init__(self, rotary: torch.nn.Module, max_seq_len: int, dtype: torch.dtype, layer_types=()):
+        super().__init__()
+        params = inspect.signature(rotary.forward).parameters
+        self.keys = tuple(sorted(set(layer_types))) if "layer_type" in params and layer_types else (None,)
+        x = torch.zeros(1, dtype=torch.float32)
+        pos = torch.arange(max_seq_len, dtype=torch.long).view(1, -1)
+        with torch.no_grad():
+            for i, key in enumerate(self.keys):
+                cos, sin = rotary(x, pos) if key is None else rotary(x, pos, key)
+                if cos.dtype != torch.float32 or cos.shape[:2] != (1, max_seq_len):
+                    raise ValueError(f"{type(rotary).__name__}: cos/sin of shape {tuple(cos.shape)}, {cos.dtype}")
+                self.register_buffer(f"cos_{i}", cos.to(dtype), persistent=False)
+                self.register_buffer(f"sin_{i}", sin.to(dtype), persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
+        i = self.keys.index(layer_type if self.keys != (None,) else None)
+        idx = position_ids.reshape(-1)
+        cos = torch.index_select(getattr(self, f"cos_{i}"), 1, idx)
+        sin = torch.index_select(getattr(self, f"sin_{i}"), 1, idx)
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+#: rope types whose angles depend on the sequence seen so far (transformers' dynamic_rope_update):
+#: not tabulated, left as the model computes them
+_DYNAMIC_ROPE = ("dynamic", "longrope")
+
+
+def tabulate_rope(model: torch.nn.Module, max_seq_len: int, dtype: torch.dtype) -> int:
+    """Replace every rotary-embedding submodule of ``model`` (``*RotaryEmbedding``) by a
+    :class:`RopeTable`; returns how many were replaced."""
+    replaced = 0
+    for name, mod in list(model.named_modules()):
+        if not name or not type(mod).__name__.endswith("RotaryEmbedding"):
+            continue
+        rope_type = getattr(mod, "rope_type", "default")
+        types = rope_type.values() if isinstance(rope_type, dict) else [rope_type]
+        if any(k in str(t) for t in types for k in _DYNAMIC_ROPE):
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, RopeTable(mod, max_seq_len, dtype, getattr(mod, "layer_types", ())))
+        replaced += 1
+    return replaced
+
+
+class _TransposedKVCache(torch.nn.Module):
+    """executorch's example-llama ``KVCache`` (static shapes) with K stored transposed,
+    ``[B, KV, d, S]``: ``update`` writes the new key as one column and returns ``(K^T, V)``."""
+
+    def __init__(self, cache: torch.nn.Module):
+        super().__init__()
+        b, h, s, d = cache.k_cache.shape
+        self.register_buffer("k_cache", torch.zeros((b, h, d, s), dtype=cache.k_cache.dtype))
+        self.register_buffer("v_cache", torch.zeros_like(cache.v_cache))
+
+    def update(self, input_pos: torch.Tensor, k_val: torch.Tensor, v_val: torch.Tensor):
+        self.k_cache[:, :, :, input_pos] = k_val.transpose(2, 3)
+        self.v_cache[:, :, input_pos] = v_val
+        return self.k_cache, self.v_cache
+
+
+class _GroupedSDPA(torch.nn.Module):
+    """executorch's example-llama ``SDPA`` (``repeat_interleave`` of K and V to every query head,
+    then ``scaled_dot_product_attention``) as grouped attention over ``K^T`` (see
+    :func:`grouped_attention`); ``mask`` is the boolean ``[T, S]`` row(s) of the causal mask."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input_pos, q, k_t, v, bsz, seqlen, mask):
+        d = q.shape[-1]
+        additive = torch.where(mask, 0.0, float("-inf")).to(q.dtype)  # [T, S]
+        out, _ = grouped_attention(self, q, k_t, v, additive.view(1, 1, *additive.shape), scaling=float(d) ** -0.5)
+        return out.reshape(bsz, seqlen, self.dim)
+
+
+def group_llama_attention(model: torch.nn.Module) -> int:
+    """Give every attention layer of executorch's example llama (static KV cache) a transposed-K
+    cache and grouped attention; returns how many layers were changed. Layers that share KV
+    (YOCO), use a ring buffer or dynamic shapes keep executorch's own modules."""
+    changed = 0
+    for mod in model.modules():
+        cache, sdpa = getattr(mod, "kv_cache", None), getattr(mod, "SDPA", None)
+        if cache is None or sdpa is None or type(cache).__name__ != "KVCache" or type(sdpa).__name__ != "SDPA":
+            continue
+        if getattr(cache, "enable_dynamic_shape", False) or getattr(mod, "num_kv_shared_layers", 0):
+            continue
+        mod.kv_cache = _TransposedKVCache(cache)
+        mod.SDPA = _GroupedSDPA(sdpa.dim)
+        changed += 1
+    return changed

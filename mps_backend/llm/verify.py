@@ -1,0 +1,329 @@
+"""An LLM export that checks itself: the first decode steps of the written ``.pte`` on the emulated
+runtime against the eager model in float32, on the same tokens.
+
+    from mps_backend.llm.verify import verify_llm
+    v = verify_llm("model.pte", "hf:./my-checkpoint", dtype="fp16", steps=4)
+    print(v)            # the gap, whether greedy tokens agree, ok / FAILED
+    assert v.ok
+
+The tokens: the model's BOS id (else 0), then at each step the ``.pte``'s own greedy token; the
+eager model (transformers ``AutoModelForCausalLM`` with eager attention for ``hf:``, executorch's
+example llama for ``llama:``, both float32, quantized the same way when the export was) reads the
+same tokens. The gap is ``max |pte logits - eager logits|`` over every step, and relative to the
+eager logits' scale ``max |eager logits|`` it must be at most :func:`tolerance` (the bounds the LLM
+tests use, ``tests/test_llm.py``).
+
+A model whose eager float32 copy does not fit the memory bound (:func:`eager_budget`) is verified on
+a layer-truncated copy instead: the checkpoint's first :data:`TRUNCATED_LAYERS` layers (and its
+embedding, final norm and head) written to a temporary folder, exported there with the same options,
+and that program compared with its eager model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+#: decode steps verified by default (``mps-backend export --verify-steps``)
+DEFAULT_STEPS = 4
+#: max |pte - eager float32| / max |eager float32| of the logits, per export precision. float32:
+#: the bound tests/test_llm.py's int8 test holds a float32 program to (it computes as eager does,
+#: in another op order); float16: tests/test_llm.py's FP16_LOGIT_TOL (each device op rounds to
+#: float16, ~40 ops a layer). An error in a lowering or the decode step is of order 1.
+TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2}
+#: least tolerance with int4 weights (tests/test_llm.py test_quantized_llm: the device's int4
+#: dequantize yields float16, so each weight is rounded to float16 even in a float32 program)
+INT4_TOLERANCE = 2e-3
+#: layers kept in the truncated copy of a model too large to run eagerly
+TRUNCATED_LAYERS = 2
+#: environment variable overriding :func:`eager_budget` (bytes)
+BUDGET_ENV = "MPS_BACKEND_VERIFY_MAX_BYTES"
+
+
+def tolerance(dtype: str, quantize: str | None = None) -> float:
+    """The verify bound for an export in ``dtype`` (``fp16``/``fp32``) with ``quantize`` weights."""
+    tol = TOLERANCE[dtype]
+    return max(tol, INT4_TOLERANCE) if quantize == "int4" else tol
+
+
+@dataclass
+class LLMVerification:
+    steps: int
+    max_abs_diff: float
+    scale: float
+    tolerance: float
+    tokens_agree: int
+    reference: str
+    truncated: str | None = None  # why and how the model was truncated, if it was
+
+    @property
+    def relative(self) -> float:
+        return self.max_abs_diff / self.scale if self.scale > 0 else float("inf")
+
+    @property
+    def ok(self) -> bool:
+        return self.relative <= self.tolerance
+
+    def __str__(self) -> str:
+        head = f"verify           {self.steps} decode steps on the emulated runtime vs {self.reference}"
+        if self.truncated:
+            head += f"\nverify           {self.truncated}"
+        return (
+            f"{head}\nverify           max |logit diff| {self.max_abs_diff:.3g} = {self.relative:.3g} of the logits' "
+            f"scale {self.scale:.3g} (tolerance {self.tolerance:g}); greedy tokens agree {self.tokens_agree}/{self.steps}: "
+            + ("ok" if self.ok else "FAILED (the .pte does not compute what the model does)")
+        )
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (``MemAvailable``), else the physical memory."""
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def eager_budget() -> int:
+    """Bytes the eager float32 reference plus the emulated program may take: half the available
+    memory (``$MPS_BACKEND_VERIFY_MAX_BYTES`` overrides)."""
+    from mps_backend.config import env_bytes  # noqa: PLC0415
+
+    return env_bytes(BUDGET_ENV, available_memory() // 2)
+
+
+def _hf_tensors(folder: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Every tensor name of a safetensors checkpoint folder -> its file."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    names = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            names.update(dict.fromkeys(st.keys(), f))
+    return names
+
+
+def parameter_count(kind: str, path: pathlib.Path) -> int:
+    """Parameters in a checkpoint, from its headers (hf) or its mapped tensors (llama)."""
+    import math  # noqa: PLC0415
+
+    if kind == "hf":
+        from safetensors import safe_open  # noqa: PLC0415
+
+        n = 0
+        for f in sorted(path.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as st:
+                n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
+        return n
+    state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    state = state.get("model", state) if isinstance(state.get("model"), dict) else state
+    return sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor))
+
+
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
+_N_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def _kept(name: str, layers: int) -> bool:
+    m = _LAYER.search(name)
+    return m is None or int(m.group(1)) < layers
+
+
+def _truncate_config(cfg: dict, layers: int) -> int:
+    """Set ``cfg``'s layer count to ``layers`` (and cut per-layer lists); returns the old count."""
+    key = next(k for k in _N_LAYER_KEYS if isinstance(cfg.get(k), int))
+    old = cfg[key]
+    for k, v in list(cfg.items()):
+        if isinstance(v, list) and len(v) == old:
+            cfg[k] = v[:layers]
+    cfg[key] = layers
+    return old
+
+
+def truncated_copy(kind: str, path: pathlib.Path, params: pathlib.Path | None, into: pathlib.Path, layers: int) -> tuple:
+    """A checkpoint of the first ``layers`` layers of ``path`` written into ``into``: returns
+    (spec, params path or None, the original layer count). Only the kept tensors are read."""
+    if kind == "hf":
+        from safetensors import safe_open  # noqa: PLC0415
+        from safetensors.torch import save_file  # noqa: PLC0415
+
+        cfg = json.loads((path / "config.json").read_text())
+        old = _truncate_config(cfg, layers)
+        (into / "config.json").write_text(json.dumps(cfg))
+        for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+            if (path / name).is_file():
+                (into / name).write_bytes((path / name).read_bytes())
+        by_file: dict[pathlib.Path, list[str]] = {}
+        for name, f in _hf_tensors(path).items():
+            if _kept(name, layers):
+                by_file.setdefault(f, []).append(name)
+        kept = {}
+        for f, names in by_file.items():
+            with safe_open(str(f), framework="pt") as st:
+                kept.update({n: st.get_tensor(n).contiguous() for n in names})
+        save_file(kept, str(into / "model.safetensors"), metadata={"format": "pt"})
+        return f"hf:{into}", None, old
+    p = json.loads((params or path.with_name("params.json")).read_text())
+    old = _truncate_config(p, layers)
+    (into / "params.json").write_text(json.dumps(p))
+    state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    state = state["model"] if isinstance(state.get("model"), dict) else state
+    torch.save({k: v for k, v in state.items() if _kept(k, layers)}, into / "consolidated.pth")
+    return f"llama:{into / 'consolidated.pth'}", into / "params.json", old
+
+
+def _pte_logits(pte: pathlib.Path, first: int, steps: int) -> tuple[list[int], torch.Tensor]:
+    """The program's greedy tokens from ``first`` for ``steps`` forward calls, and its logits."""
+    from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
+
+    step = LoadedMethod(pte.read_bytes(), "forward")
+    tokens, logits = [first], []
+    for pos in range(steps):
+        out = step([torch.tensor([[tokens[-1]]], dtype=torch.long), torch.tensor([pos], dtype=torch.long)])[0]
+        logits.append(out.reshape(-1).float())
+        tokens.append(int(torch.argmax(logits[-1])))
+    return tokens, torch.stack(logits)
+
+
+def _eager_logits(
+    kind: str, path: pathlib.Path, params, tokens: list[int], quantize, group_size, max_seq_len: int, dtype: str, embedding=False
+):
+    """Float32 eager logits after each of ``tokens``. A quantized export's reference quantizes the
+    weights as the export did (in the export precision: scales of float16 weights differ from those of
+    the float32 ones) and computes in float32 with those weights dequantized."""
+    load = torch.float16 if (quantize or embedding) and dtype == "fp16" else torch.float32
+    if kind == "hf":
+        import transformers  # noqa: PLC0415
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=load, attn_implementation="eager", local_files_only=True
+        ).eval()
+        reference = "eager transformers float32"
+    else:
+        from mps_backend.llm.checkpoint import load_llama  # noqa: PLC0415
+
+        model = load_llama(path, params, load, max_seq_len).model
+        reference = "eager executorch llama float32"
+    if quantize:
+        from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
+
+        quantize_model(model, quantize, resolve_group_size(quantize, group_size))
+        for m in model.modules():
+            w = getattr(m, "weight", None)
+            if isinstance(w, torch.Tensor) and type(w) not in (torch.Tensor, torch.nn.Parameter):
+                m.weight = torch.nn.Parameter(w.dequantize().float(), requires_grad=False)
+        model.float()
+        reference += f" ({quantize} weights quantized alike, dequantized)"
+    if embedding:
+        from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
+
+        quantize_embeddings(model)
+        model.float()
+        reference += " (embedding quantized alike)"
+    with torch.no_grad():
+        if kind == "hf":
+            logits = model(input_ids=torch.tensor([tokens])).logits[0].float()
+        else:
+            vocab = model.params.vocab_size
+            steps = [model(torch.tensor([[t]]), {"input_pos": torch.tensor([pos])}) for pos, t in enumerate(tokens)]
+            logits = torch.stack([s.reshape(-1, vocab)[-1] for s in steps]).float()
+    return logits, reference
+
+
+def verify_llm(
+    pte: str | os.PathLike,
+    model: str,
+    *,
+    dtype: str = "fp16",
+    steps: int = DEFAULT_STEPS,
+    quantize: str | None = None,
+    group_size: int | None = None,
+    params: str | None = None,
+    max_seq_len: int | None = None,
+    bos_id: int | None = None,
+    quantize_embedding: bool = False,
+) -> LLMVerification:
+    """Compare the first ``steps`` decode steps of ``pte`` (exported from ``model``, ``hf:``/``llama:``)
+    with the eager float32 model on the same tokens (the module docstring)."""
+    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
+    from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
+
+    if steps < 1:
+        raise CheckpointError(f"--verify-steps must be at least 1, got {steps}")
+    kind, path = parse_model_spec(model)
+    path = pathlib.Path(path)
+    pte = pathlib.Path(pte)
+    if max_seq_len is not None and steps > max_seq_len:
+        raise CheckpointError(f"--verify-steps {steps} exceeds --max-seq-len {max_seq_len}")
+    tokens, dev = _pte_logits(pte, bos_id if bos_id is not None else 0, steps)
+    ref, reference = _eager_logits(
+        kind, path, params, tokens[:-1], quantize, group_size, max_seq_len or steps + 1, dtype, quantize_embedding
+    )
+    if ref.shape != dev.shape:
+        raise CheckpointError(f"the .pte's logits {list(dev.shape)} and the eager model's {list(ref.shape)} differ in shape")
+    agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
+    return LLMVerification(
+        steps=steps,
+        max_abs_diff=float((dev - ref).abs().max()),
+        scale=float(ref.abs().max()),
+        tolerance=tolerance(dtype, quantize),
+        tokens_agree=agree,
+        reference=reference,
+    )
+
+
+def needs_truncation(kind: str, path: pathlib.Path, pte_bytes: int) -> tuple[bool, int, int]:
+    """(too large, bytes the verification would take, the bound): the eager float32 copy (4 bytes a
+    parameter) plus twice the ``.pte`` (the emulator's copy of the program and its working memory)."""
+    need = 4 * parameter_count(kind, path) + 2 * pte_bytes
+    budget = eager_budget()
+    return need > budget, need, budget
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
+def verify_export(result, model: str, *, steps: int, group_size: int | None, params: str | None, export) -> LLMVerification:
+    """Verify the export ``result`` (an ``LLMExportResult``) of ``model``; when the eager model is too
+    large (:func:`needs_truncation`), on a truncated copy exported by ``export(spec, out, params)``."""
+    import gc  # noqa: PLC0415
+
+    from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
+
+    gc.collect()  # the export's program and graphs: released before the eager model is loaded
+    kind, path = parse_model_spec(model)
+    dtype = "fp16" if result.precision == "float16" else "fp32"
+    common = dict(
+        dtype=dtype,
+        steps=steps,
+        quantize=result.quantize,
+        group_size=group_size,
+        quantize_embedding=result.quantize_embedding,
+    )
+    bos = result.metadata.get("get_bos_id")
+    too_large, need, budget = needs_truncation(kind, pathlib.Path(path), result.pte_bytes)
+    if not too_large:
+        return verify_llm(result.path, model, params=params, max_seq_len=result.max_seq_len, bos_id=bos, **common)
+    with tempfile.TemporaryDirectory(prefix="mps-verify-") as tmp:
+        tmp = pathlib.Path(tmp)
+        spec, tparams, old = truncated_copy(
+            kind, pathlib.Path(path), pathlib.Path(params) if params else None, tmp, TRUNCATED_LAYERS
+        )
+        out = tmp / "truncated.pte"
+        export(spec, out, str(tparams) if tparams else None)
+        v = verify_llm(out, spec, params=str(tparams) if tparams else None, max_seq_len=result.max_seq_len, bos_id=bos, **common)
+    v.truncated = (
+        f"on a copy truncated to the first {min(TRUNCATED_LAYERS, old)} of {old} layers, exported separately: the full "
+        f"model's eager float32 check would take {_size(need)}, above the bound {_size(budget)} "
+        f"(half the available memory; ${BUDGET_ENV})"
+    )
+    return v

@@ -1,0 +1,153 @@
+"""#24: an LLM export that verifies itself (mps_backend.llm.verify, `mps-backend export --verify-steps`):
+the written .pte's first decode steps on the emulated runtime against eager float32 on the same
+tokens, exit 1 above the tolerance, --no-verify, and the layer-truncated copy of a model too large
+to run eagerly. Tiny random checkpoints; the export that computes wrong is made by wrapping the
+decode step so its logits are 1% off (argmax unchanged: only the gap can catch it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mps_backend.llm import export as llm_export
+from mps_backend.llm.verify import BUDGET_ENV, INT4_TOLERANCE, TOLERANCE, truncated_copy
+from mps_backend.tools.cli import main
+from tests.llm_helpers import save_checkpoint, save_llama_checkpoint, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "llama", "llama", tokenizer=train_tokenizer(), layers=3)
+
+
+class _OnePercentOff(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, tokens, input_pos):
+        return self.inner(tokens, input_pos) * 1.01
+
+
+def _export(folder, out, *extra):
+    return main(["export", "--model", f"hf:{folder}", "--dtype", "fp32", "--max-seq-len", "16", "-o", str(out), *extra])
+
+
+def test_export_verifies_itself_and_fails_on_a_wrong_program(tmp_path, folder, capsys, monkeypatch):
+    assert _export(folder, tmp_path / "ok.pte") == 0
+    out = capsys.readouterr().out
+    assert "4 decode steps on the emulated runtime vs eager transformers float32" in out
+    assert "greedy tokens agree 4/4: ok" in out and "(tolerance 1e-05)" in out
+    # a program that computes 1% off: exit 1, the gap printed (tokens still agree: argmax is scale-free)
+    real = llm_export.decoder_for
+    monkeypatch.setattr(llm_export, "decoder_for", lambda lm, n: _OnePercentOff(real(lm, n)))
+    assert _export(folder, tmp_path / "bad.pte", "--verify-steps", "2") == 1
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "max |logit diff|" in x)
+    rel = float(line.split(" = ")[1].split(" of")[0])
+    assert 0.009 < rel < 0.011 and "FAILED" in line and "greedy tokens agree 2/2" in line, line
+    assert (tmp_path / "bad.pte").is_file()  # written: the check runs the file the user gets
+    # --no-verify: the same wrong program exports without the check
+    assert _export(folder, tmp_path / "unchecked.pte", "--no-verify") == 0
+    assert "verify" not in capsys.readouterr().out
+
+
+def test_too_large_model_verified_on_a_truncated_copy(tmp_path, folder, capsys, monkeypatch):
+    monkeypatch.setenv(BUDGET_ENV, "1000")
+    assert _export(folder, tmp_path / "m.pte", "--verify-steps", "3") == 0
+    out = capsys.readouterr().out
+    assert "on a copy truncated to the first 2 of 3 layers, exported separately" in out, out
+    assert "above the bound 0.00 MiB" in out and "greedy tokens agree 3/3: ok" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pte"]  # the copy and its .pte are gone
+
+
+def test_truncated_llama_copy(tmp_path):
+    ckpt, params, p = save_llama_checkpoint(tmp_path)
+    (tmp_path / "t").mkdir()
+    spec, tparams, old = truncated_copy("llama", ckpt, params, tmp_path / "t", 1)
+    assert old == p["n_layers"] == 2 and spec == f"llama:{tmp_path / 't' / 'consolidated.pth'}"
+    assert json.loads(tparams.read_text()) == p | {"n_layers": 1}
+    kept = torch.load(tmp_path / "t" / "consolidated.pth")
+    full = torch.load(ckpt)
+    assert set(kept) == {k for k in full if not k.startswith("layers.1.")} and any(k.startswith("layers.0.") for k in kept)
+
+
+def test_help_states_the_tolerances(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for dtype, tol in TOLERANCE.items():
+        assert f"{tol:g} ({dtype})" in text
+    assert f"{INT4_TOLERANCE:g} with int4" in text and "--no-verify" in text
+
+
+@pytest.mark.parametrize(("scheme", "group"), [("int4", 128), ("int8", 64)])
+def test_cli_group_size_and_quantized_embedding(tmp_path, scheme, group, capsys):
+    """#24: `--quantize int4|int8 --group-size G --quantize-embedding`: every linear stored at its width
+    with one float16 scale per G columns, the embedding table int8 with one scale per row, gathered
+    (two MPSEmbedding lookups: the int8 row and its scale) and dequantized after the gather, never
+    the whole table; the export verifies itself against eager quantized alike."""
+    import collections
+
+    from mps_backend.serialization import read_blob
+    from mps_backend.serialization.pte import delegate_blobs
+    from tests.llm_helpers import eager_model
+
+    shape = {"vocab_size": 256, "hidden_size": 128, "intermediate_size": 256}
+    folder = save_checkpoint(tmp_path / "q", "qwen2", tokenizer=train_tokenizer(), config=shape)
+    out = tmp_path / "q.pte"
+    args = ["export", "--model", f"hf:{folder}", "--max-seq-len", "16", "-o", str(out), "--verify-steps", "2"]
+    assert main([*args, "--quantize", scheme, "--group-size", str(group), "--quantize-embedding"]) == 0
+    stdout = capsys.readouterr().out
+    assert "int8 embedding (a scale per row)" in stdout and "greedy tokens agree 2/2: ok" in stdout, stdout
+    graph = read_blob(delegate_blobs(out.read_bytes())[0].blob).graph
+    stored: collections.Counter = collections.Counter()
+    for c in graph.constant_ids:
+        stored[graph.values[c].datatype.name] += graph.values[c].constant_buffer_size
+    model = eager_model(folder, torch.float32)
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    n_linear = sum(w.numel() for w in linears)
+    table = model.model.embed_tokens.weight
+    n_other = sum(p.numel() for p in model.parameters()) - n_linear - table.numel()
+    ops = collections.Counter(n.op for n in graph.nodes)
+    assert ops["MPSEmbedding"] == 2
+    width = {"int4": 0.5, "int8": 1}[scheme]
+    assert stored[scheme] == n_linear * width + (table.numel() if scheme == "int8" else 0), stored
+    if scheme == "int4":
+        assert stored["int8"] == table.numel() and ops["MPSDequantizePerChannelGroup"] == len(linears)
+    # float16: norms, biases, one scale per row of the table, one per G columns of each linear, and
+    # RoPE's cos/sin tables (16 positions each, computed in float32 at export)
+    scales = table.shape[0] + n_linear // group
+    rope = 2 * 16 * (model.config.hidden_size // model.config.num_attention_heads)
+    n = n_other + scales + rope
+    assert n * 2 <= stored["float16"] <= n * 2 + 64, (stored, n_other, scales, rope)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "phi3"])
+def test_generate_and_runner_metadata(tmp_path, arch, capsys):
+    """#24 item 6 on a sample of tests/llm_helpers.py's ARCHS (llama: tests/test_llm.py): the runner's
+    metadata (BOS, an EOS list, vocab) and `mps-backend generate --bos` printing the prompt and the
+    eager greedy continuation, stopped at the first EOS id of the list."""
+    from mps_backend.runtime import constant_method_values
+    from tests.llm_helpers import eager_greedy
+
+    tok = train_tokenizer()
+    folder = save_checkpoint(tmp_path / arch, arch, tokenizer=tok)
+    prompt = "the quick brown fox"
+    ids = [0, *tok.encode(prompt).ids]
+    greedy = eager_greedy(folder, ids, 12)
+    eos = [1, greedy[5]]  # a token the model does emit: generation must stop there
+    gen = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps(gen | {"eos_token_id": eos}))
+    out = tmp_path / "m.pte"
+    assert _export(folder, out, "--verify-steps", "2") == 0
+    meta = constant_method_values(out)
+    assert meta["get_eos_ids"] == eos and meta["get_bos_id"] == 0 and meta["get_vocab_size"] == tok.get_vocab_size()
+    capsys.readouterr()
+    assert main(["generate", str(out), "--tokenizer", str(folder), "--prompt", prompt, "--max-new-tokens", "12", "--bos"]) == 0
+    stop = next(i for i, t in enumerate(greedy) if t in eos)
+    captured = capsys.readouterr()
+    assert captured.out.rstrip("\n") == prompt + tok.decode(greedy[: stop + 1], skip_special_tokens=False)
+    assert f"{stop + 1} generated (EOS)" in captured.err
