@@ -37,7 +37,7 @@ TABLE = {
     "granite": ("granite", {}, 1, None),
     "glm": ("glm", {"head_dim": 16}, 1, None),
     "glm4": ("glm4", {"head_dim": 16}, 1, None),
-    "helium": ("helium", {}, 1, "modeling_helium.forward"),  # head_dim 128 != hidden/heads 16
+    "helium": ("helium", {"head_dim": 16}, 1, None),  # its o_proj is hidden x hidden: head_dim must be hidden/heads
     "qwen3-head_dim": ("qwen3", {"head_dim": 32}, 1, None),  # head_dim != hidden/heads
     "smollm3": ("smollm3", {"no_rope_layers": [1, 0]}, 2, None),  # layer 1 without rope (NoPE)
     "exaone4": ("exaone4", {"sliding_window": 8}, 2, None),
@@ -52,19 +52,14 @@ TABLE = {
     "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2}, 1, None),
     "granitemoe": ("granitemoe", MOE, 1, None),
     "gpt_oss": ("gpt_oss", MOE | {"head_dim": 16, "sliding_window": 8}, 2, None),  # attention sinks
-    "gpt2": ("gpt2", {}, 1, "modeling_gpt2.eager_attention_forward"),  # learned positions, Conv1D, LayerNorm
-    "gpt_neox": (
-        "gpt_neox",
-        {},
-        1,
-        "modeling_gpt_neox.eager_attention_forward",
-    ),  # head embed_out, partial rotary 0.25, parallel residual
-    "falcon": ("falcon", {}, 1, "modeling_falcon.forward"),  # multi-query, parallel attention, asks the cache its length
-    "persimmon": ("persimmon", {}, 1, "modeling_persimmon.eager_attention_forward"),
+    "gpt2": ("gpt2", {}, 1, None),  # learned positions, Conv1D, LayerNorm
+    "gpt_neox": ("gpt_neox", {}, 1, None),  # head embed_out, partial rotary 0.25, parallel residual
+    "falcon": ("falcon", {}, 1, None),  # multi-query (one KV head), parallel attention, asks the cache its length
+    "persimmon": ("persimmon", {}, 1, None),
     "gptj": ("gptj", {}, 1, "modeling_gptj.apply_rotary_pos_emb"),
     "codegen": ("codegen", {}, 1, "modeling_codegen.apply_rotary_pos_emb"),
     "bloom": ("bloom", {}, 1, "modeling_bloom.build_alibi_tensor"),  # ALiBi
-    "opt": ("opt", {"ffn_dim": 128, "word_embed_proj_dim": 64}, 1, "modeling_opt.eager_attention_forward"),
+    "opt": ("opt", {"ffn_dim": 128, "word_embed_proj_dim": 64}, 1, None),
 }
 
 

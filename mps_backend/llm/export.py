@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
-from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
+from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs, kv_heads
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_compat import DEFAULT_TARGET
@@ -272,8 +272,7 @@ def export_llm(
         cfg = lm.model.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        kv = getattr(cfg, "num_key_value_heads", None) or heads
-        check_kv_cache_size(cfg.num_hidden_layers, kv, head_dim, seq_len, lm.dtype)
+        check_kv_cache_size(cfg.num_hidden_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
     if note:
         notes.append(note)
     if quantize:
