@@ -95,9 +95,7 @@ def make_checkpoint(folder: pathlib.Path, shape: str, dtype: str) -> None:
     )
     from transformers import AutoModelForCausalLM
 
-    from mps_backend.llm.checkpoint import _parameters_on_meta
-
-    with _parameters_on_meta():
+    with torch.device("meta"):  # only the parameters' names and shapes are used
         model = AutoModelForCausalLM.from_config(config)
     gen = torch.Generator().manual_seed(0)
     state = {}

@@ -86,7 +86,7 @@ def save_checkpoint(
     from transformers import PreTrainedTokenizerFast
 
     tok = tokenizer or train_tokenizer()
-    cls, extra = ARCHS[arch]
+    cls, extra = ARCHS[arch] if arch in ARCHS else (None, {})
     common = {
         "vocab_size": tok.get_vocab_size(),
         "hidden_size": 64,
@@ -102,7 +102,9 @@ def save_checkpoint(
     extra = copy.deepcopy(extra)
     if "layer_types" in extra:
         extra["layer_types"] = (extra["layer_types"] * layers)[:layers]
-    cfg = getattr(transformers, cls)(**(common | extra | (config or {})))
+    # an arch outside ARCHS is a transformers model_type (tests/test_llm_archs.py), its config from CONFIG_MAPPING
+    make = getattr(transformers, cls) if cls else transformers.CONFIG_MAPPING[arch]
+    cfg = make(**(common | extra | (config or {})))
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():  # trained-like norm weights and biases (initialised to ones / zeros)

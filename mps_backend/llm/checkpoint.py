@@ -17,12 +17,11 @@ clamped to ±65504 when asked (``clamp_fp16=True``).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import pathlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -130,24 +129,6 @@ def check_fp16_range(model: torch.nn.Module, *, clamp: bool = False) -> int:
     return clamped
 
 
-@contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
-    """Build a module with its parameters on the meta device (no memory, no random init) and its
-    buffers real (rotary tables, embedding scales: computed by the constructors)."""
-    register = torch.nn.Module.register_parameter
-
-    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
-        register(module, name, param)
-        if param is not None and not param.is_meta:
-            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-
-    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
-
-
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -212,75 +193,71 @@ def _read_tensor(
     return t
 
 
-def _load_weights(model: torch.nn.Module, folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool, bar: Any = None) -> int:
-    """Put the checkpoint's tensors in place of the meta parameters, one at a time. A tensor the
-    checkpoint stores in ``dtype`` (or a non-float one) is mapped from the file, not read
+class _ConvertOnRead:
+    """A checkpoint tensor stored in another float dtype than the export's, as transformers' loader
+    sees a safetensors slice: ``t[...]`` reads it with a plain file read (a mapping's pages would stay
+    resident next to the converted copy), converts it to the export dtype and checks the float16 range
+    (an overflow is recorded in ``overflows``, or clamped with ``clamp``, and raised after loading)."""
+
+    def __init__(self, path: pathlib.Path, name: str, entry: tuple, dtype: torch.dtype, clamp: bool, overflows: list, bar: Any):
+        self.path, self.name, self.entry, self.dtype = path, name, entry, dtype
+        self.clamp, self.overflows, self.bar = clamp, overflows, bar
+        self.shape = torch.Size(entry[1])
+
+    def get_shape(self) -> list[int]:
+        return list(self.shape)
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        file_dtype, shape, start, end = self.entry
+        with open(self.path, "rb", buffering=0) as f:
+            t = _read_tensor(f, self.path, self.name, file_dtype, shape, start, end)
+        if self.bar is not None:
+            self.bar.update(end - start)
+        # a reduction first: no whole-tensor temporaries unless something overflows
+        if self.dtype == torch.float16 and largest_magnitude(t) > FP16_MAX:
+            converted = t.to(self.dtype)
+            over = torch.isinf(converted) & torch.isfinite(t)
+            if over.any():
+                self.overflows.append((self.name, int(over.sum())))
+                converted.clamp_(-FP16_MAX, FP16_MAX)
+            t = converted
+        else:
+            t = t.to(self.dtype)
+        return t[index]
+
+
+def _checkpoint_tensors(folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool, overflows: list, bar: Any) -> dict:
+    """The checkpoint's tensors by their names in the files, as transformers' loader takes them: a
+    tensor stored in ``dtype`` (or a non-float one) is mapped from the file, not read
     (:mod:`mps_backend.pages`: the blob writer reads its pages and hands them back, so the weights are
-    never resident as a whole next to the blob); one to convert is read with a plain file read (a
-    mapping's pages would stay resident next to the converted copy) and converted to ``dtype``.
-    Returns how many values were clamped to float16."""
+    never resident as a whole next to the blob); one to convert is a :class:`_ConvertOnRead`."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(
             f"{folder}: no *.safetensors weights (other formats: convert with transformers' "
             "save_pretrained(..., safe_serialization=True))"
         )
-    names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
-    loaded: set[str] = set()
-    clamped = 0
+    tensors: dict[str, Any] = {}
     for path in files:
         _, entries = _safetensors_index(path)
         mapping = None
-        with open(path, "rb", buffering=0) as f:
-            for name, (file_dtype, shape, start, end) in entries.items():
-                if name not in names:
-                    continue
-                _check_size(path, name, file_dtype, shape, start, end)
-                t = None
-                if file_dtype == dtype or not file_dtype.is_floating_point:
-                    if mapping is None:
-                        mapping = map_copy_on_write(path)
-                    t = mapped_tensor(mapping, start, file_dtype, shape)
-                if t is None:
-                    t = _read_tensor(f, path, name, file_dtype, shape, start, end)
+        for name, entry in entries.items():
+            file_dtype, shape, start, end = entry
+            _check_size(path, name, file_dtype, shape, start, end)
+            t = None
+            if file_dtype == dtype or not file_dtype.is_floating_point:
+                if mapping is None:
+                    mapping = map_copy_on_write(path)
+                t = mapped_tensor(mapping, start, file_dtype, shape)
+                if t is None:  # empty or unaligned: read
+                    with open(path, "rb", buffering=0) as f:
+                        t = _read_tensor(f, path, name, file_dtype, shape, start, end)
                 if bar is not None:
                     bar.update(end - start)
-                if t.is_floating_point() and t.dtype != dtype:
-                    # a reduction first: no whole-tensor temporaries unless something overflows
-                    if dtype == torch.float16 and largest_magnitude(t) > FP16_MAX:
-                        converted = t.to(dtype)
-                        over = torch.isinf(converted) & torch.isfinite(t)
-                        if over.any():
-                            if not clamp_fp16:
-                                raise CheckpointError(
-                                    f"weights outside the float16 range (|x| > 65504) in {name} "
-                                    f"({int(over.sum())} values): export with --dtype fp32, or --clamp-fp16 "
-                                    "to clamp them to ±65504"
-                                )
-                            clamped += int(over.sum())
-                            converted.clamp_(-FP16_MAX, FP16_MAX)
-                        t = converted
-                    else:
-                        t = t.to(dtype)
-                _set_parameter(model, name, t)
-                loaded.add(name)
-    model.tie_weights()
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
-    if missing:
-        raise CheckpointError(
-            f"{folder}: the checkpoint has no weights for {', '.join(missing[:5])}"
-            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        )
-    return clamped
-
-
-def _set_parameter(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
-    module_name, _, leaf = name.rpartition(".")
-    module = model.get_submodule(module_name) if module_name else model
-    old = module._parameters[leaf]
-    if list(old.shape) != list(value.shape):
-        raise CheckpointError(f"tensor {name}: shape {list(value.shape)} in the checkpoint, {list(old.shape)} in the model")
-    module._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
+            else:
+                t = _ConvertOnRead(path, name, entry, dtype, clamp_fp16, overflows, bar)
+            tensors[name] = t
+    return tensors
 
 
 def _dtype_of_checkpoint(config: Any) -> torch.dtype | None:
@@ -323,23 +300,62 @@ def load_hf(
     if source == torch.bfloat16 and dtype == torch.float16:
         notes.append("bfloat16 checkpoint: weights converted to float16 (the MPS delegate has no bfloat16)")
     # eager attention: transformers' plain matmul/softmax attention (every architecture has it;
-    # some, like Gemma 2's soft-capped attention, have no sdpa path)
-    with _parameters_on_meta():
-        model = _transformers_step(
-            folder,
-            "build a model from",
-            transformers.AutoModelForCausalLM.from_config,
-            config,
-            dtype=dtype,
-            attn_implementation="eager",
-        )
+    # some, like Gemma 2's soft-capped attention, have no sdpa path). transformers' own loading builds
+    # the model on the meta device and applies its key renames, weight conversions (MoE experts fused
+    # into one tensor, ...) and tied weights to the tensors given as its state dict (mapped or read
+    # here, see _checkpoint_tensors); the buffers it computes itself (rotary tables).
     weight_bytes = _hf_weight_bytes(folder)
     progress = bar(weight_bytes) if bar is not None else None
+    overflows: list[tuple[str, int]] = []
     try:
-        clamped = _load_weights(model, folder, dtype, clamp_fp16=clamp_fp16, bar=progress)
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # noqa: PLC0415
+
+        if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+            raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        tensors = _checkpoint_tensors(folder, dtype, clamp_fp16=clamp_fp16, overflows=overflows, bar=progress)
+        try:
+            model, info = model_class.from_pretrained(
+                None,  # the weights are the state dict (transformers refuses a folder beside it)
+                config=config,
+                state_dict=tensors,
+                dtype=dtype,
+                attn_implementation="eager",
+                # MoE: each token's top-k experts' weights gathered by the router's choice (index, bmm),
+                # not transformers' default grouped_mm nor its loop over the experts hit (data-dependent)
+                experts_implementation="batched_mm",
+                local_files_only=True,
+                output_loading_info=True,
+            )
+        except (MPSBackendError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - any refusal of the files' contents (harness.fuzz_checkpoint)
+            detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise CheckpointError(
+                f"{folder}: transformers cannot load this {model_type} checkpoint: {type(e).__name__}: {detail}"
+            ) from None
+        del tensors
     finally:
         if progress is not None:
             progress.close()
+    if overflows and not clamp_fp16:
+        name, n = overflows[0]
+        raise CheckpointError(
+            f"weights outside the float16 range (|x| > 65504) in {name} ({n} values)"
+            + (f" and {len(overflows) - 1} more tensors" if len(overflows) > 1 else "")
+            + ": export with --dtype fp32, or --clamp-fp16 to clamp them to ±65504"
+        )
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise CheckpointError(
+            f"{folder}: the checkpoint has no weights for {', '.join(missing[:5])}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        )
+    mismatched = sorted(info.get("mismatched_keys") or (), key=str)
+    if mismatched:
+        name, got, want = mismatched[0]
+        raise CheckpointError(f"tensor {name}: shape {list(got)} in the checkpoint, {list(want)} in the model")
+    clamped = sum(n for _, n in overflows)
     if clamped:
         notes.append(f"{clamped} weight values beyond ±65504 clamped to the float16 range")
     model.eval().requires_grad_(False)

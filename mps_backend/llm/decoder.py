@@ -35,6 +35,19 @@ def _head_dim(config) -> int:
     return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
 
+def kv_heads(config) -> int:
+    """The KV heads a layer writes into the cache: ``num_key_value_heads`` where the config class has
+    that field (a GPT-2/NeoX/OPT config given one keeps it as an unused extra: every head); Falcon's
+    own: one for its multi-query layout, every head for its new decoder architecture (Falcon-40B)."""
+    if getattr(config, "model_type", None) == "falcon":
+        if config.new_decoder_architecture:
+            return int(config.num_attention_heads)
+        return 1 if config.multi_query else int(config.num_kv_heads)
+    fields = getattr(type(config), "__dataclass_fields__", None)
+    declared = fields is None or "num_key_value_heads" in fields or "num_key_value_heads" in config.attribute_map
+    return int((declared and getattr(config, "num_key_value_heads", None)) or config.num_attention_heads)
+
+
 def _additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """0 where visible, -inf elsewhere, shaped ``[1, 1, 1, S]`` (added to the attention scores)."""
     zero = torch.zeros((), dtype=dtype)
@@ -71,8 +84,9 @@ class _StaticCache:
             write_rows(getattr(self.owner, f"v_cache_{layer_idx}"), 2, self.input_pos, value)
         self.pending = {}
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:  # never reached: position_ids are given
-        raise RuntimeError("the static decode step passes position_ids; get_seq_length is not used")
+    def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
+        """The positions before this step's token (models that ask, e.g. Falcon, get ``input_pos``)."""
+        return self.input_pos.view(())
 
 
 class HFDecoder(torch.nn.Module):
@@ -84,14 +98,14 @@ class HFDecoder(torch.nn.Module):
         self.model = model
         self.max_seq_len = int(max_seq_len)
         self.n_layers = int(config.num_hidden_layers)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-        shape = (1, kv_heads, self.max_seq_len, _head_dim(config))
+        kv = kv_heads(config)
+        shape = (1, kv, self.max_seq_len, _head_dim(config))
         dtype = next(model.parameters()).dtype
         # grouped attention (no repeat_kv, K cache transposed) where the modeling code dispatches
         # through transformers' AttentionInterface; RoPE from float32 tables (mps_backend.llm.attention)
         self.grouped = use_grouped_attention(model)
         self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype)
-        k_shape = (1, kv_heads, _head_dim(config), self.max_seq_len) if self.grouped else shape
+        k_shape = (1, kv, _head_dim(config), self.max_seq_len) if self.grouped else shape
         for i in range(self.n_layers):
             self.register_buffer(f"k_cache_{i}", torch.zeros(k_shape, dtype=dtype), persistent=False)
             self.register_buffer(f"v_cache_{i}", torch.zeros(shape, dtype=dtype), persistent=False)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
-from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs
+from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs, kv_heads
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_kernels import DEFAULT_TARGET
@@ -272,8 +272,7 @@ def export_llm(
         cfg = lm.model.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        kv = getattr(cfg, "num_key_value_heads", None) or heads
-        check_kv_cache_size(cfg.num_hidden_layers, kv, head_dim, seq_len, lm.dtype)
+        check_kv_cache_size(cfg.num_hidden_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
     if note:
         notes.append(note)
     if quantize:
@@ -293,7 +292,10 @@ def export_llm(
     partitioner = MPSPartitioner(use_fp16=dtype == "fp16")
     with torch.no_grad():
         with prog.stage("torch.export"):
-            ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
+            try:
+                ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
+            except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
+                raise _refusal(model_type, e) from None
         del decoder
         _check_checkpoint_unchanged(weights, "before its weights were copied into the program")
         with prog.stage("lower to MPS"):
@@ -356,6 +358,17 @@ def export_llm(
             )
         result.seconds = dict(prog.seconds)
     return result
+
+
+def _refusal(model_type: str, error: BaseException) -> CheckpointError:
+    """One line for a model whose decode step cannot be exported: the model type, the innermost
+    function of transformers' modeling code the failure came from (the part that cannot run), why."""
+    import traceback  # noqa: PLC0415
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/transformers/models/" in f.filename.replace(os.sep, "/")]
+    where = f" in {pathlib.Path(frames[-1].filename).stem}.{frames[-1].name}" if frames else ""
+    detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    return CheckpointError(f"model type {model_type!r}: the static decode step cannot be exported{where}: {detail}")
 
 
 def _count_mps_delegates(edge) -> int:

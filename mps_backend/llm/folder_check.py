@@ -49,6 +49,13 @@ CONFIG_BOUNDS = {
     "head_dim": (1, 4096),
     "max_position_embeddings": (1, 1 << 24),
 }
+#: the names older configs give the same sizes (GPT-2, GPT-J, Bloom, OPT, ...: transformers' attribute_map)
+ALIASES = {
+    "num_hidden_layers": ("n_layer", "num_layers", "n_layers"),
+    "hidden_size": ("n_embd", "d_model"),
+    "num_attention_heads": ("n_head", "num_heads"),
+    "max_position_embeddings": ("n_positions", "max_sequence_length"),
+}
 REQUIRED = ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads")
 MAX_HEADER_BYTES = 100 << 20  # a safetensors JSON header
 MAX_JSON_BYTES = {"config.json": 16 << 20, "tokenizer.json": 512 << 20}
@@ -168,6 +175,11 @@ def check_config(config: dict, where: str) -> dict[str, int]:
         if not isinstance(text, dict):
             raise FolderError(f"{where}: text_config is not an object")
         config, where = {**{k: v for k, v in config.items() if k in CONFIG_BOUNDS}, **text}, f"{where} text_config"
+    for key, names in ALIASES.items():
+        if config.get(key) is None:
+            alias = next((n for n in names if config.get(n) is not None), None)
+            if alias is not None:
+                config = {**config, key: config[alias]}
     sizes = {}
     for key in CONFIG_BOUNDS:
         value = _bounded_int(config, key, where, required=key in REQUIRED)

@@ -1,0 +1,85 @@
+"""Every decoder-only ``*ForCausalLM`` model type tried (issue #24), table-driven over tiny random
+configs written with ``save_pretrained`` (nothing downloads): each either exports to one MPS delegate
+whose 32 greedy float32 tokens equal transformers' own ``generate``, or is refused at export, before
+anything is written, with one :class:`CheckpointError` line naming the model type and the part that
+cannot run. The seven families of tests/test_llm.py (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3, with
+float16 too) are not repeated here; docs/llm.md's table lists them all.
+
+Cost: one layer where one layer shows the architecture (two where layers differ: sliding and full,
+NoPE and rope), hidden 64, float32 only.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mps_backend.llm import CheckpointError, export_llm, generate_ids
+from tests.llm_helpers import eager_greedy, save_checkpoint, train_tokenizer
+
+PROMPT = [5, 17, 9, 40, 3]
+STEPS = 32
+MAX_SEQ_LEN = 48
+MOE = {"num_local_experts": 4, "num_experts_per_tok": 2}
+QWEN_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+#: test id -> (transformers model_type, config overrides, layers, None to export or what the one-line
+#: refusal must say)
+TABLE = {
+    "gemma": ("gemma", {"head_dim": 16}, 1, None),
+    "phi": ("phi", {}, 1, None),  # partial rotary (0.5), parallel attention and MLP, LayerNorm, biases
+    "stablelm": ("stablelm", {}, 1, None),  # partial rotary 0.25, LayerNorm
+    "starcoder2": ("starcoder2", {"sliding_window": 8}, 1, None),
+    "olmo": ("olmo", {}, 1, None),
+    "olmo2": ("olmo2", {}, 1, None),
+    "olmo3": ("olmo3", {"sliding_window": 8}, 2, None),
+    "cohere": ("cohere", {}, 1, None),  # parallel attention and MLP, logit scale
+    "cohere2": ("cohere2", {"sliding_window": 8}, 2, None),  # sliding layers with rope, full layers NoPE
+    "granite": ("granite", {}, 1, None),
+    "glm": ("glm", {"head_dim": 16}, 1, None),
+    "glm4": ("glm4", {"head_dim": 16}, 1, None),
+    "helium": ("helium", {"head_dim": 16}, 1, None),  # its o_proj is hidden x hidden: head_dim must be hidden/heads
+    "qwen3-head_dim": ("qwen3", {"head_dim": 32}, 1, None),  # head_dim != hidden/heads
+    "smollm3": ("smollm3", {"no_rope_layers": [1, 0]}, 2, None),  # layer 1 without rope (NoPE)
+    "exaone4": ("exaone4", {"sliding_window": 8}, 2, None),
+    "arcee": ("arcee", {}, 1, None),
+    "seed_oss": ("seed_oss", {"head_dim": 16}, 1, None),
+    "ernie4_5": ("ernie4_5", {"head_dim": 16}, 1, None),
+    "apertus": ("apertus", {}, 1, None),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", {"head_dim": 16}, 1, None),
+    "mixtral": ("mixtral", MOE, 1, None),
+    "qwen2_moe": ("qwen2_moe", QWEN_MOE | {"shared_expert_intermediate_size": 64}, 1, None),
+    "qwen3_moe": ("qwen3_moe", QWEN_MOE | {"head_dim": 16}, 1, None),
+    "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2}, 1, None),
+    "granitemoe": ("granitemoe", MOE, 1, None),
+    "gpt_oss": ("gpt_oss", MOE | {"head_dim": 16, "sliding_window": 8}, 2, None),  # attention sinks
+    "gpt2": ("gpt2", {}, 1, None),  # learned positions, Conv1D, LayerNorm
+    "gpt_neox": ("gpt_neox", {}, 1, None),  # head embed_out, partial rotary 0.25, parallel residual
+    "falcon": ("falcon", {}, 1, None),  # multi-query (one KV head), parallel attention, asks the cache its length
+    "persimmon": ("persimmon", {}, 1, None),
+    "gptj": ("gptj", {}, 1, "modeling_gptj.apply_rotary_pos_emb"),
+    "codegen": ("codegen", {}, 1, "modeling_codegen.apply_rotary_pos_emb"),
+    "bloom": ("bloom", {}, 1, "modeling_bloom.build_alibi_tensor"),  # ALiBi
+    "opt": ("opt", {"ffn_dim": 128, "word_embed_proj_dim": 64}, 1, None),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer()
+
+
+@pytest.mark.parametrize("case", sorted(TABLE))
+def test_model_type_exports_or_is_refused(tmp_path, tokenizer, case):
+    model_type, overrides, layers, refusal = TABLE[case]
+    folder = save_checkpoint(tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=layers, config=overrides)
+    out = tmp_path / "m.pte"
+    if refusal is not None:
+        with pytest.raises(CheckpointError) as e:
+            export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+        message = str(e.value)
+        assert "\n" not in message and model_type in message and refusal in message, message
+        assert not out.exists() and not list(tmp_path.glob(".m.pte.*"))
+        return
+    result = export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+    assert result.delegates == 1 and result.report.partitions == 1 and not result.report.on_cpu, result.summary()
+    assert generate_ids(result.path, PROMPT, STEPS) == eager_greedy(folder, PROMPT, STEPS)
