@@ -11,6 +11,7 @@ partition, plus the constant methods executorch's LLM runner reads (:data:`METAD
 
 from __future__ import annotations
 
+import glob
 import os
 import pathlib
 import tempfile
@@ -202,13 +203,31 @@ def output_target(path: str | os.PathLike) -> pathlib.Path:
     return target
 
 
+def _remove_stale_partials(path: pathlib.Path) -> None:
+    """Remove the temporary files an earlier write to ``path`` left when its process was killed (SIGKILL
+    runs no cleanup): ``.NAME.PID.*.partial`` whose PID is no longer a running process. A live writer's
+    (another export to the same path) is left alone."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
+        pid = tmp.name[len(path.name) + 2 :].split(".", 1)[0]
+        if not pid.isdigit() or len(pid) > 9:
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # alive, another user's
+            pass
+
+
 def write_atomically(path: pathlib.Path, write) -> int:
     """``write(f)`` into a temporary file beside the target (:func:`output_target`), then rename it
     there: an interrupted export never leaves a truncated file nor destroys the file that was there,
-    and a failed write (a full disk) leaves no temporary file. Returns the size."""
+    and a failed write (a full disk) leaves no temporary file; one killed (SIGKILL) leaves its temporary
+    file, removed by the next write to the path. Returns the size."""
     path = output_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    _remove_stale_partials(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".partial", dir=path.parent)
     try:
         try:
             with os.fdopen(fd, "wb") as f:
