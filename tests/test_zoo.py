@@ -34,7 +34,7 @@ CASES = {
     ),
 }
 SLOW = [spec for spec, e in zoo.ZOO.items() if e.slow]
-CRITERIA = ("delegation", "accuracy", "size", "nodes")
+CRITERIA = ("delegation", "accuracy", "size", "nodes", "cost")
 
 #: (case or zoo spec, criterion, "fp32"/"fp16"/None for both) -> cause
 KNOWN_MISSES = {}
@@ -88,6 +88,11 @@ def assert_target(r: zoo.ZooResult, criterion: str, expected_cpu: tuple[str, ...
         # every weight once: .pte <= 1.01 x weight bytes at the precision + 64 KiB program/flatbuffer
         assert r.pte_bytes <= r.size_limit, f".pte {r.pte_bytes:,} B, weights {r.weight_bytes:,} B"
         assert r.constant_bytes <= r.weight_bytes * 1.01 + 16 * 1024, (r.constant_bytes, r.weight_bytes)
+    elif criterion == "cost":
+        # the device cost model's fused bytes per execution within FUSED_BOUND x the floor, or a named reason
+        assert r.fused_ratio > 0, "the cost model gave no ratio"
+        entry = zoo.ZOO.get(r.spec)
+        assert r.fused_ratio <= zoo.FUSED_BOUND or (entry and entry.cost_note), f"fused {r.fused_ratio:.2f}x the floor"
     elif criterion == "nodes":
         # no bloat: at most one MPS node per edge node of the partition, plus fp16's boundary casts
         assert r.mps_nodes <= r.delegated + r.casts, (
@@ -157,3 +162,8 @@ def test_render_lists_notes_leftovers_and_misses():
     assert "| `torchvision:mobilenet_v3_large` |" in md and "`aten::hardswish` 21 → 63" in md
     assert "236 MPS nodes > 186 edge nodes" in md
     assert "## Notes" in md and zoo.ZOO[r.spec].note in md
+    assert "## Above 1.2x the floor (fused cost model)\n\nNone." in md  # 1.125 is within the bound
+    r.fused_ratio, r.spec = 1.5, "executorch:deep_autoencoder"  # an entry with no cost_note
+    assert "fused bytes per execution 1.50x the floor > 1.2 with no reason named" in "; ".join(r.failures())
+    md = zoo.render({(r.spec, "fp32"): r}, ["fp32"])
+    assert "- `executorch:deep_autoencoder` (1.50x, fp32): NO REASON NAMED." in md
