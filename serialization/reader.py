@@ -280,7 +280,8 @@ def _check_window(graph: Graph, node: Node, where: str) -> None:
     dims = list(graph.values[src].dims) if isinstance(src, int) and 0 <= src < len(graph.values) else []
     weight = f.get("input2_id") if node.op in _CONVS else None
     if isinstance(weight, int) and 0 <= weight < len(graph.values) and len(graph.values[weight].dims) == 4:
-        k = tuple(graph.values[weight].dims[2:])
+        wd = graph.values[weight].dims
+        k = (wd[2], wd[3])
     span = [d[i] * (k[i] - 1) + 1 for i in (0, 1)]
     for axis, names in ((0, ("top", "bottom")), (1, ("left", "right"))):
         for name in names if node.op in _POOLS else ():
@@ -294,7 +295,7 @@ def _check_window(graph: Graph, node: Node, where: str) -> None:
                 f"{where}: a window of span {span[axis]} on an axis of {dims[2 + axis]} padded by "
                 f"{pads[names[0]]} + {pads[names[1]]}"
             )
-    if len(dims) >= 2:
+    if len(dims) >= 2 and isinstance(src, int):
         padded = [*dims[:-2], dims[-2] + pads["top"] + pads["bottom"], dims[-1] + pads["left"] + pads["right"]]
         nbytes = math.prod(padded) * ELEMENT_SIZE.get(graph.values[src].datatype, 8)
         if nbytes >= MAX_VALUE_BYTES:
