@@ -135,9 +135,11 @@ def eager_greedy(folder: pathlib.Path, prompt: list[int], n: int, dtype=torch.fl
     return out[0, len(prompt) :].tolist()
 
 
-def save_llama_checkpoint(folder: pathlib.Path, seed: int = 0, vocab_size: int = 160) -> tuple[pathlib.Path, pathlib.Path, dict]:
+def save_llama_checkpoint(
+    folder: pathlib.Path, seed: int = 0, vocab_size: int = 160, params: dict | None = None, dtype: torch.dtype = torch.float32
+) -> tuple[pathlib.Path, pathlib.Path, dict]:
     """A Meta-format llama checkpoint (``consolidated.pth`` + ``params.json``) of executorch's example
-    llama with random weights."""
+    llama with random weights in ``dtype``; ``params`` overrides params.json fields (the shape)."""
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
 
@@ -150,10 +152,10 @@ def save_llama_checkpoint(folder: pathlib.Path, seed: int = 0, vocab_size: int =
         "multiple_of": 32,
         "norm_eps": 1e-5,
         "rope_theta": 10000.0,
-    }
+    } | (params or {})
     torch.manual_seed(seed)
     model = construct_transformer(ModelArgs(**params, max_seq_len=64))
-    state = {k: v for k, v in model.state_dict().items() if not k.endswith(("freqs_cos", "freqs_sin", ".mask"))}
+    state = {k: v.to(dtype) for k, v in model.state_dict().items() if not k.endswith(("freqs_cos", "freqs_sin", ".mask"))}
     ckpt, pfile = folder / "consolidated.pth", folder / "params.json"
     torch.save(state, ckpt)
     pfile.write_text(json.dumps(params))
