@@ -48,6 +48,15 @@ def write_rows(cache: torch.Tensor, dim: int, input_pos: torch.Tensor, rows: tor
     torch.ops.aten.index_put_(cache, indices, rows)
 
 
+def write_kv_rows(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, input_pos: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor
+) -> None:
+    """One layer's new rows into its caches: ``k_t [B, KV, d, T]`` as columns of the transposed K
+    cache ``[B, KV, d, S]``, ``v [B, KV, T, d]`` as rows of the V cache ``[B, KV, S, d]``."""
+    write_rows(k_cache, 3, input_pos, k_t)
+    write_rows(v_cache, 2, input_pos, v)
+
+
 def grouped_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -188,8 +197,7 @@ class _TransposedKVCache(torch.nn.Module):
     def write_pending(self) -> None:
         """Write the rows ``update`` kept into the buffers (after the model's forward) and forget them."""
         for input_pos, k_t, v in self.pending or ():
-            write_rows(self.k_cache, 3, input_pos, k_t)
-            write_rows(self.v_cache, 2, input_pos, v)
+            write_kv_rows(self.k_cache, self.v_cache, input_pos, k_t, v)
         self.pending = None
 
 

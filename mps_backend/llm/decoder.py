@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from mps_backend.llm.attention import group_llama_attention, tabulate_rope, use_grouped_attention, with_new_rows, write_rows
+from mps_backend.llm.attention import group_llama_attention, tabulate_rope, use_grouped_attention, with_new_rows, write_kv_rows
 
 
 def _head_dim(config) -> int:
@@ -79,9 +79,8 @@ class _StaticCache:
         return k_cache, v_cache
 
     def write_pending(self) -> None:
-        for layer_idx, (k_t, value) in self.pending.items():
-            write_rows(getattr(self.owner, f"k_cache_{layer_idx}"), 3, self.input_pos, k_t)
-            write_rows(getattr(self.owner, f"v_cache_{layer_idx}"), 2, self.input_pos, value)
+        for i, (k_t, value) in self.pending.items():
+            write_kv_rows(getattr(self.owner, f"k_cache_{i}"), getattr(self.owner, f"v_cache_{i}"), self.input_pos, k_t, value)
         self.pending = {}
 
     def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
