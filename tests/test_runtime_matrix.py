@@ -10,8 +10,11 @@ runtime the emulated MPS delegate is built against that runtime's headers and re
 registry; every program must verify, its forward method must read the same as in 1.5.1, every
 operator must have a kernel, the program must load and run its steps through the runtime's own
 module, and the outputs must equal those of the 1.5.1 run (bit for bit where no CPU kernel is
-involved: the delegate is the same device model). With ``MPS_BACKEND_COMPAT_REPORT=FILE`` the table
-is written there (docs/runtime-compat.md).
+involved: the delegate is the same device model). The language model's decode step writes its KV cache
+after the delegate, on CPU: its only CPU operator is ``aten::index_put_`` (in the 1.0 portable kernels,
+as the export-time kernel check says and each runtime's registry confirms), writing the new rows only
+(no ``aten::copy_`` of a whole cache: :mod:`mps_backend.cost`). With ``MPS_BACKEND_COMPAT_REPORT=FILE``
+the table is written there (docs/runtime-compat.md).
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ import pytest
 import torch
 from torch import nn
 
+from mps_backend.cost import cost_of_program
 from mps_backend.export import export_model
 from mps_backend.quantize import quantize_model
 from mps_backend.runtime_kernels import missing_kernels, program_operators
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKER = ROOT / "scripts" / "compat_check.py"
+LLM_LAYERS, LLM_MAX_SEQ_LEN = 2, 32  # the KV-cache case: one K and one V buffer per layer
 
 
 def _runtimes() -> list[Path]:
@@ -111,10 +116,24 @@ def _llm(folder: Path) -> bytes:
     from mps_backend.llm import export_llm  # noqa: PLC0415
     from tests.llm_helpers import save_checkpoint  # noqa: PLC0415
 
-    ckpt = save_checkpoint(folder / "ckpt", "llama")
+    ckpt = save_checkpoint(folder / "ckpt", "llama", layers=LLM_LAYERS)
     out = folder / "llm.bin"
-    export_llm(f"hf:{ckpt}", out, dtype="fp16", max_seq_len=32)
+    export_llm(f"hf:{ckpt}", out, dtype="fp16", max_seq_len=LLM_MAX_SEQ_LEN)
     return out.read_bytes()
+
+
+def _check_cache_writes(pte: bytes) -> None:
+    """The decode step's KV-cache writes (#23): one in-place ``index_put_`` per cache buffer on CPU after
+    the delegate, a kernel of executorch 1.0's portable library, writing the new rows only."""
+    assert program_operators(pte) == ["aten::index_put_"]
+    assert missing_kernels(pte, "1.0") == []
+    cost = cost_of_program(pte)
+    assert cost.cpu_kernels == {"aten::index_put_.default": 2 * LLM_LAYERS}, cost.cpu_kernels
+    # no cache is copied whole: nothing moves state around, and CPU writes exactly the new rows
+    assert cost.naive.by_role["state copies"] == cost.fused.by_role["state copies"] == 0
+    assert cost.cpu.written == cost.floor_parts["rows written"] > 0
+    # each write is one position of its buffer ([1, kv_heads, 1, head_dim] of [.., LLM_MAX_SEQ_LEN, ..])
+    assert cost.cpu.written * LLM_MAX_SEQ_LEN == cost.floor_parts["state"]
 
 
 def _check(runtime: Path | None, folder: Path) -> dict[str, dict]:
@@ -147,7 +166,7 @@ def _compare(ours: list[list[torch.Tensor]], base: list[list[torch.Tensor]], exa
     return f"close (max diff {max(diffs):.2g})"
 
 
-def _write_report(path: Path, results: dict[str, dict[str, dict]]) -> None:
+def _write_report(path: Path, results: dict[str, dict[str, dict]], folder: Path) -> None:
     versions = list(results)
     lines = [
         "# Runtime compatibility",
@@ -158,7 +177,9 @@ def _write_report(path: Path, results: dict[str, dict[str, dict]]) -> None:
         "backend registry). *verifies*: full program verification; *meta*: the forward method reads the "
         "same as in 1.5.1; *kernels*: every operator registered; *load*: the method loads (MPS delegates "
         "initialised); *steps*: calls of forward through the runtime's own module (the language model: "
-        "three decode steps on its KV cache); *outputs*: compared with the 1.5.1 run.",
+        "three decode steps on its KV cache); *outputs*: compared with the 1.5.1 run. *CPU operators*: "
+        "the operators the program runs outside the delegate (the language model's KV-cache row writes: "
+        "one in-place `aten::index_put_` per cache buffer, no `aten::copy_` of a cache).",
     ]
     if os.environ.get("MPS_BACKEND_COMPAT_RUNTIMES"):
         listed = [
@@ -178,7 +199,7 @@ def _write_report(path: Path, results: dict[str, dict[str, dict]]) -> None:
             "The pybindings of executorch 1.0 are built without `InternalConsistency` verification "
             '("requested but not available"): *verifies* there means the program parsed.',
         ]
-    lines += ["", "| case | " + " | ".join(versions) + " |", "|---|" + "---|" * len(versions)]
+    lines += ["", "| case | CPU operators | " + " | ".join(versions) + " |", "|---|---|" + "---|" * len(versions)]
     for case in sorted(results[versions[0]]):
         cells = []
         for v in versions:
@@ -188,7 +209,8 @@ def _write_report(path: Path, results: dict[str, dict[str, dict]]) -> None:
                 f"{'all' if not r.get('operators_missing') else r['operators_missing']}, load {r.get('load')}, "
                 f"{r.get('outputs', 0)} step(s), outputs {r.get('equal', '-')}"
             )
-        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+        cpu = json.loads((folder / f"{case}.operators.json").read_text())
+        lines.append(f"| {case} | {', '.join(f'`{op}`' for op in cpu) or 'none'} | " + " | ".join(cells) + " |")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -198,6 +220,7 @@ def _write_report(path: Path, results: dict[str, dict[str, dict]]) -> None:
 )
 def test_programs_run_in_the_runtimes_apps_ship(tmp_path):
     cases = _cases(tmp_path)
+    _check_cache_writes((tmp_path / "llm_kv_cache.pte").read_bytes())
     results = {"1.5.1 (this venv)": _check(None, tmp_path)}
     for runtime in _runtimes():
         rows = _check(runtime, tmp_path)
@@ -238,4 +261,4 @@ def test_programs_run_in_the_runtimes_apps_ship(tmp_path):
     assert not torch.equal(llm[0][0], llm[1][0])
     report = os.environ.get("MPS_BACKEND_COMPAT_REPORT")
     if report:
-        _write_report(Path(report), results)
+        _write_report(Path(report), results, tmp_path)
