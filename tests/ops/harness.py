@@ -41,7 +41,11 @@ module=None, non_core=())``
   NaN and ±inf positions must match exactly; integer and bool outputs must be equal. Justify any
   looser tolerance in a comment on the row.
 - ``cpu_reason``: the op must stay on CPU: some node is left on CPU with a partitioner reason
-  containing this substring (checked once, not per precision; nothing else is checked).
+  containing this substring (checked once, in the row's first precision, not per precision). Then the
+  row's lowering goes on as ``export_model`` does (``to_executorch``, the kernel check for the default
+  target runtime, executorch 1.0): it must be refused there with one ``RuntimeCompatError`` line naming
+  the missing kernel, or give a program that loads and runs in the emulated runtime (``run_pte``) with
+  eager's outputs (within ``tol``; a model eager itself refuses must fail there with a typed error too).
 - ``xfail``: the row is expected to fail (strict): name the device limit or the open work.
 - ``non_core``: aten ops outside core ATen that the row's graph keeps (edge verification rejects
   them unless listed in ``EdgeCompileConfig._core_aten_ops_exception_list``; e.g. ``aten.exp2``).
@@ -82,8 +86,13 @@ from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.program._program import _gen_edge_manager_for_partitioners
 
 from mps_backend import MPSPartitioner
+from mps_backend.errors import MPSBackendError
+from mps_backend.export import UnsupportedOperatorError, plain_structseq_outputs
 from mps_backend.operators.registry import default_registry, op_key
+from mps_backend.partitioner import backend_config
+from mps_backend.runtime.emulator import run_pte
 from mps_backend.runtime.interpreter import DECLARED_DTYPE, execute
+from mps_backend.runtime_kernels import DEFAULT_TARGET, RuntimeCompatError, check_kernels
 from mps_backend.serialization import DataType, read_blob
 from mps_backend.serialization.device_facts import NOT_DISPATCHED
 
@@ -208,6 +217,7 @@ def values(data, dtype: torch.dtype = torch.float32):
 @dataclass
 class Lowered:
     partitioner: MPSPartitioner
+    edge: Any  # the EdgeProgramManager after to_backend
     blobs: list
     delegate_inputs: list  # user-input index of each delegate input
     delegate_outputs: list  # delegate output index of each program output
@@ -240,6 +250,7 @@ def prepared(r: Row):
     inputs = r.make_inputs()
     module = r.module().eval()
     ep = torch.export.export(module, inputs)
+    plain_structseq_outputs(ep)  # as export_model: topk/sort results as plain tuples (to_executorch needs it)
     # to_edge_transform_and_lower = this + to_backend; the decomposition (which keeps the ops
     # MPSPartitioner preserves) does not depend on the precision, so it is shared by both lowerings
     preserved = default_registry().preserved
@@ -274,7 +285,7 @@ def lower(r: Row, precision: str) -> Lowered:
         for a in out_node.args[0]:
             is_item = getattr(getattr(a, "target", None), "__name__", "") == "getitem"
             outs.append(a.args[1] if is_item and a.args[0] is call else None)
-    return Lowered(part, blobs, ins, outs)
+    return Lowered(part, edge, blobs, ins, outs)
 
 
 # ---- checks ------------------------------------------------------------------------------------
@@ -287,7 +298,7 @@ def check_target(r: Row) -> None:
     assert r.target in found, f"target {target_name(r.target)} is not in the edge graph: {sorted(map(str, found))}"
 
 
-def check_cpu(r: Row) -> None:
+def check_cpu(r: Row) -> str:
     check_target(r)
     low = lower(r, r.precisions[0])
     report = low.partitioner.report()
@@ -295,6 +306,45 @@ def check_cpu(r: Row) -> None:
     assert any(r.cpu_reason in reason for reason in reasons), (
         f"expected a node left on CPU with a reason containing {r.cpu_reason!r}\n{report}"
     )
+    module, inputs, _ = prepared(r)
+
+    def program() -> bytes:  # export_model's last stage, on the cached lowering
+        manager = low.edge.to_executorch(backend_config(low.edge))
+        check_kernels(manager, DEFAULT_TARGET)
+        return manager.buffer
+
+    return check_exported_program_runs(program, module, inputs, r.tolerance(r.precisions[0]))
+
+
+def check_exported_program_runs(
+    export: Callable[[], bytes], module: torch.nn.Module, inputs: Sequence[torch.Tensor], rel: float
+) -> str:
+    """What every export must give (issue #26): ``export()`` refuses the model with one typed line naming
+    the missing kernel or operator (``"refused"``), or its program loads and runs in the emulated runtime
+    with eager's outputs within ``rel`` (``"ran"``); a model whose eager forward raises must fail to run
+    with a typed error too (``"fails like eager"``)."""
+    try:
+        pte = export()
+    except (RuntimeCompatError, UnsupportedOperatorError) as e:
+        msg = str(e)
+        assert "\n" not in msg, f"refusal is not one line: {msg}"
+        named = "aten::" in msg if isinstance(e, RuntimeCompatError) else msg.startswith("aten.")
+        assert named, f"refusal names no operator: {msg}"
+        return "refused"
+    try:
+        with torch.no_grad():
+            ref = _flat(module(*inputs))
+    except RuntimeError as eager_error:
+        try:
+            run_pte(pte, list(inputs))
+        except MPSBackendError:
+            return "fails like eager"
+        raise AssertionError(f"eager raises ({eager_error}), the exported program ran") from eager_error
+    outs = run_pte(pte, list(inputs))
+    assert len(outs) == len(ref), f"{len(outs)} program outputs, eager {len(ref)}"
+    for k, (o, e) in enumerate(zip(outs, ref)):
+        assert_close(o, e, rel, f"program output {k}")
+    return "ran"
 
 
 def _fp16_float32_values(graph) -> set:
