@@ -41,8 +41,8 @@ module=None, non_core=())``
   NaN and ±inf positions must match exactly; integer and bool outputs must be equal. Justify any
   looser tolerance in a comment on the row.
 - ``cpu_reason``: the op must stay on CPU: some node is left on CPU with a partitioner reason
-  containing this substring (checked once, in the row's first precision, not per precision). Then the
-  row's lowering goes on as ``export_model`` does (``to_executorch``, the kernel check for the default
+  containing this substring (checked once, in the row's first precision, not per precision). Then each
+  precision's lowering goes on as ``export_model`` does (``to_executorch``, the kernel check for the default
   target runtime, executorch 1.0): it must be refused there with one ``RuntimeCompatError`` line naming
   the missing kernel, or give a program that loads and runs in the emulated runtime (``run_pte``) with
   eager's outputs (within ``tol``; a model eager itself refuses must fail there with a typed error too).
@@ -298,22 +298,28 @@ def check_target(r: Row) -> None:
     assert r.target in found, f"target {target_name(r.target)} is not in the edge graph: {sorted(map(str, found))}"
 
 
-def check_cpu(r: Row) -> str:
+def check_cpu(r: Row) -> list[str]:
+    """A CPU row: the reason (in its first precision), then each precision's program as ``export_model``
+    makes it (the verdicts of :func:`check_exported_program_runs`, per precision). The lowerings are the
+    cached ones the whole-program test uses too."""
     check_target(r)
-    low = lower(r, r.precisions[0])
-    report = low.partitioner.report()
+    report = lower(r, r.precisions[0]).partitioner.report()
     reasons = [c.reason for c in report.on_cpu]
     assert any(r.cpu_reason in reason for reason in reasons), (
         f"expected a node left on CPU with a reason containing {r.cpu_reason!r}\n{report}"
     )
     module, inputs, _ = prepared(r)
+    verdicts = []
+    for precision in r.precisions:
+        edge = lower(r, precision).edge
 
-    def program() -> bytes:  # export_model's last stage, on the cached lowering
-        manager = low.edge.to_executorch(backend_config(low.edge))
-        check_kernels(manager, DEFAULT_TARGET)
-        return manager.buffer
+        def program(edge: Any = edge) -> bytes:  # export_model's last stage, on the cached lowering
+            manager = edge.to_executorch(backend_config(edge))
+            check_kernels(manager, DEFAULT_TARGET)
+            return manager.buffer
 
-    return check_exported_program_runs(program, module, inputs, r.tolerance(r.precisions[0]))
+        verdicts.append(check_exported_program_runs(program, module, inputs, r.tolerance(precision)))
+    return verdicts
 
 
 def check_exported_program_runs(
