@@ -28,6 +28,30 @@ class UnsupportedOperatorError(MPSBackendError, ValueError):
     it, so executorch's edge verifier refuses the program (``aten.median.dim``)."""
 
 
+class InvalidModelError(MPSBackendError, ValueError):
+    """The model fails in eager PyTorch too, found in the exported graph (an ``as_strided`` reading past the
+    end of its input: torch.export's fake tensors do not check storage bounds)."""
+
+
+def check_cpu_reads(edge: Any) -> None:
+    """Raise :class:`InvalidModelError` for an ``as_strided_copy`` left on CPU that reads past its input's end:
+    its program would load and then fail at run time ("out of bounds for storage", as eager PyTorch does).
+    The partitioner leaves such a node on CPU; ``export_model`` runs this after the lowering."""
+    from mps_backend.operators.registry import op_key  # noqa: PLC0415
+    from mps_backend.operators.shape import as_strided_overrun  # noqa: PLC0415
+
+    names = edge.methods if hasattr(edge, "methods") else ["forward"]
+    for name in names:
+        for node in edge.exported_program(name).graph.nodes:
+            if node.op == "call_function" and op_key(node.target) == torch.ops.aten.as_strided_copy.default:
+                overrun = as_strided_overrun(node)
+                if overrun is not None:
+                    raise InvalidModelError(
+                        f"node {node.name}: {overrun} (eager PyTorch refuses it too: out of bounds for storage); "
+                        "fix the model's as_strided sizes, strides or offset"
+                    )
+
+
 @dataclass
 class ExportResult:
     pte: bytes
@@ -186,6 +210,7 @@ def export_model(
             if refusal is None:
                 raise
             raise refusal from e
+        check_cpu_reads(edge)
         blobs = _delegate_blobs(edge)
         # KV-cache row writes made in place (mps_backend.partitioner.backend_config)
         program = stage("to_executorch", lambda: edge.to_executorch(backend_config(edge)))

@@ -10,7 +10,7 @@ delegated), all of their kinds, with the suite's own model classes: ``median.dim
 indices (5 cases in the suite, one model class each here: the same operator and refusal; the second by
 the refusal test below), and ``mean`` to float64 (both suite cases). Plus the op table's CPU topk through
 ``export_model``: it ended in an untyped ``NotImplementedError`` in ``to_executorch`` (torch's named result
-tuple as the output).
+tuple as the output), and its out-of-bounds ``as_strided_copy`` (a program that loaded, then failed at run).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from executorch.backends.test.suite.operators.test_mean import MeanModel
 from executorch.backends.test.suite.operators.test_median import MedianModel, MedianValueOnlyModel
 
-from mps_backend.export import TOLERANCE, UnsupportedOperatorError, export_model
+from mps_backend.export import TOLERANCE, InvalidModelError, UnsupportedOperatorError, export_model
 
 from .ops.harness import check_exported_program_runs
 
@@ -52,3 +52,15 @@ def test_not_core_operator_refusal_names_the_operator_and_node():
     lowering: executorch's edge verifier raised an untyped ``SpecViolationError`` in ``export_model``."""
     with pytest.raises(UnsupportedOperatorError, match=r"^aten\.median\.dim \(node median\): no MPS lowering"):
         export_model(MedianModel(dim=0), (torch.randn(5, 10),))
+
+
+def test_out_of_bounds_as_strided_is_refused_at_export():
+    """The op table's ``as_strided_copy`` reading element 15 of a 12-element input: the partitioner leaves it on
+    CPU and the program loaded, then failed at run time ("out of bounds for storage", as eager does)."""
+
+    class Overrun(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.aten.as_strided_copy(x, (4, 4), (4, 1))
+
+    with pytest.raises(InvalidModelError, match=r"^node \S+: as_strided_copy reading element 15 of a 12-element input"):
+        export_model(Overrun(), (torch.randn(3, 4),))

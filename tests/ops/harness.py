@@ -45,7 +45,8 @@ module=None, non_core=())``
   precision's lowering goes on as ``export_model`` does (``to_executorch``, the kernel check for the default
   target runtime, executorch 1.0): it must be refused there with one ``RuntimeCompatError`` line naming
   the missing kernel, or give a program that loads and runs in the emulated runtime (``run_pte``) with
-  eager's outputs (within ``tol``; a model eager itself refuses must fail there with a typed error too).
+  eager's outputs (within ``tol``). An ``as_strided_copy`` reading past its input (eager refuses it too) is
+  refused by ``check_cpu_reads`` (``InvalidModelError``).
 - ``xfail``: the row is expected to fail (strict): name the device limit or the open work.
 - ``non_core``: aten ops outside core ATen that the row's graph keeps (edge verification rejects
   them unless listed in ``EdgeCompileConfig._core_aten_ops_exception_list``; e.g. ``aten.exp2``).
@@ -86,8 +87,7 @@ from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.program._program import _gen_edge_manager_for_partitioners
 
 from mps_backend import MPSPartitioner
-from mps_backend.errors import MPSBackendError
-from mps_backend.export import UnsupportedOperatorError, plain_structseq_outputs
+from mps_backend.export import InvalidModelError, UnsupportedOperatorError, check_cpu_reads, plain_structseq_outputs
 from mps_backend.operators.registry import default_registry, op_key
 from mps_backend.partitioner import backend_config
 from mps_backend.runtime.emulator import run_pte
@@ -314,6 +314,7 @@ def check_cpu(r: Row) -> list[str]:
         edge = lower(r, precision).edge
 
         def program(edge: Any = edge) -> bytes:  # export_model's last stage, on the cached lowering
+            check_cpu_reads(edge)
             manager = edge.to_executorch(backend_config(edge))
             check_kernels(manager, DEFAULT_TARGET)
             return manager.buffer
@@ -326,26 +327,18 @@ def check_exported_program_runs(
     export: Callable[[], bytes], module: torch.nn.Module, inputs: Sequence[torch.Tensor], rel: float
 ) -> str:
     """What every export must give (issue #26): ``export()`` refuses the model with one typed line naming
-    the missing kernel or operator (``"refused"``), or its program loads and runs in the emulated runtime
-    with eager's outputs within ``rel`` (``"ran"``); a model whose eager forward raises must fail to run
-    with a typed error too (``"fails like eager"``)."""
+    the missing kernel, the operator or the node (``"refused"``), or its program loads and runs in the
+    emulated runtime with eager's outputs within ``rel`` (``"ran"``)."""
     try:
         pte = export()
-    except (RuntimeCompatError, UnsupportedOperatorError) as e:
+    except (RuntimeCompatError, UnsupportedOperatorError, InvalidModelError) as e:
         msg = str(e)
         assert "\n" not in msg, f"refusal is not one line: {msg}"
-        named = "aten::" in msg if isinstance(e, RuntimeCompatError) else msg.startswith("aten.")
-        assert named, f"refusal names no operator: {msg}"
+        named = "aten::" if isinstance(e, RuntimeCompatError) else "aten." if isinstance(e, UnsupportedOperatorError) else "node "
+        assert named in msg, f"refusal names no kernel, operator or node: {msg}"
         return "refused"
-    try:
-        with torch.no_grad():
-            ref = _flat(module(*inputs))
-    except RuntimeError as eager_error:
-        try:
-            run_pte(pte, list(inputs))
-        except MPSBackendError:
-            return "fails like eager"
-        raise AssertionError(f"eager raises ({eager_error}), the exported program ran") from eager_error
+    with torch.no_grad():
+        ref = _flat(module(*inputs))
     outs = run_pte(pte, list(inputs))
     assert len(outs) == len(ref), f"{len(outs)} program outputs, eager {len(ref)}"
     for k, (o, e) in enumerate(zip(outs, ref)):
