@@ -47,8 +47,8 @@ zoo: $(STAMP)  ## the full model zoo, fp32 and fp16, one subprocess per model: w
 compat: $(STAMP) $(COMPAT_STAMP)  ## programs written here, run by executorch 1.3.1's and 1.4.0's runtimes: writes docs/runtime-compat.md
 	MPS_BACKEND_COMPAT_REPORT=docs/runtime-compat.md $(BIN)/python -m pytest -q tests/test_runtime_matrix.py
 
-fuzz: $(STAMP)  ## 100,000 mutated .pte files through check/inspect/run, each worker under an address-space limit; crashes saved as regression files
-	$(BIN)/python -m harness.fuzz_pte --cases 100000 --seed $${SEED:-1} --crash-dir tests/fixtures/fuzz-regressions
+fuzz: $(STAMP)  ## 100,000 mutated .pte files through check/inspect/run on 2 workers, each under an address-space and time limit; crashes and hangs saved as regression files
+	$(BIN)/python -m harness.fuzz_pte --cases 100000 --seed $${SEED:-1} --jobs $${JOBS:-2} --crash-dir tests/fixtures/fuzz-regressions
 
 fuzz-checkpoint: $(STAMP)  ## 10,000 mutated hf: checkpoint folders (safetensors headers, config.json, shard index) through the export's load-and-check step, each in a worker under an address-space and time limit
 	$(BIN)/python -m harness.fuzz_checkpoint --cases 10000 --seed $${SEED:-1}

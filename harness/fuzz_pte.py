@@ -1,31 +1,45 @@
 """Seeded fuzzing of the entry points that take a ``.pte``, each mutant in a worker process under an
 address-space limit, so a crash, an abort or a memory bomb ends one worker instead of the caller.
 
-    python -m harness.fuzz_pte --cases 100000 [--seed 1] [--crash-dir tests/fixtures/fuzz-crashes]
+    python -m harness.fuzz_pte --cases 100000 [--seed 1] [--jobs N] [--crash-dir tests/fixtures/fuzz-crashes]
 
 Bases: small programs exported here (a CNN in fp16, an MLP in fp32 with a CPU island, an int4 MLP). Each
 mutant (byte writes, u32/u64 writes, truncations, extensions, writes into names) goes through what a
 user's file goes through: ``program_check.check_program``, ``program_input_specs``, ``inspect``'s
 delegate listing with ``read_blob`` on every MPS payload, and ``run_pte`` on random inputs. Allowed
 outcomes: success or one of the project's typed errors. Anything else fails the campaign: another
-exception type (reported with the mutant), or the worker dying (a signal, an abort, the memory limit),
-whose mutant is written to ``--crash-dir`` as a regression file.
+exception type (``UNTYPED``, reported with the case), the worker dying (``CRASH``: a signal, an abort, the
+memory limit) or not answering within ``CASE_SECONDS`` (``HANG``, the worker then killed); a crashing or
+hanging mutant is written to ``--crash-dir`` as a regression file. The workers run with 64 MiB tensor and
+memory-plan budgets (``WORKER_BUDGET_BYTES``). ``--jobs N`` spreads the cases over N workers; the mutants
+are made in case order in the parent from the seed, so they are the same for any N.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import random
 import resource
+import select
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from harness import child_env
 
 ADDRESS_SPACE_LIMIT = 24 << 30  # torch reserves much virtual memory at import; a memory bomb exceeds this
+CASE_SECONDS = 60.0  # a case takes well under a second; beyond this is a hang
+#: the device model's per-tensor and the program check's memory-plan budgets in the workers (the defaults are
+#: 4 GiB): the bases' tensors and plans are under 1 MiB, so a mutant that inflates one meets the same budget
+#: checks at 64 MiB in milliseconds instead of allocating up to 4 GiB a tensor (a padding of 14,417,921 on the
+#: CNN's convolution, within the default budget, ran 65 s at an 11 GiB peak on this shared machine)
+WORKER_BUDGET_BYTES = 64 << 20
+STARTUP_SECONDS = 300.0  # a worker's imports (torch, executorch) on this shared machine
 ALLOWED = ("ProgramFormatError", "EmulatorError", "InputMismatchError", "MPSFormatError", "DeviceError")
 
 
@@ -117,10 +131,14 @@ def _run_case(data: bytes) -> str:
 
 
 def worker(folder: Path) -> None:
-    """Read case file names from stdin, run each, answer one JSON line per case."""
+    """Import what the cases use, answer a ready line, then read case file names from stdin and answer one
+    JSON line per case."""
     import warnings  # noqa: PLC0415
 
+    import mps_backend.runtime.emulator  # noqa: F401, PLC0415 - the imports: not counted in a case's time
+
     warnings.simplefilter("ignore")
+    print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         path = Path(line.strip())
         result = _run_case(path.read_bytes())
@@ -137,70 +155,156 @@ def _limit() -> None:
 
 
 class _Worker:
-    def __init__(self, folder: Path):
+    """One worker process; a case is sent, then its answer is collected (``CRASH`` if the worker died on it,
+    ``HANG`` past the time limit, the worker then killed)."""
+
+    def __init__(self, folder: Path, *, wait: bool = True):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "harness.fuzz_pte", "--worker", str(folder)],
             stdin=subprocess.PIPE,
-            env=child_env(),
+            env=child_env(
+                MPS_BACKEND_MAX_TENSOR_BYTES=str(WORKER_BUDGET_BYTES), MPS_BACKEND_MAX_PLAN_BYTES=str(WORKER_BUDGET_BYTES)
+            ),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            text=True,
             preexec_fn=_limit,
         )
+        self.buffer = b""
+        self.eof = False
+        self.deadline = time.monotonic() + STARTUP_SECONDS
+        if wait:
+            self.started()
 
-    def run(self, path: Path) -> str | None:
-        """The case's result, or None if the worker died on it."""
+    def started(self) -> _Worker:
+        """Wait for the worker's ready line (its imports; each case's time limit starts after them)."""
+        if self.wait() is not None:
+            raise RuntimeError(f"the fuzz worker did not start within {STARTUP_SECONDS:.0f} s")
+        return self
+
+    def fileno(self) -> int:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.fileno()
+
+    def send(self, path: Path, seconds: float = CASE_SECONDS) -> None:
+        assert self.proc.stdin is not None
+        self.deadline = time.monotonic() + seconds
         try:
-            self.proc.stdin.write(f"{path}\n")
+            self.proc.stdin.write(f"{path}\n".encode())
             self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
         except BrokenPipeError:
-            line = ""
-        if not line:
+            pass
+
+    def read(self) -> None:
+        """Take what the worker wrote (call when its output is readable)."""
+        chunk = os.read(self.fileno(), 65536)
+        self.buffer += chunk
+        self.eof = not chunk
+
+    def answer(self) -> str | None:
+        """The case's result if there is one now (its ``result``, ``CRASH (exit N)`` or ``HANG``), else None."""
+        if b"\n" in self.buffer:
+            line, _, self.buffer = self.buffer.partition(b"\n")
+            return str(json.loads(line).get("result", "ready"))
+        if self.eof:
             self.proc.wait()
-            return None
-        return json.loads(line)["result"]
+            return f"CRASH (exit {self.proc.returncode})"
+        if time.monotonic() >= self.deadline:
+            self.proc.kill()
+            self.proc.wait()
+            return "HANG"
+        return None
+
+    def wait(self) -> str | None:
+        """Block until the answer; None for the ready line."""
+        while (result := self.answer()) is None:
+            if select.select([self], [], [], max(0.0, self.deadline - time.monotonic()))[0]:
+                self.read()
+        return None if result == "ready" else result
+
+    def run(self, path: Path, seconds: float = CASE_SECONDS) -> str | None:
+        """One case's result (see :meth:`answer`)."""
+        self.send(path, seconds)
+        return self.wait()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def close(self) -> None:
         if self.proc.poll() is None:
+            assert self.proc.stdin is not None
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
 
 
-def campaign(cases: int, seed: int, crash_dir: Path | None = None, progress: bool = False) -> dict:
-    """Run ``cases`` mutants; returns counts and the failures (untyped errors and worker deaths)."""
-    base = bases()
+def campaign(
+    cases: int,
+    seed: int,
+    crash_dir: Path | None = None,
+    progress: bool = False,
+    jobs: int = 1,
+    base: dict[str, bytes] | None = None,
+) -> dict:
+    """Run ``cases`` mutants on ``jobs`` workers; returns counts, the failures (untyped errors, worker deaths,
+    hangs) and the time taken. The mutants are made in case order from one generator in this process, so a
+    seed gives the same mutants, and the same results, whatever ``jobs`` is. ``base``: :func:`bases`' result,
+    if the caller has it already (it is made otherwise)."""
+    start = time.monotonic()
+    base = bases() if base is None else base
     names = sorted(base)
     rng = random.Random(seed)
     counts: dict[str, int] = {}
     failures: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    results: dict[int, str] = {}
+    with tempfile.TemporaryDirectory(prefix="fuzz-pte-") as tmp:
         folder = Path(tmp)
-        w = _Worker(folder)
+        idle = [w.started() for w in [_Worker(folder, wait=False) for _ in range(jobs)]]  # importing at once
+        busy: dict[_Worker, tuple[int, str, str, bytes]] = {}
+        sent = done = 0
         try:
-            for i in range(cases):
-                name = rng.choice(names)
-                kind, mutant = mutate(rng, base[name])
-                path = folder / f"case-{i}.pte"
-                path.write_bytes(mutant)
-                result = w.run(path)
-                if result is None:  # the worker died: a signal, an abort or the address-space limit
-                    code = w.proc.returncode
-                    result = f"CRASH (exit {code})"
-                    if crash_dir is not None:
-                        crash_dir.mkdir(parents=True, exist_ok=True)
-                        (crash_dir / f"seed{seed}-case{i}-{name}.pte").write_bytes(mutant)
-                    w = _Worker(folder)
-                if result.startswith(("UNTYPED", "CRASH")):
-                    failures.append({"case": i, "base": name, "kind": kind, "result": result})
-                key = result.split(":")[0]
-                counts[key] = counts.get(key, 0) + 1
-                path.unlink()
-                if progress and (i + 1) % 100 == 0:
-                    print(f"{i + 1}/{cases} {counts}", file=sys.stderr, flush=True)
+            while done < cases:
+                while idle and sent < cases:
+                    name = rng.choice(names)
+                    kind, mutant = mutate(rng, base[name])
+                    path = folder / f"case-{sent}.pte"
+                    path.write_bytes(mutant)
+                    w = idle.pop()
+                    w.send(path)
+                    busy[w] = (sent, name, kind, mutant)
+                    sent += 1
+                wait = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+                for w in select.select(list(busy), [], [], wait)[0]:
+                    w.read()
+                for w in list(busy):
+                    result = w.answer()
+                    if result is None:
+                        continue
+                    i, name, kind, mutant = busy.pop(w)
+                    (folder / f"case-{i}.pte").unlink()
+                    if result.startswith(("UNTYPED", "CRASH", "HANG")):
+                        failures.append({"case": i, "base": name, "kind": kind, "result": result})
+                        if crash_dir is not None and not result.startswith("UNTYPED"):
+                            crash_dir.mkdir(parents=True, exist_ok=True)
+                            (crash_dir / f"seed{seed}-case{i}-{name}.pte").write_bytes(mutant)
+                    idle.append(w if w.alive() else _Worker(folder))
+                    key = result.split(":")[0]
+                    counts[key] = counts.get(key, 0) + 1
+                    results[i] = key
+                    done += 1
+                    if progress and done % 500 == 0:
+                        print(f"{done}/{cases} {time.monotonic() - start:.0f}s {counts}", file=sys.stderr, flush=True)
         finally:
-            w.close()
-    return {"cases": cases, "seed": seed, "counts": counts, "failures": failures}
+            for w in [*idle, *busy]:
+                w.close()
+    return {
+        "cases": cases,
+        "seed": seed,
+        "jobs": jobs,
+        "seconds": round(time.monotonic() - start, 1),
+        "counts": dict(sorted(counts.items())),
+        "failures": sorted(failures, key=lambda f: f["case"]),
+        # each case's outcome in case order: equal digests, equal per-case results (whatever ``jobs`` was)
+        "digest": hashlib.sha256("\n".join(results[i] for i in range(cases)).encode()).hexdigest()[:16],
+    }
 
 
 def main() -> None:
@@ -208,12 +312,13 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--crash-dir", type=Path, default=None, help="write mutants that killed a worker here")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (the same mutants for any N)")
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
         worker(args.worker)
         return
-    report = campaign(args.cases, args.seed, args.crash_dir, progress=True)
+    report = campaign(args.cases, args.seed, args.crash_dir, progress=True, jobs=args.jobs)
     print(json.dumps(report, indent=1))
     sys.exit(1 if report["failures"] else 0)
 

@@ -3,13 +3,14 @@ with stage timings, a summary, and optional verification through the device mode
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
-from mps_backend.errors import MPSBackendWarning
+from mps_backend.errors import MPSBackendError, MPSBackendWarning
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.passes import check_fp16_constants, drop_unused_constants
 from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
@@ -20,6 +21,35 @@ from mps_backend.serialization.model import Header
 #: (relative step 2^-11 ~ 4.9e-4); over tens of chained ops with reductions the error grows to
 #: ~1e-2 of the output scale, so 3e-2 leaves margin without hiding a wrong lowering (those are O(1)).
 TOLERANCE = {False: 1e-4, True: 3e-2}
+
+
+class UnsupportedOperatorError(MPSBackendError, ValueError):
+    """An operator neither lowered to MPS nor allowed on CPU: it is not core ATen and nothing decomposes
+    it, so executorch's edge verifier refuses the program (``aten.median.dim``)."""
+
+
+class InvalidModelError(MPSBackendError, ValueError):
+    """The model fails in eager PyTorch too, found in the exported graph (an ``as_strided`` reading past the
+    end of its input: torch.export's fake tensors do not check storage bounds)."""
+
+
+def check_cpu_reads(edge: Any) -> None:
+    """Raise :class:`InvalidModelError` for an ``as_strided_copy`` left on CPU that reads past its input's end:
+    its program would load and then fail at run time ("out of bounds for storage", as eager PyTorch does).
+    The partitioner leaves such a node on CPU; ``export_model`` runs this after the lowering."""
+    from mps_backend.operators.registry import op_key  # noqa: PLC0415
+    from mps_backend.operators.shape import as_strided_overrun  # noqa: PLC0415
+
+    names = edge.methods if hasattr(edge, "methods") else ["forward"]
+    for name in names:
+        for node in edge.exported_program(name).graph.nodes:
+            if node.op == "call_function" and op_key(node.target) == torch.ops.aten.as_strided_copy.default:
+                overrun = as_strided_overrun(node)
+                if overrun is not None:
+                    raise InvalidModelError(
+                        f"node {node.name}: {overrun} (eager PyTorch refuses it too: out of bounds for storage); "
+                        "fix the model's as_strided sizes, strides or offset"
+                    )
 
 
 @dataclass
@@ -55,8 +85,49 @@ class ExportResult:
 
 
 def export_program(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``model`` in eval mode (non-strict), without unread constants."""
-    return drop_unused_constants(torch.export.export(model.eval(), tuple(example_inputs), strict=False))
+    """``torch.export`` of ``model`` in eval mode (non-strict), without unread constants; outputs that are
+    torch's named result tuples (``torch.topk``'s, ``torch.sort``'s) become plain tuples."""
+    ep = drop_unused_constants(torch.export.export(model.eval(), tuple(example_inputs), strict=False))
+    plain_structseq_outputs(ep)
+    return ep
+
+
+def _plain_spec(spec: Any) -> Any:
+    import torch.utils._pytree as pytree  # noqa: PLC0415
+
+    if spec.is_leaf():
+        return spec
+    children = [_plain_spec(c) for c in spec.children()]
+    if pytree.is_structseq_class(spec.type):
+        return pytree.TreeSpec(tuple, None, children)
+    return pytree.TreeSpec(spec.type, spec.context, children)
+
+
+def plain_structseq_outputs(ep: torch.export.ExportedProgram) -> None:
+    """Give ``ep`` the output structure of its outputs with torch's named result tuples (``torch.return_types``:
+    what ``torch.topk``, ``torch.sort``, ``torch.median(x, dim)`` return) as plain tuples, in place. executorch
+    writes the output structure into the program and cannot name those types ("No registered serialization
+    name for torch.return_types.topk" in ``to_executorch``); the program's outputs are the same tensors in
+    the same order, the runtime returns them as a flat list either way."""
+    for entry in ep.module_call_graph:
+        signature = entry.signature
+        if signature is not None:
+            signature.out_spec = _plain_spec(signature.out_spec)
+
+
+def _not_core_operator(ep: torch.export.ExportedProgram, error: Exception) -> UnsupportedOperatorError | None:
+    """executorch's edge verifier refusing an operator (not core ATen, no decomposition, no MPS lowering)
+    as one typed line naming the operator and its nodes; None for any other error."""
+    found = re.search(r"Operator (?:torch\._ops\.)?(\S+) is not in Core ATen opset", str(error))
+    if found is None:
+        return None
+    op = found.group(1)
+    nodes = [n.name for n in ep.graph.nodes if n.op == "call_function" and str(n.target) == op]
+    where = f" (node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)})" if nodes else ""
+    return UnsupportedOperatorError(
+        f"{op}{where}: no MPS lowering, and executorch cannot keep it on CPU either (not core ATen and no "
+        "decomposition: its edge verifier refuses it). Change the model"
+    )
 
 
 def make_static(ep: torch.export.ExportedProgram, example_inputs: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
@@ -127,12 +198,19 @@ def export_model(
         ep = stage("torch.export", lambda: export_program(model, example_inputs))
         if use_fp16:
             check_fp16_constants(ep)
-        edge = stage(
-            "lower to MPS",
-            lambda: to_edge_transform_and_lower(
-                ep, partitioner=[partitioner], compile_config=edge_compile_config(), generate_etrecord=etrecord
-            ),
-        )
+        try:
+            edge = stage(
+                "lower to MPS",
+                lambda: to_edge_transform_and_lower(
+                    ep, partitioner=[partitioner], compile_config=edge_compile_config(), generate_etrecord=etrecord
+                ),
+            )
+        except Exception as e:
+            refusal = _not_core_operator(ep, e)
+            if refusal is None:
+                raise
+            raise refusal from e
+        check_cpu_reads(edge)
         blobs = _delegate_blobs(edge)
         # KV-cache row writes made in place (mps_backend.partitioner.backend_config)
         program = stage("to_executorch", lambda: edge.to_executorch(backend_config(edge)))

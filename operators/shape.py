@@ -271,6 +271,17 @@ def _as_strided_args(node: Node):
     return x, size, stride, int(offset or 0)
 
 
+def as_strided_overrun(node: Node) -> str | None:
+    """What an ``as_strided_copy`` node of a contiguous input with non-negative strides reads past the
+    input's last element (eager PyTorch refuses it: "out of bounds for storage"), else None."""
+    x, size, stride, offset = _as_strided_args(node)
+    v = val(x)
+    if not v.is_contiguous() or v.storage_offset() != 0 or any(st < 0 for st in stride) or offset < 0:
+        return None
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride))
+    return f"as_strided_copy reading element {last} of a {v.numel()}-element input" if last >= v.numel() else None
+
+
 def _as_strided_check(node: Node):
     x, size, stride, offset = _as_strided_args(node)
     v = val(x)
@@ -278,9 +289,9 @@ def _as_strided_check(node: Node):
         return "as_strided_copy of a non-contiguous input (its storage layout is not the graph's)"
     if any(st < 0 for st in stride) or offset < 0:
         return f"as_strided_copy with negative strides {stride} / offset {offset}"
-    last = offset + sum((n - 1) * st for n, st in zip(size, stride))
-    if last >= v.numel():
-        return f"as_strided_copy reading element {last} of a {v.numel()}-element input"
+    overrun = as_strided_overrun(node)
+    if overrun is not None:
+        return overrun
     if _as_strided_form(x, size, stride, offset)[0] == "gather" and math.prod(size) > AS_STRIDED_GATHER_MAX:
         return (
             f"as_strided_copy of {math.prod(size)} elements that is neither a reshape nor a permutation "

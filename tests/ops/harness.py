@@ -41,7 +41,12 @@ module=None, non_core=())``
   NaN and ±inf positions must match exactly; integer and bool outputs must be equal. Justify any
   looser tolerance in a comment on the row.
 - ``cpu_reason``: the op must stay on CPU: some node is left on CPU with a partitioner reason
-  containing this substring (checked once, not per precision; nothing else is checked).
+  containing this substring (checked once, in the row's first precision, not per precision). Then each
+  precision's lowering goes on as ``export_model`` does (``to_executorch``, the kernel check for the default
+  target runtime, executorch 1.0): it must be refused there with one ``RuntimeCompatError`` line naming
+  the missing kernel, or give a program that loads and runs in the emulated runtime (``run_pte``) with
+  eager's outputs (within ``tol``). An ``as_strided_copy`` reading past its input (eager refuses it too) is
+  refused by ``check_cpu_reads`` (``InvalidModelError``).
 - ``xfail``: the row is expected to fail (strict): name the device limit or the open work.
 - ``non_core``: aten ops outside core ATen that the row's graph keeps (edge verification rejects
   them unless listed in ``EdgeCompileConfig._core_aten_ops_exception_list``; e.g. ``aten.exp2``).
@@ -82,8 +87,12 @@ from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.program._program import _gen_edge_manager_for_partitioners
 
 from mps_backend import MPSPartitioner
+from mps_backend.export import InvalidModelError, UnsupportedOperatorError, check_cpu_reads, plain_structseq_outputs
 from mps_backend.operators.registry import default_registry, op_key
+from mps_backend.partitioner import backend_config
+from mps_backend.runtime.emulator import run_pte
 from mps_backend.runtime.interpreter import DECLARED_DTYPE, execute
+from mps_backend.runtime_kernels import DEFAULT_TARGET, RuntimeCompatError, check_kernels
 from mps_backend.serialization import DataType, read_blob
 from mps_backend.serialization.device_facts import NOT_DISPATCHED
 
@@ -208,6 +217,7 @@ def values(data, dtype: torch.dtype = torch.float32):
 @dataclass
 class Lowered:
     partitioner: MPSPartitioner
+    edge: Any  # the EdgeProgramManager after to_backend
     blobs: list
     delegate_inputs: list  # user-input index of each delegate input
     delegate_outputs: list  # delegate output index of each program output
@@ -240,6 +250,7 @@ def prepared(r: Row):
     inputs = r.make_inputs()
     module = r.module().eval()
     ep = torch.export.export(module, inputs)
+    plain_structseq_outputs(ep)  # as export_model: topk/sort results as plain tuples (to_executorch needs it)
     # to_edge_transform_and_lower = this + to_backend; the decomposition (which keeps the ops
     # MPSPartitioner preserves) does not depend on the precision, so it is shared by both lowerings
     preserved = default_registry().preserved
@@ -274,7 +285,7 @@ def lower(r: Row, precision: str) -> Lowered:
         for a in out_node.args[0]:
             is_item = getattr(getattr(a, "target", None), "__name__", "") == "getitem"
             outs.append(a.args[1] if is_item and a.args[0] is call else None)
-    return Lowered(part, blobs, ins, outs)
+    return Lowered(part, edge, blobs, ins, outs)
 
 
 # ---- checks ------------------------------------------------------------------------------------
@@ -287,14 +298,52 @@ def check_target(r: Row) -> None:
     assert r.target in found, f"target {target_name(r.target)} is not in the edge graph: {sorted(map(str, found))}"
 
 
-def check_cpu(r: Row) -> None:
+def check_cpu(r: Row) -> list[str]:
+    """A CPU row: the reason (in its first precision), then each precision's program as ``export_model``
+    makes it (the verdicts of :func:`check_exported_program_runs`, per precision). The lowerings are the
+    cached ones the whole-program test uses too."""
     check_target(r)
-    low = lower(r, r.precisions[0])
-    report = low.partitioner.report()
+    report = lower(r, r.precisions[0]).partitioner.report()
     reasons = [c.reason for c in report.on_cpu]
     assert any(r.cpu_reason in reason for reason in reasons), (
         f"expected a node left on CPU with a reason containing {r.cpu_reason!r}\n{report}"
     )
+    module, inputs, _ = prepared(r)
+    verdicts = []
+    for precision in r.precisions:
+        edge = lower(r, precision).edge
+
+        def program(edge: Any = edge) -> bytes:  # export_model's last stage, on the cached lowering
+            check_cpu_reads(edge)
+            manager = edge.to_executorch(backend_config(edge))
+            check_kernels(manager, DEFAULT_TARGET)
+            return manager.buffer
+
+        verdicts.append(check_exported_program_runs(program, module, inputs, r.tolerance(precision)))
+    return verdicts
+
+
+def check_exported_program_runs(
+    export: Callable[[], bytes], module: torch.nn.Module, inputs: Sequence[torch.Tensor], rel: float
+) -> str:
+    """What every export must give (issue #26): ``export()`` refuses the model with one typed line naming
+    the missing kernel, the operator or the node (``"refused"``), or its program loads and runs in the
+    emulated runtime with eager's outputs within ``rel`` (``"ran"``)."""
+    try:
+        pte = export()
+    except (RuntimeCompatError, UnsupportedOperatorError, InvalidModelError) as e:
+        msg = str(e)
+        assert "\n" not in msg, f"refusal is not one line: {msg}"
+        named = "aten::" if isinstance(e, RuntimeCompatError) else "aten." if isinstance(e, UnsupportedOperatorError) else "node "
+        assert named in msg, f"refusal names no kernel, operator or node: {msg}"
+        return "refused"
+    with torch.no_grad():
+        ref = _flat(module(*inputs))
+    outs = run_pte(pte, list(inputs))
+    assert len(outs) == len(ref), f"{len(outs)} program outputs, eager {len(ref)}"
+    for k, (o, e) in enumerate(zip(outs, ref)):
+        assert_close(o, e, rel, f"program output {k}")
+    return "ran"
 
 
 def _fp16_float32_values(graph) -> set:
