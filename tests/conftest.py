@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -16,6 +17,21 @@ def upstream_pte_dir() -> pathlib.Path:
     path = FIXTURES / "upstream-pte"
     assert path.is_dir(), f"wire-compatibility fixtures missing at {path}"
     return path
+
+
+def pytest_configure(config):
+    """A pytest-xdist worker computes on its share of the cores: ``cpu_count // workers`` torch threads
+    (1 each for ``make test``'s 2 workers on 2 cores), also for the subprocesses it starts
+    (``OMP_NUM_THREADS``). Two workers of 2 OpenMP threads each on 2 cores wait on each other's spinning
+    threads: a small batched matmul took 1.5 ms instead of 11 us (the attention of the LLM tests).
+    An ``OMP_NUM_THREADS`` set by the caller is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        import torch  # noqa: PLC0415
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 #: test files whose tests share a module-level cache (functools.cache) rather than a fixture
