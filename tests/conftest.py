@@ -34,6 +34,16 @@ def pytest_configure(config):
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The LLM tests' byte-level BPE tokenizer (``tests/llm_helpers.py``, 20 ms to train). Defined here: a
+    shared fixture of a test file makes that file one xdist group, run on one worker, and the exports of
+    tests/test_llm.py and tests/test_llm_archs.py (one per test) share nothing but this."""
+    from tests.llm_helpers import train_tokenizer  # noqa: PLC0415
+
+    return train_tokenizer()
+
+
 #: test files whose tests share a module-level cache (functools.cache) rather than a fixture
 _SHARED_CACHES = frozenset({"test_zoo.py"})
 

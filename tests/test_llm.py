@@ -39,7 +39,6 @@ from tests.llm_helpers import (
     save_checkpoint,
     save_llama_checkpoint,
     save_tiktoken_model,
-    train_tokenizer,
 )
 from tests.page_helpers import mapped_from
 
@@ -51,11 +50,6 @@ MAX_SEQ_LEN = 48
 #: 0.8e-3 to 1.7e-3 on these models (eager float16 itself is 0.5e-3 to 1.3e-3 off eager float32).
 #: An error in a lowering or in the decode step is of order 1.
 FP16_LOGIT_TOL = 1e-2
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_tokenizer()
 
 
 def test_configs_exercise_what_the_architectures_need(tmp_path, tokenizer):
