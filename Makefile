@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # pytest-xdist workers for make test: 2 (the cores of the CI machine; each worker peaks at a few GiB, well
-# inside 24 GiB); tests sharing a cached preparation form one group (tests/conftest.py)
+# inside 24 GiB); tests sharing a cached preparation form one group, and each worker runs 1 torch thread
+# (cores // workers: 2 threads per worker oversubscribe the cores; tests/conftest.py)
 TEST_WORKERS ?= 2
 
 .PHONY: demo test bench zoo compat fuzz fuzz-checkpoint lint status clean

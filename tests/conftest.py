@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -18,23 +19,58 @@ def upstream_pte_dir() -> pathlib.Path:
     return path
 
 
-#: test files whose tests share a module-level cache (functools.cache) rather than a fixture
-_SHARED_CACHES = frozenset({"test_zoo.py"})
+def pytest_configure(config):
+    """A pytest-xdist worker computes on its share of the cores: ``cpu_count // workers`` torch threads
+    (1 each for ``make test``'s 2 workers on 2 cores), also for the subprocesses it starts
+    (``OMP_NUM_THREADS``). Two workers of 2 OpenMP threads each on 2 cores wait on each other's spinning
+    threads: a small batched matmul took 1.5 ms instead of 11 us (the attention of the LLM tests).
+    An ``OMP_NUM_THREADS`` set by the caller is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        import torch  # noqa: PLC0415
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
-def _shares_fixtures(item) -> bool:
-    """The test uses a class/module/package/session fixture of a test file (not pytest's own, not this
-    file's: those are cheap) or the test file keeps a cache of its own (``_SHARED_CACHES``)."""
-    if item.path.name in _SHARED_CACHES:
-        return True
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The LLM tests' byte-level BPE tokenizer (``tests/llm_helpers.py``, 20 ms to train). Defined here: a
+    shared fixture of a test file makes that file one xdist group, run on one worker, and the exports of
+    tests/test_llm.py and tests/test_llm_archs.py (one per test) share nothing but this."""
+    from tests.llm_helpers import train_tokenizer  # noqa: PLC0415
+
+    return train_tokenizer()
+
+
+#: test files whose tests share a module-level cache (functools.cache) rather than a fixture -> the test
+#: parameters its key is made of (tests/test_zoo.py: one export per case and precision)
+_SHARED_CACHES = {"test_zoo.py": ("case", "precision")}
+
+
+def _shared(item) -> str | None:
+    """What the test shares with other tests of its file, as a group name, or None: the class/module/
+    package/session fixtures of a test file it uses (not pytest's own, not this file's: those are cheap),
+    each with the index of its parameter when parametrized; or, in a file of ``_SHARED_CACHES``, the
+    parameters its cache key is made of."""
+    callspec = getattr(item, "callspec", None)
+    params, indices = (callspec.params, callspec.indices) if callspec else ({}, {})
+    keys = _SHARED_CACHES.get(item.path.name)
+    if keys is not None:
+        return "-".join(str(params[k]) for k in keys) if all(k in params for k in keys) else None
     info = getattr(item, "_fixtureinfo", None)
     here = pathlib.Path(__file__)
-    return any(
-        d.scope != "function" and here.parent in (path := pathlib.Path(d.func.__code__.co_filename)).parents and path != here
-        for defs in (info.name2fixturedefs.values() if info else ())
-        for d in defs
-        if getattr(d.func, "__code__", None) is not None
+    names = sorted(
+        name
+        for name, defs in (info.name2fixturedefs.items() if info else ())
+        if any(
+            d.scope != "function" and here.parent in (path := pathlib.Path(d.func.__code__.co_filename)).parents and path != here
+            for d in defs
+            if getattr(d.func, "__code__", None) is not None
+        )
     )
+    return ",".join(f"{n}[{indices[n]}]" if n in indices else n for n in names) or None
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (``make test``: ``-n 2 --dist loadgroup``)
@@ -44,9 +80,10 @@ def pytest_collection_modifyitems(config, items):
     - op-table rows (a ``row`` parameter under tests/ops): a row's tests (op table per precision,
       whole-program path) are ordered together and form one xdist group, so they share the row's
       export and lowerings (``tests/ops/harness.py``: ``prepared``, ``lower``);
-    - a test using a fixture wider than a function defined in its own file or folder (a module- or
-      session-scoped export shared by the file's tests): one group per file, so it is built once, on
-      one worker;
+    - a test using fixtures wider than a function defined in its own file or folder (a module- or
+      session-scoped export shared by the file's tests): one group per file and set of such fixtures
+      (per parameter of a parametrized one), so each is built once, on one worker; in a file of
+      ``_SHARED_CACHES``, one group per cache key;
     - every other test: no group (spread one by one over the workers).
 
     A test marked ``@pytest.mark.targets("aten.gather.default", ...)`` is selected by ``-k`` on any
@@ -63,7 +100,8 @@ def pytest_collection_modifyitems(config, items):
             first.setdefault(rid, pos)
             group, key = f"op-row-{rid}", first[rid]
         else:
-            group, key = (str(item.path) if _shares_fixtures(item) else None), pos
+            shared = _shared(item)
+            group, key = (None if shared is None else f"{item.path}::{shared}"), pos
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
         keyed.append((key, pos, item))

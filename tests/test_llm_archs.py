@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from mps_backend.llm import CheckpointError, export_llm, generate_ids
-from tests.llm_helpers import eager_greedy, save_checkpoint, train_tokenizer
+from tests.llm_helpers import eager_greedy, save_checkpoint
 
 PROMPT = [5, 17, 9, 40, 3]
 STEPS = 32
@@ -61,11 +61,6 @@ TABLE = {
     "bloom": ("bloom", {}, 1, "modeling_bloom.build_alibi_tensor"),  # ALiBi
     "opt": ("opt", {"ffn_dim": 128, "word_embed_proj_dim": 64}, 1, None),
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_tokenizer()
 
 
 @pytest.mark.parametrize("case", sorted(TABLE))

@@ -127,6 +127,8 @@ class LoadedMethod:
             raise TypeError(f"mode must be a string, not {type(mode).__name__}")
         self.name, self.mode = method, mode
         self._data = _read_program(pte)  # the program may point into this buffer: keep it alive
+        #: the device-model interpreter of each delegate, decoded at its first call (shim_bridge.session)
+        self._delegates: dict[tuple[int, str], Any] = {}
         emulator = load_emulator()
         with emulator.lock:
             self._load(emulator, method)
@@ -169,6 +171,7 @@ class LoadedMethod:
         with emulator.lock:
             self._method = None
             self._program = None
+            self._delegates.clear()
 
     def __enter__(self) -> "LoadedMethod":
         return self
@@ -197,7 +200,7 @@ class LoadedMethod:
                 f"ExecuTorch rejected the inputs of {self.name!r} (a shape it cannot take: static dimensions "
                 f"do not resize): expected {wanted}, got {given} ({exc})"
             ) from exc
-        with self._emulator.session(self.mode) as state:
+        with self._emulator.session(self.mode, self._delegates) as state:
             try:
                 loaded.execute()
             except RuntimeError as exc:

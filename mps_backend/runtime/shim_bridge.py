@@ -6,7 +6,9 @@ Loading the shim registers a backend named ``MPSBackend`` in the runtime's backe
 ``execute()`` hands every tensor argument of the delegate call to a ctypes callback here, which splits
 them into inputs and outputs as the device runtime does (semantics §4: the first ``len(input_ids)``
 tensors are inputs, the next ``len(output_ids)`` outputs), runs the device-model interpreter
-(:func:`mps_backend.runtime.interpreter.execute`) and writes the results into the output buffers.
+(:class:`mps_backend.runtime.interpreter.Interpreter`) and writes the results into the output buffers.
+Within a :class:`~mps_backend.runtime.emulator.LoadedMethod` each delegate's blob is decoded at its
+first call and kept for the next ones (the device runtime builds its graph once, at init).
 """
 
 from __future__ import annotations
@@ -97,13 +99,26 @@ def _torch_dtype(code: int) -> torch.dtype:
 # The callback: one delegate call
 
 
-def _execute_delegate(blob: bytes, inputs: list[torch.Tensor], mode: str, observer: Any = None) -> list[torch.Tensor]:
-    """Run one MP00 blob with the device-model interpreter (imported at call time)."""
+def _execute_delegate(
+    blob: bytes,
+    inputs: list[torch.Tensor],
+    mode: str,
+    observer: Any = None,
+    loaded: dict[tuple[int, str], Any] | None = None,
+    handle_id: int = 0,
+) -> list[torch.Tensor]:
+    """Run one MP00 blob with the device-model interpreter (imported at call time). ``loaded`` (a
+    loaded method's, see :meth:`_Emulator.session`): the interpreter of each delegate handle, decoded
+    at its first call and kept for the next ones, as the device runtime builds its graph once at init."""
     from mps_backend.runtime import interpreter  # noqa: PLC0415
 
-    if observer is None:
-        return list(interpreter.execute(blob, inputs, mode=mode))
-    return list(interpreter.Interpreter(blob, mode).run_with_report(inputs, observer)[0])
+    key = (handle_id, mode)
+    program = loaded.get(key) if loaded is not None else None
+    if program is None:
+        program = interpreter.Interpreter(blob, mode)
+        if loaded is not None:
+            loaded[key] = program
+    return list(program.run_with_report(inputs, observer)[0])
 
 
 _CODES = {dtype: code for code, dtype in _SCALAR_TYPES.items()}
@@ -229,14 +244,17 @@ class _Emulator:
         self.c_callback = _Callback(self._on_execute)  # kept alive as long as the process
 
     @contextmanager
-    def session(self, mode: str) -> Iterator[threading.local]:
+    def session(self, mode: str, loaded: dict[tuple[int, str], Any] | None = None) -> Iterator[threading.local]:
+        """Delegate calls in this block run in ``mode``; with ``loaded`` (a dict the caller keeps while
+        its program is loaded: delegate handle ids are never reused) each delegate's decoded blob is
+        kept there across calls."""
         state = self.state
-        previous = getattr(state, "mode", None)
-        state.mode, state.error = mode, None
+        previous = getattr(state, "mode", None), getattr(state, "loaded", None)
+        state.mode, state.loaded, state.error = mode, loaded, None
         try:
             yield state
         finally:
-            state.mode = previous
+            state.mode, state.loaded = previous
 
     def _on_execute(
         self,
@@ -266,7 +284,7 @@ class _Emulator:
             inputs = [_read_input(d, mode) for d in descs[:n_in]]
             observer = _NodeTracer(self.lib, trace) if trace else None
             try:
-                outputs = _execute_delegate(blob, inputs, mode, observer)
+                outputs = _execute_delegate(blob, inputs, mode, observer, getattr(self.state, "loaded", None), handle_id)
             except ValueError as exc:  # a malformed blob, or the interpreter refusing the bound tensors
                 from mps_backend.serialization import MPSFormatError  # noqa: PLC0415
 

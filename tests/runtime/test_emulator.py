@@ -81,7 +81,7 @@ class Recorder:
         self.calls: list[tuple[bytes, list[torch.Tensor], str]] = []
         self.outputs, self.fn = outputs, fn
 
-    def __call__(self, blob, inputs, mode, observer=None):
+    def __call__(self, blob, inputs, mode, observer=None, loaded=None, handle_id=0):
         self.calls.append((blob, [t.clone() for t in inputs], mode))
         if self.fn is not None:
             return self.fn(blob, inputs, mode)
@@ -481,6 +481,31 @@ def test_delegate_handles_destroyed(ops_pte, standin):
     before = lib.mps_emu_live_handles()
     run_pte(ops_pte, _ops_inputs())
     assert lib.mps_emu_live_handles() == before
+
+
+def test_a_loaded_method_decodes_each_delegate_once(upstream_pte_dir, monkeypatch):
+    """As the device runtime builds its graph at init: a LoadedMethod's calls reuse the interpreter its
+    first call decoded (same outputs as a fresh run), and close() releases it."""
+    from mps_backend.runtime import interpreter
+
+    decoded = []
+    real = interpreter.Interpreter
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            decoded.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(interpreter, "Interpreter", Counting)
+    inputs, _ = _io(upstream_pte_dir, "mlp_fp32")
+    pte = (upstream_pte_dir / "mlp_fp32.pte").read_bytes()
+    with emulator.LoadedMethod(pte) as step:
+        runs = [step(inputs)[0] for _ in range(3)]
+        assert len(decoded) == 1 and len(step._delegates) == 1
+    assert not step._delegates
+    fresh = run_pte(pte, inputs)[0]
+    assert len(decoded) == 2  # run_pte loads the program again: a new delegate handle, decoded again
+    assert all(torch.equal(r, fresh) for r in runs)
 
 
 def test_threads_keep_their_own_mode(ops_pte, standin):
