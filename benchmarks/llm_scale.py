@@ -59,6 +59,15 @@ SHAPES = {
         vocab_size=128256,
         tie_word_embeddings=True,
     ),
+    "8b": dict(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+    ),
     "tiny": dict(
         hidden_size=64,
         num_hidden_layers=2,
@@ -73,9 +82,19 @@ SHAPES = {
 }
 # the Llama-3.2-1B shape as released: tied embeddings (benchmarks/device_cost.py)
 SHAPES["1b-tied"] = SHAPES["1b"] | {"tie_word_embeddings": True}
-#: the float16 checkpoints each shape is exported from (1b: a float32 one too)
-DTYPES = {"1b": ("float32", "float16"), "3b": ("float16",), "1b-tied": ("float16",), "tiny": ("float32", "float16")}
+#: the exports of each shape: (checkpoint dtype, --quantize or None)
+RUNS = {
+    "1b": (("float32", None), ("float16", None), ("bfloat16", "int4")),
+    "3b": (("float16", None), ("bfloat16", "int4")),
+    "8b": (("bfloat16", "int4"),),
+    "1b-tied": (("float16", None),),
+    "tiny": (("float32", None), ("float16", None), ("bfloat16", "int4")),
+}
 TARGET_FP32, TARGET_FP16, TARGET_SIZE, TARGET_TIME = 1.6, 2.0, 1.002, 0.5
+#: (f): an int4 export's peak RSS / its bfloat16 checkpoint's bytes
+TARGET_INT4 = 0.6
+#: checkpoint shards are cut at about this many bytes (model.safetensors.index.json names them)
+SHARD_BYTES = 2 * 2**30
 #: (e): the 3B shape exports within this machine's memory
 MEMORY_BUDGET = 24 * 2**30
 MAX_SEQ_LEN = 2048
@@ -98,24 +117,60 @@ def make_checkpoint(folder: pathlib.Path, shape: str, dtype: str) -> None:
     with torch.device("meta"):  # only the parameters' names and shapes are used
         model = AutoModelForCausalLM.from_config(config)
     gen = torch.Generator().manual_seed(0)
-    state = {}
-    for name, p in model.named_parameters():
-        scale, base = (0.02, 0.0) if p.dim() > 1 else (0.1, 1.0)
-        state[name] = (base + scale * torch.randn(p.shape, generator=gen)).to(getattr(torch, dtype))
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    params = list(model.named_parameters())
+    shards: list[dict] = [{}]
+    for name, p in params:  # shards of about SHARD_BYTES, in parameter order
+        if shards[-1] and sum(q.numel() for q in shards[-1].values()) * p.element_size() >= SHARD_BYTES:
+            shards.append({})
+        shards[-1][name] = p
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    if len(shards) == 1:
+        names = ["model.safetensors"]
+    weight_map = {}
+    for file, shard in zip(names, shards):
+        state = {}
+        for name, p in shard.items():  # generated one tensor at a time; only one shard held at once
+            scale, base = (0.02, 0.0) if p.dim() > 1 else (0.1, 1.0)
+            state[name] = (base + scale * torch.randn(p.shape, generator=gen)).to(getattr(torch, dtype))
+            weight_map[name] = file
+        save_file(state, str(folder / file), metadata={"format": "pt"})
+        del state
+    if len(names) > 1:
+        total = sum(p.numel() * getattr(torch, dtype).itemsize for _, p in params)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     config.save_pretrained(folder)
 
 
-def run_measured(cmd: list[str]) -> tuple[int, float, int]:
-    """(exit status, seconds, peak RSS in bytes) of a child process."""
+def _high_water(pid: int) -> int:
+    """The peak RSS so far (VmHWM) of a running process, in bytes (0 when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_measured(cmd: list[str]) -> tuple[int, float, int, int]:
+    """(exit status, seconds, peak RSS in bytes, peak RSS before the self-check began) of a child
+    process: the export CLI prints each stage's start on stderr (``[verify 4 steps] ...``); the
+    peak so far is read from /proc when the self-check starts (0 when the child has none)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    err, before_verify = [], 0
+    for line in proc.stderr:
+        if line.startswith("[verify") and line.rstrip().endswith("..."):
+            before_verify = _high_water(proc.pid)
+        err.append(line)
     _, status, usage = os.wait4(proc.pid, 0)
-    err = proc.stderr.read()
     if status:
-        print(err[-3000:], file=sys.stderr)
-    return status >> 8, time.perf_counter() - t0, usage.ru_maxrss * 1024
+        print("".join(err)[-3000:], file=sys.stderr)
+    return status >> 8, time.perf_counter() - t0, usage.ru_maxrss * 1024, before_verify
 
 
 def timing_child(folder: pathlib.Path) -> None:
@@ -146,7 +201,9 @@ def weight_bytes(folder: pathlib.Path) -> tuple[int, int]:
     """(tensor bytes in the checkpoint, their float16 bytes)."""
     from mps_backend.llm.checkpoint import _safetensors_index
 
-    _, entries = _safetensors_index(folder / "model.safetensors")
+    entries = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        entries.update(_safetensors_index(f)[1])
     total = sum(end - start for _, _, start, end in entries.values())
     numel = 0
     for _dtype, shape, _, _ in entries.values():
@@ -164,6 +221,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--sizes", default="1b,3b", help=f"comma-separated shapes among {', '.join(SHAPES)} (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--runs",
+        default="",
+        help="only these exports of each shape, e.g. bfloat16-int4 or float16 (default: all of RUNS)",
     )
     parser.add_argument("--child", nargs=3, metavar=("KIND", "FOLDER", "ARG"))
     args = parser.parse_args()
@@ -184,38 +246,55 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mps_llm_bench_") as tmp:
         tmp = pathlib.Path(tmp)
         for size in sizes:
-            for dtype in DTYPES[size]:
+            for dtype, quantize in RUNS[size]:
+                label = dtype + (f"-{quantize}" if quantize else "")
+                if args.runs and label not in args.runs.split(","):
+                    continue
                 ckpt = tmp / f"{size}-{dtype}"
+                t0 = time.perf_counter()
                 subprocess.run([sys.executable, __file__, "--child", "make", str(ckpt), f"{size},{dtype}"], check=True)
+                made = time.perf_counter() - t0
                 total, fp16_bytes = weight_bytes(ckpt)
-                out = tmp / f"{size}-{dtype}.pte"
-                status, seconds, peak = run_measured(
-                    [*cli, "export", "--model", f"hf:{ckpt}", "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(out)]
-                )
+                out = tmp / f"{size}-{label}.pte"
+                cmd = [*cli, "export", "--model", f"hf:{ckpt}", "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(out)]
+                status, seconds, peak, before_verify = run_measured(cmd + (["--quantize", quantize] if quantize else []))
                 if status:
-                    print(f"{size} {dtype} checkpoint: export FAILED (exit {status})")
-                    missed.append(f"{size}-{dtype} export")
+                    print(f"{size} {label} checkpoint: export FAILED (exit {status})")
+                    missed.append(f"{size}-{label} export")
                     continue
                 ratio = peak / total
                 size_ratio = out.stat().st_size / fp16_bytes
-                target = TARGET_FP32 if dtype == "float32" else TARGET_FP16
-                print(
-                    f"{size} {dtype} checkpoint ({total / 2**30:.2f} GiB): export {seconds:.0f}s, peak RSS "
-                    f"{peak / 2**30:.2f} GiB = {ratio:.2f}x the checkpoint"
-                    + (f" (target <= {target})" if size == "1b" else "")
-                    + (f" = {peak / MEMORY_BUDGET:.2f}x {MEMORY_BUDGET / 2**30:.0f} GiB (target < 1)" if size == "3b" else "")
-                    + f"; .pte {out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights"
-                    + (f" (target <= {TARGET_SIZE})" if size != "tiny" else " (tiny: targets not applied)"),
-                    flush=True,
-                )
-                if size == "1b" and ratio > target:
-                    missed.append(f"{size}-{dtype} peak RSS {ratio:.2f}")
-                if size == "3b" and peak >= MEMORY_BUDGET:
-                    missed.append(f"{size}-{dtype} peak RSS {peak / 2**30:.1f} GiB")
-                if size != "tiny" and size_ratio > TARGET_SIZE:
-                    missed.append(f"{size}-{dtype} .pte size {size_ratio:.4f}")
+                head = f"{size} {dtype} checkpoint ({total / 2**30:.2f} GiB, written in {made:.0f}s)"
+                if quantize:
+                    export_peak = before_verify or peak
+                    print(
+                        f"{head} --quantize {quantize}: export + self-check {seconds:.0f}s; peak RSS "
+                        f"{export_peak / 2**30:.2f} GiB = {export_peak / total:.2f}x the checkpoint before the "
+                        f"self-check (target <= {TARGET_INT4}), {peak / 2**30:.2f} GiB = {ratio:.2f}x with it; "
+                        f".pte {out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights",
+                        flush=True,
+                    )
+                    if size != "tiny" and export_peak / total > TARGET_INT4:
+                        missed.append(f"{size}-{label} peak RSS {export_peak / total:.2f}")
+                else:
+                    target = TARGET_FP32 if dtype == "float32" else TARGET_FP16
+                    print(
+                        f"{head}: export {seconds:.0f}s, peak RSS "
+                        f"{peak / 2**30:.2f} GiB = {ratio:.2f}x the checkpoint"
+                        + (f" (target <= {target})" if size == "1b" else "")
+                        + (f" = {peak / MEMORY_BUDGET:.2f}x {MEMORY_BUDGET / 2**30:.0f} GiB (target < 1)" if size == "3b" else "")
+                        + f"; .pte {out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights"
+                        + (f" (target <= {TARGET_SIZE})" if size != "tiny" else " (tiny: targets not applied)"),
+                        flush=True,
+                    )
+                    if size == "1b" and ratio > target:
+                        missed.append(f"{size}-{dtype} peak RSS {ratio:.2f}")
+                    if size == "3b" and peak >= MEMORY_BUDGET:
+                        missed.append(f"{size}-{dtype} peak RSS {peak / 2**30:.1f} GiB")
+                    if size != "tiny" and size_ratio > TARGET_SIZE:
+                        missed.append(f"{size}-{dtype} .pte size {size_ratio:.4f}")
                 out.unlink()
-                if size in ("1b", "tiny") and dtype == "float16":
+                if size in ("1b", "tiny") and dtype == "float16" and not quantize:
                     r = subprocess.run(
                         [sys.executable, __file__, "--child", "time", str(ckpt), "-"], capture_output=True, text=True
                     )

@@ -273,11 +273,12 @@ class GraphBuilder:
 
     def drop_constant(self, vid: int) -> None:
         """Leave constant ``vid`` out of the blob: a lowering replaced every read of it (e.g. by a
-        packed copy). Its value entry stays, unused; no node may read it."""
+        packed copy). Its value entry stays, unused; no node may read it. Its data's file pages are
+        handed back as the blob writer's are (:meth:`ConstantTable.release`)."""
         if vid in self._scalars.values():
             raise ValueError(f"value {vid} is a shared scalar constant")
         self.graph.constant_ids.remove(vid)
-        del self.constants[vid]
+        self.constants.release(vid)  # a weight mapped from a file (e.g. int8 data packed to int4): its pages go
 
     def forget_constant(self, vid: int) -> None:
         """Leave constant ``vid`` out of the blob once no node reads it (``simplify``), shared

@@ -116,3 +116,59 @@ class PageReleaser:
             return 0  # an older kernel without MADV_PAGEOUT (EINVAL): keep the pages
         self.released += end - start
         return end - start
+
+
+class ScratchFile:
+    """A tensor written to a scratch file piece by piece, then mapped back (:meth:`mapped`) instead of
+    held in anonymous memory: its pages are read when used and :class:`PageReleaser` can hand them
+    back. The file is unlinked once mapped (the mapping keeps its data; the disk space is freed when
+    the last tensor over it goes), so nothing is left in ``folder`` after an error either, beyond a
+    file being written when the process was killed."""
+
+    def __init__(self, folder: str | os.PathLike, name: str) -> None:
+        import tempfile  # noqa: PLC0415
+
+        fd, self.path = tempfile.mkstemp(prefix=f"{name[:80]}.", suffix=".bin", dir=folder)
+        self._file = os.fdopen(fd, "wb")
+        self.nbytes = 0
+
+    def append(self, t: torch.Tensor) -> None:
+        """Write ``t``'s bytes (row-major) after what was written so far."""
+        data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        try:
+            self._file.write(memoryview(data))
+        except BaseException:
+            self.discard()
+            raise
+        self.nbytes += data.nbytes
+
+    def mapped(self, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+        """The bytes written, as a ``dtype`` tensor of ``shape`` over a copy-on-write mapping of the file."""
+        try:
+            self._file.close()
+            numel = 1
+            for d in shape:
+                numel *= int(d)
+            if numel * dtype.itemsize != self.nbytes:
+                need = numel * dtype.itemsize
+                raise ValueError(f"{self.path}: {self.nbytes} bytes written, a {dtype}{list(shape)} tensor needs {need}")
+            t = mapped_tensor(map_copy_on_write(self.path), 0, dtype, shape) if numel else torch.empty(shape, dtype=dtype)
+            assert t is not None  # offset 0 is aligned; an empty tensor is made above
+            return t
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        self._file.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def spilled(t: torch.Tensor, folder: str | os.PathLike, name: str = "tensor") -> torch.Tensor:
+    """A copy of ``t`` mapped from a scratch file in ``folder`` (:class:`ScratchFile`): same dtype,
+    shape and values, file-backed pages instead of anonymous memory."""
+    f = ScratchFile(folder, name)
+    f.append(t)
+    return f.mapped(t.dtype, list(t.shape))

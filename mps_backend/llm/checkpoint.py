@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from mps_backend.errors import MPSBackendError
-from mps_backend.pages import PageReleaser, map_copy_on_write, mapped_tensor
+from mps_backend.pages import PageReleaser, map_copy_on_write, mapped_tensor, spilled
 from mps_backend.passes import FP16_MAX, largest_magnitude
 
 #: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
@@ -197,11 +197,24 @@ class _ConvertOnRead:
     """A checkpoint tensor stored in another float dtype than the export's, as transformers' loader
     sees a safetensors slice: ``t[...]`` reads it with a plain file read (a mapping's pages would stay
     resident next to the converted copy), converts it to the export dtype and checks the float16 range
-    (an overflow is recorded in ``overflows``, or clamped with ``clamp``, and raised after loading)."""
+    (an overflow is recorded in ``overflows``, or clamped with ``clamp``, and raised after loading).
+    With a ``scratch`` folder the converted tensor is written there and mapped back
+    (:func:`mps_backend.pages.spilled`): file-backed pages the blob writer hands back, so the converted
+    weights are never resident as a whole either."""
 
-    def __init__(self, path: pathlib.Path, name: str, entry: tuple, dtype: torch.dtype, clamp: bool, overflows: list, bar: Any):
+    def __init__(
+        self,
+        path: pathlib.Path,
+        name: str,
+        entry: tuple,
+        dtype: torch.dtype,
+        clamp: bool,
+        overflows: list,
+        bar: Any,
+        scratch: pathlib.Path | None = None,
+    ):
         self.path, self.name, self.entry, self.dtype = path, name, entry, dtype
-        self.clamp, self.overflows, self.bar = clamp, overflows, bar
+        self.clamp, self.overflows, self.bar, self.scratch = clamp, overflows, bar, scratch
         self.shape = torch.Size(entry[1])
 
     def get_shape(self) -> list[int]:
@@ -223,14 +236,19 @@ class _ConvertOnRead:
             t = converted
         else:
             t = t.to(self.dtype)
+        if self.scratch is not None:
+            t = spilled(t, self.scratch, self.name)
         return t[index]
 
 
-def _checkpoint_tensors(folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool, overflows: list, bar: Any) -> dict:
+def _checkpoint_tensors(
+    folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool, overflows: list, bar: Any, scratch: pathlib.Path | None = None
+) -> dict:
     """The checkpoint's tensors by their names in the files, as transformers' loader takes them: a
     tensor stored in ``dtype`` (or a non-float one) is mapped from the file, not read
     (:mod:`mps_backend.pages`: the blob writer reads its pages and hands them back, so the weights are
-    never resident as a whole next to the blob); one to convert is a :class:`_ConvertOnRead`."""
+    never resident as a whole next to the blob); one to convert is a :class:`_ConvertOnRead` (mapped
+    from ``scratch`` once converted, when given)."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(
@@ -255,7 +273,7 @@ def _checkpoint_tensors(folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16:
                 if bar is not None:
                     bar.update(end - start)
             else:
-                t = _ConvertOnRead(path, name, entry, dtype, clamp_fp16, overflows, bar)
+                t = _ConvertOnRead(path, name, entry, dtype, clamp_fp16, overflows, bar, scratch)
             tensors[name] = t
     return tensors
 
@@ -275,10 +293,17 @@ def _hf_weight_bytes(folder: pathlib.Path) -> int:
 
 
 def load_hf(
-    folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool = False, bar: Callable[[int], Any] | None = None
+    folder: str | pathlib.Path,
+    dtype: torch.dtype,
+    *,
+    clamp_fp16: bool = False,
+    bar: Callable[[int], Any] | None = None,
+    scratch: pathlib.Path | None = None,
 ) -> LoadedLM:
     """A transformers causal LM from a local checkpoint folder, weights in ``dtype``. ``bar(total)``
-    makes a progress bar (``update(nbytes)``, ``close()``) for the bytes read."""
+    makes a progress bar (``update(nbytes)``, ``close()``) for the bytes read. ``scratch``: a folder
+    where weights converted to ``dtype`` (e.g. bfloat16 -> float16) are written and mapped back from,
+    one at a time, instead of being held in anonymous memory (see :class:`_ConvertOnRead`)."""
     folder = pathlib.Path(folder)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)")
@@ -313,7 +338,7 @@ def load_hf(
         if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
             raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-        tensors = _checkpoint_tensors(folder, dtype, clamp_fp16=clamp_fp16, overflows=overflows, bar=progress)
+        tensors = _checkpoint_tensors(folder, dtype, clamp_fp16=clamp_fp16, overflows=overflows, bar=progress, scratch=scratch)
         try:
             model, info = model_class.from_pretrained(
                 None,  # the weights are the state dict (transformers refuses a folder beside it)
