@@ -32,6 +32,7 @@ where the temporary folder is a tmpfs, that counts as memory too).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -227,6 +228,11 @@ def main() -> int:
         default="",
         help="only these exports of each shape, e.g. bfloat16-int4 or float16 (default: all of RUNS)",
     )
+    parser.add_argument(
+        "--workdir",
+        default="",
+        help="keep the checkpoints in this folder and reuse them in later runs (default: a temporary folder, removed)",
+    )
     parser.add_argument("--child", nargs=3, metavar=("KIND", "FOLDER", "ARG"))
     args = parser.parse_args()
     if args.child:
@@ -243,8 +249,12 @@ def main() -> int:
         parser.error(f"unknown size {', '.join(unknown)} (known: {', '.join(SHAPES)})")
     missed = []
     cli = [sys.executable, "-m", "mps_backend.tools.cli"]
-    with tempfile.TemporaryDirectory(prefix="mps_llm_bench_") as tmp:
-        tmp = pathlib.Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if args.workdir:
+            tmp = pathlib.Path(args.workdir)
+            tmp.mkdir(parents=True, exist_ok=True)
+        else:
+            tmp = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mps_llm_bench_")))
         for size in sizes:
             for dtype, quantize in RUNS[size]:
                 label = dtype + (f"-{quantize}" if quantize else "")
@@ -252,7 +262,8 @@ def main() -> int:
                     continue
                 ckpt = tmp / f"{size}-{dtype}"
                 t0 = time.perf_counter()
-                subprocess.run([sys.executable, __file__, "--child", "make", str(ckpt), f"{size},{dtype}"], check=True)
+                if not (ckpt / "config.json").is_file():  # written last: a complete checkpoint of --workdir
+                    subprocess.run([sys.executable, __file__, "--child", "make", str(ckpt), f"{size},{dtype}"], check=True)
                 made = time.perf_counter() - t0
                 total, fp16_bytes = weight_bytes(ckpt)
                 out = tmp / f"{size}-{label}.pte"
@@ -311,8 +322,9 @@ def main() -> int:
                         )
                         if size == "1b" and t > TARGET_TIME:
                             missed.append(f"lowering time {t:.2f}")
-                for f in ckpt.iterdir():
-                    f.unlink()
+                if not args.workdir:
+                    for f in ckpt.iterdir():
+                        f.unlink()
     print("targets missed: " + (", ".join(missed) if missed else "none"))
     return 1 if missed else 0
 

@@ -165,10 +165,3 @@ class ScratchFile:
         except FileNotFoundError:
             pass
 
-
-def spilled(t: torch.Tensor, folder: str | os.PathLike, name: str = "tensor") -> torch.Tensor:
-    """A copy of ``t`` mapped from a scratch file in ``folder`` (:class:`ScratchFile`): same dtype,
-    shape and values, file-backed pages instead of anonymous memory."""
-    f = ScratchFile(folder, name)
-    f.append(t)
-    return f.mapped(t.dtype, list(t.shape))

@@ -165,43 +165,40 @@ def quantize_model(
 
 
 #: float elements quantized at once by :func:`quantize_weight_spilled` (bounds its temporaries)
-QUANTIZE_BLOCK_ELEMENTS = 1 << 24
+QUANTIZE_BLOCK_ELEMENTS = 1 << 22
 
 
 def quantize_weight_spilled(weight: torch.Tensor, config: Any, scratch: str | os.PathLike, name: str = "weight") -> torch.Tensor:
     """torchao's quantized tensor (``IntxUnpackedToInt8Tensor``) of a 2-d ``weight`` under the
-    weight-only ``config``, its int8 data mapped from a file in ``scratch``
+    weight-only ``config``, its int8 data, scales and zero points mapped from files in ``scratch``
     (:class:`mps_backend.pages.ScratchFile`). Quantized a block of whole rows at a time, each by
     torchao's own ``quantize_`` on a linear holding those rows: the blocks of ``config`` never span
     rows (``[1, group]`` or a whole row), so the values equal those of the whole weight at once."""
     from mps_backend.pages import ScratchFile  # noqa: PLC0415
 
     n, k = weight.shape
+    if n == 0:  # no rows: torchao's own result on the empty weight
+        return _torchao_quantized(weight.detach(), config)
     rows = max(1, QUANTIZE_BLOCK_ELEMENTS // max(1, k))
-    out = ScratchFile(scratch, name)
-    scales, zeros, first = [], [], None
+    files = [ScratchFile(scratch, f"{name}.{part}") for part in ("qdata", "scale", "zero_point")]
+    first = None
     try:
         for r in range(0, n, rows):
             part = _torchao_quantized(weight.detach()[r : r + rows], config)
-            out.append(part.qdata)
-            scales.append(part.scale)
-            zeros.append(part.zero_point)
-            first = part if first is None else first
+            pieces = (part.qdata, part.scale, part.zero_point)
+            if any(t.shape[0] != part.shape[0] for t in pieces):
+                raise ValueError(f"{name}: torchao's {type(part).__name__} has per-tensor data (not rows)")
+            for f, t in zip(files, pieces):
+                f.append(t)
+            first = first or (type(part), [(t.dtype, list(t.shape[1:])) for t in pieces], part)
+            del part, pieces
     except BaseException:
-        out.discard()
+        for f in files:
+            f.discard()
         raise
-    qdata = out.mapped(torch.int8, [n, k])
-    if first is None:  # no rows: torchao's own result on the empty weight
-        return _torchao_quantized(weight.detach(), config)
-    return type(first)(
-        qdata,
-        torch.cat(scales),
-        torch.cat(zeros),
-        first.target_dtype,
-        first.block_size,
-        first.dtype,
-        first.activation_quantization,
-    )
+    cls, layout, attrs = first
+    qdata, scale, zero = (f.mapped(dtype, [n, *tail]) for f, (dtype, tail) in zip(files, layout))
+    return cls(qdata, scale, zero, attrs.target_dtype, attrs.block_size, attrs.dtype, attrs.activation_quantization)
 
 
 def _torchao_quantized(weight: torch.Tensor, config: Any) -> Any:

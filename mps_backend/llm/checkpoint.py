@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from mps_backend.errors import MPSBackendError
-from mps_backend.pages import PageReleaser, map_copy_on_write, mapped_tensor, spilled
+from mps_backend.pages import PageReleaser, ScratchFile, map_copy_on_write, mapped_tensor
 from mps_backend.passes import FP16_MAX, largest_magnitude
 
 #: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
@@ -193,13 +193,17 @@ def _read_tensor(
     return t
 
 
+#: bytes of a checkpoint tensor converted at once when the result goes to a scratch file
+CONVERT_BLOCK_BYTES = 1 << 24
+
+
 class _ConvertOnRead:
     """A checkpoint tensor stored in another float dtype than the export's, as transformers' loader
     sees a safetensors slice: ``t[...]`` reads it with a plain file read (a mapping's pages would stay
     resident next to the converted copy), converts it to the export dtype and checks the float16 range
     (an overflow is recorded in ``overflows``, or clamped with ``clamp``, and raised after loading).
-    With a ``scratch`` folder the converted tensor is written there and mapped back
-    (:func:`mps_backend.pages.spilled`): file-backed pages the blob writer hands back, so the converted
+    With a ``scratch`` folder it is read and converted a block of rows at a time, written there and
+    mapped back (:class:`mps_backend.pages.ScratchFile`): file-backed pages the blob writer hands back, so the converted
     weights are never resident as a whole either."""
 
     def __init__(
@@ -222,23 +226,46 @@ class _ConvertOnRead:
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         file_dtype, shape, start, end = self.entry
-        with open(self.path, "rb", buffering=0) as f:
-            t = _read_tensor(f, self.path, self.name, file_dtype, shape, start, end)
+        rows = int(shape[0]) if shape else 1
+        # with a scratch folder, a block of rows at a time: no whole-tensor temporaries
+        per = max(1, CONVERT_BLOCK_BYTES // max(1, (end - start) // max(1, rows))) if self.scratch is not None and shape else rows
+        out = ScratchFile(self.scratch, self.name) if self.scratch is not None else None
+        over, t = 0, None
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                for r in range(0, rows, per) if rows else [0]:
+                    m = min(per, rows - r)
+                    part_shape = [m, *shape[1:]] if shape else []
+                    lo = start + (end - start) * r // max(1, rows)
+                    hi = start + (end - start) * (r + m) // max(1, rows) if shape else end
+                    t, n = self._converted(_read_tensor(f, self.path, self.name, file_dtype, part_shape, lo, hi))
+                    over += n
+                    if out is not None:
+                        out.append(t)
+        except BaseException:
+            if out is not None:
+                out.discard()
+            raise
+        if over:
+            self.overflows.append((self.name, over))
         if self.bar is not None:
             self.bar.update(end - start)
+        if out is not None:
+            t = out.mapped(self.dtype, list(shape))
+        assert t is not None
+        return t[index]
+
+    def _converted(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """``t`` in the export dtype, and how many of its values overflowed float16 (then clamped)."""
         # a reduction first: no whole-tensor temporaries unless something overflows
-        if self.dtype == torch.float16 and largest_magnitude(t) > FP16_MAX:
+        if self.dtype == torch.float16 and t.numel() and largest_magnitude(t) > FP16_MAX:
             converted = t.to(self.dtype)
             over = torch.isinf(converted) & torch.isfinite(t)
-            if over.any():
-                self.overflows.append((self.name, int(over.sum())))
+            n = int(over.sum())
+            if n:
                 converted.clamp_(-FP16_MAX, FP16_MAX)
-            t = converted
-        else:
-            t = t.to(self.dtype)
-        if self.scratch is not None:
-            t = spilled(t, self.scratch, self.name)
-        return t[index]
+            return converted, n
+        return t.to(self.dtype), 0
 
 
 def _checkpoint_tensors(
