@@ -99,6 +99,8 @@ SHARD_BYTES = 2 * 2**30
 #: (e): the 3B shape exports within this machine's memory
 MEMORY_BUDGET = 24 * 2**30
 MAX_SEQ_LEN = 2048
+#: print each export stage's end with the child's peak RSS so far ($MPS_BENCH_STAGES=1)
+STAGES = os.environ.get("MPS_BENCH_STAGES") == "1"
 
 
 def make_checkpoint(folder: pathlib.Path, shape: str, dtype: str) -> None:
@@ -167,6 +169,8 @@ def run_measured(cmd: list[str]) -> tuple[int, float, int, int]:
     for line in proc.stderr:
         if line.startswith("[verify") and line.rstrip().endswith("..."):
             before_verify = _high_water(proc.pid)
+        if STAGES and line.startswith("[") and "] done in " in line:
+            print(f"    {line.strip()}: peak RSS so far {_high_water(proc.pid) / 2**30:.2f} GiB", flush=True)
         err.append(line)
     _, status, usage = os.wait4(proc.pid, 0)
     if status:
