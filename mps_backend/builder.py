@@ -94,6 +94,11 @@ class _Relaid(_Cast):
         dst.view(self.shape).copy_(self.fn(self.tensor).reshape(self.shape))  # one tensor's temporary at a time
 
 
+#: a constant released from the table at least this large hands the allocator's freed memory back
+#: (PageReleaser.trim): the packed int4 weights, freed one by one as the blob fills
+TRIM_BYTES = 1 << 20
+
+
 class ConstantTable(MutableMapping):
     """Value id -> data of a blob constant, in the dtype the blob declares.
 
@@ -144,6 +149,9 @@ class ConstantTable(MutableMapping):
     def release(self, vid: int) -> None:
         v = self._data.pop(vid, None)
         self.pages.release(v.tensor if isinstance(v, _Cast) else v)
+        if isinstance(v, torch.Tensor) and v.nbytes >= TRIM_BYTES:
+            del v  # e.g. a packed int4 weight now in the blob, its last reference: its memory goes back
+            self.pages.trim()
 
 
 class GraphBuilder:

@@ -86,6 +86,7 @@ class PageReleaser:
     def __init__(self) -> None:
         self._ranges: list[tuple[int, int]] | None = None
         self._madvise: Any = None
+        self._trim: Any = None
         self.released = 0
 
     def _in_file_mapping(self, lo: int, hi: int) -> bool:
@@ -117,6 +118,23 @@ class PageReleaser:
         self.released += end - start
         return end - start
 
+    def trim(self) -> None:
+        """Hand the memory the C allocator keeps after frees back to the kernel (glibc's
+        ``malloc_trim(0)``, which also returns free pages inside its heaps; nothing elsewhere).
+
+        Needed between large tensors made and freed one after another (a weight converted or quantized a
+        block at a time, a packed weight once copied into the blob): glibc serves allocations up to
+        32 MiB from heaps that it does not shrink on ``free``, so without this each freed block's
+        pages stay resident and add up to gigabytes over a model."""
+        if self._trim is None:
+            libc = ctypes.CDLL(None)
+            self._trim = getattr(libc, "malloc_trim", False) if sys.platform.startswith("linux") else False
+            if self._trim:
+                self._trim.argtypes = (ctypes.c_size_t,)
+                self._trim.restype = ctypes.c_int
+        if self._trim:
+            self._trim(0)
+
 
 class ScratchFile:
     """A tensor written to a scratch file piece by piece, then mapped back (:meth:`mapped`) instead of
@@ -143,7 +161,8 @@ class ScratchFile:
         self.nbytes += data.nbytes
 
     def mapped(self, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
-        """The bytes written, as a ``dtype`` tensor of ``shape`` over a copy-on-write mapping of the file."""
+        """The bytes written, as a ``dtype`` tensor of ``shape`` over a copy-on-write (private) mapping of
+        the file."""
         try:
             self._file.close()
             numel = 1
@@ -152,9 +171,11 @@ class ScratchFile:
             if numel * dtype.itemsize != self.nbytes:
                 need = numel * dtype.itemsize
                 raise ValueError(f"{self.path}: {self.nbytes} bytes written, a {dtype}{list(shape)} tensor needs {need}")
-            t = mapped_tensor(map_copy_on_write(self.path), 0, dtype, shape) if numel else torch.empty(shape, dtype=dtype)
-            assert t is not None  # offset 0 is aligned; an empty tensor is made above
-            return t
+            if not numel:
+                return torch.empty(shape, dtype=dtype)
+            # torch's own private mapping: unlike Python's mmap it keeps no file descriptor open (a
+            # model's ~1000 scratch tensors would exceed a 1024 or macOS's 256 descriptor limit)
+            return torch.from_file(self.path, shared=False, size=numel, dtype=dtype).view(shape)
         finally:
             self.discard()
 
@@ -164,4 +185,3 @@ class ScratchFile:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-

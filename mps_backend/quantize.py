@@ -161,6 +161,7 @@ def quantize_model(
             module.weight = torch.nn.Parameter(quantize_weight_spilled(weight, config, scratch, fqn), requires_grad=False)
             pages.release(weight)  # a weight mapped from the checkpoint or the scratch folder: its pages go
             del weight
+            pages.trim()  # and the blocks' temporaries
     return model
 
 

@@ -252,7 +252,7 @@ class _ConvertOnRead:
             self.bar.update(end - start)
         if out is not None:
             t = out.mapped(self.dtype, list(shape))
-        assert t is not None
+            PageReleaser().trim()  # the blocks' buffers
         return t[index]
 
     def _converted(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
