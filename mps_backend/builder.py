@@ -146,6 +146,12 @@ class ConstantTable(MutableMapping):
         """The stored entry: a tensor, or a deferred conversion (``nbytes``, ``write_into``)."""
         return self._data[vid]
 
+    def release_part(self, source: Any, lo: int, hi: int) -> None:
+        """Hand back the file pages of bytes ``[lo, hi)`` of a contiguous source tensor once the blob
+        writer copied them (serialization.writer.write_blob copies a large constant part by part)."""
+        if isinstance(source, torch.Tensor) and source.is_contiguous() and source.numel():
+            self.pages.release(source.reshape(-1).view(torch.uint8)[lo:hi])
+
     def release(self, vid: int) -> None:
         v = self._data.pop(vid, None)
         self.pages.release(v.tensor if isinstance(v, _Cast) else v)
