@@ -189,7 +189,7 @@ def run_measured(cmd: list[str]) -> tuple[int, float, int, int]:
     _, status, usage = os.wait4(proc.pid, 0)
     if status:
         print("".join(err)[-3000:], file=sys.stderr)
-    return status >> 8, time.perf_counter() - t0, usage.ru_maxrss * 1024, before_verify
+    return os.waitstatus_to_exitcode(status), time.perf_counter() - t0, usage.ru_maxrss * 1024, before_verify
 
 
 def timing_child(folder: pathlib.Path) -> None:
