@@ -185,3 +185,18 @@ class ScratchFile:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def untouched_zeros(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor over a fresh anonymous mapping: the kernel supplies its zero pages when first
+    written, so until then it takes no memory (``torch.zeros`` writes every byte). For large buffers
+    whose zeros are never all written at export time, e.g. a language model's KV caches (their initial
+    contents are not serialized)."""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    if numel == 0:
+        return torch.zeros(shape, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.frombuffer(mmap.mmap(-1, numel * dtype.itemsize), dtype=dtype, count=numel).view(tuple(shape))
