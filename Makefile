@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # (cores // workers: 2 threads per worker oversubscribe the cores; tests/conftest.py)
 TEST_WORKERS ?= 2
 
-.PHONY: demo test bench zoo compat fuzz fuzz-checkpoint lint status clean
+.PHONY: demo test bench bench-8b zoo compat fuzz fuzz-checkpoint lint status clean
 
 # executorch runtimes that ship the MPS delegate and run on this torch (1.3 and 1.4 need torch>=2.12; 2.14.1
 # satisfies it) for the runtime compatibility matrix: only their packages (about 110 MB each, --no-deps), one
@@ -40,6 +40,9 @@ test: $(STAMP) $(COMPAT_STAMP)  ## the whole test suite (with the executorch 1.3
 
 bench: $(STAMP)  ## every benchmark in benchmarks/ (ratios to yardsticks measured in the same run); exit 1 on a missed target
 	$(BIN)/python benchmarks/run.py
+
+bench-8b: $(STAMP)  ## Llama-3.1-8B shape, bfloat16 checkpoint -> --quantize int4: peak RSS <= 0.6x the checkpoint (~40 min, ~40 GB of disk)
+	$(BIN)/python benchmarks/llm_scale.py --sizes 8b
 
 ZOO_ARGS ?=
 zoo: $(STAMP)  ## the full model zoo, fp32 and fp16, one subprocess per model: writes docs/model-zoo.md, exit 1 on a missed target

@@ -1,37 +1,52 @@
-"""Language models at real scale: Llama-3.2-1B- and 3B-shaped random checkpoints on disk -> .pte with the CLI.
+"""Language models at real scale: Llama-3.2-1B-, 3B- and Llama-3.1-8B-shaped random checkpoints on
+disk -> .pte with the CLI.
 
-Shapes (random normal weights written as one model.safetensors by a separate process; nothing is
-downloaded), both run by default (``make bench``; ``--sizes 1b`` or ``--sizes 3b`` for one):
+Shapes (random normal weights written by a separate process one tensor at a time, in shards of
+~2 GiB with a model.safetensors.index.json; nothing is downloaded); ``make bench`` runs 1b and 3b
+(``--sizes 1b`` or ``--sizes 3b`` for one), ``make bench-8b`` (``--sizes 8b``) the 8B shape:
 - 1b: dim 2048, 16 layers, 32 heads, 8 KV heads, hidden 8192, vocab 128256, untied lm_head
-  (1.50 B parameters), from a float32 and from a float16 checkpoint;
+  (1.50 B parameters), from a float32 and a float16 checkpoint, and from a bfloat16 one with
+  ``--quantize int4``;
 - 3b: the Llama-3.2-3B shape, dim 3072, 28 layers, 24 heads, 8 KV heads, hidden 8192, tied
-  embeddings (3.21 B parameters), from a float16 checkpoint.
-``--sizes tiny`` (dim 64, 2 layers) runs the same steps in seconds to check the script itself; its
-ratios are printed, not held to the targets (the process's own ~1 GiB dwarfs its weights).
+  embeddings (3.21 B parameters), from a float16 checkpoint, and from a bfloat16 one with
+  ``--quantize int4``;
+- 8b: the Llama-3.1-8B shape, dim 4096, 32 layers, 32 heads, 8 KV heads, hidden 14336, vocab
+  128256, untied lm_head (8.03 B parameters), from a bfloat16 checkpoint with ``--quantize int4``.
+``--runs bfloat16-int4`` (or ``float16``, ...) keeps only those exports of each shape; ``--workdir
+DIR`` keeps the checkpoints there and reuses them. ``--sizes tiny`` (dim 64, 2 layers) runs the
+same steps in seconds to check the script itself; its ratios are printed, not held to the targets
+(the process's own ~0.8 GiB dwarfs its weights). ``MPS_BENCH_STAGES=1`` prints each export stage's
+end with the peak RSS so far.
 
 Measured, each export in a fresh process (``mps-backend export --model hf:DIR --max-seq-len 2048``,
-float16 on the device), its peak RSS taken from ``os.wait4``'s rusage of that child:
+float16 on the device, the CLI's default 4-step self-check), its peak RSS taken from ``os.wait4``'s
+rusage of that child (and, for int4, from its /proc VmHWM when the self-check starts):
 (a) 1b, float32 checkpoint: peak RSS / the checkpoint's tensor bytes — target <= 1.6;
 (b) 1b, float16 checkpoint: peak RSS / the checkpoint's tensor bytes — target <= 2.0;
-(c) .pte size / the unique float16 weight bytes — target <= 1.002 (every shape);
+(c) .pte size / the unique float16 weight bytes — target <= 1.002 (every unquantized export);
 (d) lowering time: in one process, the same 1b ``torch.export`` program (float16 weights) lowered with
     ``to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner()])`` + ``to_executorch()``, then
     with executorch's ``XnnpackPartitioner()`` + ``to_executorch()``: the ratio MPS / XNNPACK —
     target <= 0.5;
 (e) 3b, float16 checkpoint: the export succeeds, peak RSS / 24 GiB (the machine the issue names) —
-    target < 1.
+    target < 1;
+(f) 3b and 8b, bfloat16 checkpoint, ``--quantize int4``: the export's peak RSS (before its
+    self-check) / the checkpoint's tensor bytes — target <= 0.6 (#24); the 1b int4 run is printed
+    without a target (the process's own ~0.8 GiB is a large part of its 2.8 GiB). The whole
+    process's peak, self-check included, is printed beside it.
 The yardsticks (checkpoint bytes, XNNPACK's time, the 24 GiB budget) are fixed or measured in the same
 run. Exit status 1 when a target is missed.
 
-Resources (last measured): peak RSS ~6.8 GiB for the 1B shape (the float32 checkpoint's export,
-1.23x its 5.58 GiB; ~10 minutes in all) and 8.1 GiB for the 3B shape (float16 export, 1.35x its
-5.98 GiB); disk up to ~12 GB in the temporary folder (a checkpoint and its .pte; removed at the end;
-where the temporary folder is a tmpfs, that counts as memory too).
+Resources (last measured): see docs/llm.md, Memory and size. Disk: the checkpoint, the export's
+scratch files (up to the checkpoint's weights in float16: ~16 GB for 8B, beside the .pte) and the
+.pte (~4.6 GB for 8B int4); removed at the end (where the temporary folder is a tmpfs, that counts
+as memory too).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -59,6 +74,15 @@ SHAPES = {
         vocab_size=128256,
         tie_word_embeddings=True,
     ),
+    "8b": dict(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        tie_word_embeddings=False,
+    ),
     "tiny": dict(
         hidden_size=64,
         num_hidden_layers=2,
@@ -73,12 +97,24 @@ SHAPES = {
 }
 # the Llama-3.2-1B shape as released: tied embeddings (benchmarks/device_cost.py)
 SHAPES["1b-tied"] = SHAPES["1b"] | {"tie_word_embeddings": True}
-#: the float16 checkpoints each shape is exported from (1b: a float32 one too)
-DTYPES = {"1b": ("float32", "float16"), "3b": ("float16",), "1b-tied": ("float16",), "tiny": ("float32", "float16")}
+#: the exports of each shape: (checkpoint dtype, --quantize or None)
+RUNS = {
+    "1b": (("float32", None), ("float16", None), ("bfloat16", "int4")),
+    "3b": (("float16", None), ("bfloat16", "int4")),
+    "8b": (("bfloat16", "int4"),),
+    "1b-tied": (("float16", None),),
+    "tiny": (("float32", None), ("float16", None), ("bfloat16", "int4")),
+}
 TARGET_FP32, TARGET_FP16, TARGET_SIZE, TARGET_TIME = 1.6, 2.0, 1.002, 0.5
+#: (f): an int4 export's peak RSS / its bfloat16 checkpoint's bytes
+TARGET_INT4 = 0.6
+#: checkpoint shards are cut at about this many bytes (model.safetensors.index.json names them)
+SHARD_BYTES = 2 * 2**30
 #: (e): the 3B shape exports within this machine's memory
 MEMORY_BUDGET = 24 * 2**30
 MAX_SEQ_LEN = 2048
+#: print each export stage's end with the child's peak RSS so far ($MPS_BENCH_STAGES=1)
+STAGES = os.environ.get("MPS_BENCH_STAGES") == "1"
 
 
 def make_checkpoint(folder: pathlib.Path, shape: str, dtype: str) -> None:
@@ -98,24 +134,62 @@ def make_checkpoint(folder: pathlib.Path, shape: str, dtype: str) -> None:
     with torch.device("meta"):  # only the parameters' names and shapes are used
         model = AutoModelForCausalLM.from_config(config)
     gen = torch.Generator().manual_seed(0)
-    state = {}
-    for name, p in model.named_parameters():
-        scale, base = (0.02, 0.0) if p.dim() > 1 else (0.1, 1.0)
-        state[name] = (base + scale * torch.randn(p.shape, generator=gen)).to(getattr(torch, dtype))
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    params = list(model.named_parameters())
+    shards: list[dict] = [{}]
+    for name, p in params:  # shards of about SHARD_BYTES, in parameter order
+        if shards[-1] and sum(q.numel() for q in shards[-1].values()) * p.element_size() >= SHARD_BYTES:
+            shards.append({})
+        shards[-1][name] = p
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    if len(shards) == 1:
+        names = ["model.safetensors"]
+    weight_map = {}
+    for file, shard in zip(names, shards):
+        state = {}
+        for name, p in shard.items():  # generated one tensor at a time; only one shard held at once
+            scale, base = (0.02, 0.0) if p.dim() > 1 else (0.1, 1.0)
+            state[name] = (base + scale * torch.randn(p.shape, generator=gen)).to(getattr(torch, dtype))
+            weight_map[name] = file
+        save_file(state, str(folder / file), metadata={"format": "pt"})
+        del state
+    if len(names) > 1:
+        total = sum(p.numel() * getattr(torch, dtype).itemsize for _, p in params)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     config.save_pretrained(folder)
 
 
-def run_measured(cmd: list[str]) -> tuple[int, float, int]:
-    """(exit status, seconds, peak RSS in bytes) of a child process."""
+def _high_water(pid: int) -> int:
+    """The peak RSS so far (VmHWM) of a running process, in bytes (0 when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_measured(cmd: list[str]) -> tuple[int, float, int, int]:
+    """(exit status, seconds, peak RSS in bytes, peak RSS before the self-check began) of a child
+    process: the export CLI prints each stage's start on stderr (``[verify 4 steps] ...``); the
+    peak so far is read from /proc when the self-check starts (0 when the child has none)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    err, before_verify = [], 0
+    for line in proc.stderr:
+        if line.startswith("[verify") and line.rstrip().endswith("..."):
+            before_verify = _high_water(proc.pid)
+        if STAGES and line.startswith("[") and "] done in " in line:
+            print(f"    {line.strip()}: peak RSS so far {_high_water(proc.pid) / 2**30:.2f} GiB", flush=True)
+        err.append(line)
     _, status, usage = os.wait4(proc.pid, 0)
-    err = proc.stderr.read()
     if status:
-        print(err[-3000:], file=sys.stderr)
-    return status >> 8, time.perf_counter() - t0, usage.ru_maxrss * 1024
+        print("".join(err)[-3000:], file=sys.stderr)
+    return os.waitstatus_to_exitcode(status), time.perf_counter() - t0, usage.ru_maxrss * 1024, before_verify
 
 
 def timing_child(folder: pathlib.Path) -> None:
@@ -146,7 +220,9 @@ def weight_bytes(folder: pathlib.Path) -> tuple[int, int]:
     """(tensor bytes in the checkpoint, their float16 bytes)."""
     from mps_backend.llm.checkpoint import _safetensors_index
 
-    _, entries = _safetensors_index(folder / "model.safetensors")
+    entries = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        entries.update(_safetensors_index(f)[1])
     total = sum(end - start for _, _, start, end in entries.values())
     numel = 0
     for _dtype, shape, _, _ in entries.values():
@@ -165,6 +241,16 @@ def main() -> int:
     parser.add_argument(
         "--sizes", default="1b,3b", help=f"comma-separated shapes among {', '.join(SHAPES)} (default: %(default)s)"
     )
+    parser.add_argument(
+        "--runs",
+        default="",
+        help="only these exports of each shape, e.g. bfloat16-int4 or float16 (default: all of RUNS)",
+    )
+    parser.add_argument(
+        "--workdir",
+        default="",
+        help="keep the checkpoints in this folder and reuse them in later runs (default: a temporary folder, removed)",
+    )
     parser.add_argument("--child", nargs=3, metavar=("KIND", "FOLDER", "ARG"))
     args = parser.parse_args()
     if args.child:
@@ -181,41 +267,65 @@ def main() -> int:
         parser.error(f"unknown size {', '.join(unknown)} (known: {', '.join(SHAPES)})")
     missed = []
     cli = [sys.executable, "-m", "mps_backend.tools.cli"]
-    with tempfile.TemporaryDirectory(prefix="mps_llm_bench_") as tmp:
-        tmp = pathlib.Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if args.workdir:
+            tmp = pathlib.Path(args.workdir)
+            tmp.mkdir(parents=True, exist_ok=True)
+        else:
+            tmp = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mps_llm_bench_")))
         for size in sizes:
-            for dtype in DTYPES[size]:
+            for dtype, quantize in RUNS[size]:
+                label = dtype + (f"-{quantize}" if quantize else "")
+                if args.runs and label not in args.runs.split(","):
+                    continue
                 ckpt = tmp / f"{size}-{dtype}"
-                subprocess.run([sys.executable, __file__, "--child", "make", str(ckpt), f"{size},{dtype}"], check=True)
+                t0 = time.perf_counter()
+                made = "reused"
+                if not (ckpt / "config.json").is_file():  # written last: a complete checkpoint of --workdir
+                    subprocess.run([sys.executable, __file__, "--child", "make", str(ckpt), f"{size},{dtype}"], check=True)
+                    made = f"written in {time.perf_counter() - t0:.0f}s"
                 total, fp16_bytes = weight_bytes(ckpt)
-                out = tmp / f"{size}-{dtype}.pte"
-                status, seconds, peak = run_measured(
-                    [*cli, "export", "--model", f"hf:{ckpt}", "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(out)]
-                )
+                out = tmp / f"{size}-{label}.pte"
+                cmd = [*cli, "export", "--model", f"hf:{ckpt}", "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(out)]
+                status, seconds, peak, before_verify = run_measured(cmd + (["--quantize", quantize] if quantize else []))
                 if status:
-                    print(f"{size} {dtype} checkpoint: export FAILED (exit {status})")
-                    missed.append(f"{size}-{dtype} export")
+                    print(f"{size} {label} checkpoint: export FAILED (exit {status})")
+                    missed.append(f"{size}-{label} export")
                     continue
                 ratio = peak / total
                 size_ratio = out.stat().st_size / fp16_bytes
-                target = TARGET_FP32 if dtype == "float32" else TARGET_FP16
-                print(
-                    f"{size} {dtype} checkpoint ({total / 2**30:.2f} GiB): export {seconds:.0f}s, peak RSS "
-                    f"{peak / 2**30:.2f} GiB = {ratio:.2f}x the checkpoint"
-                    + (f" (target <= {target})" if size == "1b" else "")
-                    + (f" = {peak / MEMORY_BUDGET:.2f}x {MEMORY_BUDGET / 2**30:.0f} GiB (target < 1)" if size == "3b" else "")
-                    + f"; .pte {out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights"
-                    + (f" (target <= {TARGET_SIZE})" if size != "tiny" else " (tiny: targets not applied)"),
-                    flush=True,
-                )
-                if size == "1b" and ratio > target:
-                    missed.append(f"{size}-{dtype} peak RSS {ratio:.2f}")
-                if size == "3b" and peak >= MEMORY_BUDGET:
-                    missed.append(f"{size}-{dtype} peak RSS {peak / 2**30:.1f} GiB")
-                if size != "tiny" and size_ratio > TARGET_SIZE:
-                    missed.append(f"{size}-{dtype} .pte size {size_ratio:.4f}")
+                head = f"{size} {dtype} checkpoint ({total / 2**30:.2f} GiB, {made})"
+                if quantize:
+                    export_peak = before_verify or peak
+                    print(
+                        f"{head} --quantize {quantize}: export + self-check {seconds:.0f}s; peak RSS "
+                        f"{export_peak / 2**30:.2f} GiB = {export_peak / total:.2f}x the checkpoint before the self-check"
+                        + (f" (target <= {TARGET_INT4})" if size in ("3b", "8b") else "")
+                        + f", {peak / 2**30:.2f} GiB = {ratio:.2f}x with it; "
+                        f".pte {out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights",
+                        flush=True,
+                    )
+                    if size in ("3b", "8b") and export_peak / total > TARGET_INT4:
+                        missed.append(f"{size}-{label} peak RSS {export_peak / total:.2f}")
+                else:
+                    target = TARGET_FP32 if dtype == "float32" else TARGET_FP16
+                    print(
+                        f"{head}: export {seconds:.0f}s, peak RSS "
+                        f"{peak / 2**30:.2f} GiB = {ratio:.2f}x the checkpoint"
+                        + (f" (target <= {target})" if size == "1b" else "")
+                        + (f" = {peak / MEMORY_BUDGET:.2f}x {MEMORY_BUDGET / 2**30:.0f} GiB (target < 1)" if size == "3b" else "")
+                        + f"; .pte {out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights"
+                        + (f" (target <= {TARGET_SIZE})" if size != "tiny" else " (tiny: targets not applied)"),
+                        flush=True,
+                    )
+                    if size == "1b" and ratio > target:
+                        missed.append(f"{size}-{dtype} peak RSS {ratio:.2f}")
+                    if size == "3b" and peak >= MEMORY_BUDGET:
+                        missed.append(f"{size}-{dtype} peak RSS {peak / 2**30:.1f} GiB")
+                    if size != "tiny" and size_ratio > TARGET_SIZE:
+                        missed.append(f"{size}-{dtype} .pte size {size_ratio:.4f}")
                 out.unlink()
-                if size in ("1b", "tiny") and dtype == "float16":
+                if size in ("1b", "tiny") and dtype == "float16" and not quantize:
                     r = subprocess.run(
                         [sys.executable, __file__, "--child", "time", str(ckpt), "-"], capture_output=True, text=True
                     )
@@ -232,8 +342,9 @@ def main() -> int:
                         )
                         if size == "1b" and t > TARGET_TIME:
                             missed.append(f"lowering time {t:.2f}")
-                for f in ckpt.iterdir():
-                    f.unlink()
+                if not args.workdir:
+                    for f in ckpt.iterdir():
+                        f.unlink()
     print("targets missed: " + (", ".join(missed) if missed else "none"))
     return 1 if missed else 0
 

@@ -94,6 +94,11 @@ class _Relaid(_Cast):
         dst.view(self.shape).copy_(self.fn(self.tensor).reshape(self.shape))  # one tensor's temporary at a time
 
 
+#: a constant released from the table at least this large hands the allocator's freed memory back
+#: (PageReleaser.trim): the packed int4 weights, freed one by one as the blob fills
+TRIM_BYTES = 1 << 20
+
+
 class ConstantTable(MutableMapping):
     """Value id -> data of a blob constant, in the dtype the blob declares.
 
@@ -141,9 +146,18 @@ class ConstantTable(MutableMapping):
         """The stored entry: a tensor, or a deferred conversion (``nbytes``, ``write_into``)."""
         return self._data[vid]
 
+    def release_part(self, source: Any, lo: int, hi: int) -> None:
+        """Hand back the file pages of bytes ``[lo, hi)`` of a contiguous source tensor once the blob
+        writer copied them (serialization.writer.write_blob copies a large constant part by part)."""
+        if isinstance(source, torch.Tensor) and source.is_contiguous() and source.numel():
+            self.pages.release(source.reshape(-1).view(torch.uint8)[lo:hi])
+
     def release(self, vid: int) -> None:
         v = self._data.pop(vid, None)
         self.pages.release(v.tensor if isinstance(v, _Cast) else v)
+        if isinstance(v, torch.Tensor) and v.nbytes >= TRIM_BYTES:
+            del v  # e.g. a packed int4 weight now in the blob, its last reference: its memory goes back
+            self.pages.trim()
 
 
 class GraphBuilder:
@@ -273,11 +287,12 @@ class GraphBuilder:
 
     def drop_constant(self, vid: int) -> None:
         """Leave constant ``vid`` out of the blob: a lowering replaced every read of it (e.g. by a
-        packed copy). Its value entry stays, unused; no node may read it."""
+        packed copy). Its value entry stays, unused; no node may read it. Its data's file pages are
+        handed back as the blob writer's are (:meth:`ConstantTable.release`)."""
         if vid in self._scalars.values():
             raise ValueError(f"value {vid} is a shared scalar constant")
         self.graph.constant_ids.remove(vid)
-        del self.constants[vid]
+        self.constants.release(vid)  # a weight mapped from a file (e.g. int8 data packed to int4): its pages go
 
     def forget_constant(self, vid: int) -> None:
         """Leave constant ``vid`` out of the blob once no node reads it (``simplify``), shared

@@ -86,6 +86,7 @@ class PageReleaser:
     def __init__(self) -> None:
         self._ranges: list[tuple[int, int]] | None = None
         self._madvise: Any = None
+        self._trim: Any = None
         self.released = 0
 
     def _in_file_mapping(self, lo: int, hi: int) -> bool:
@@ -116,3 +117,86 @@ class PageReleaser:
             return 0  # an older kernel without MADV_PAGEOUT (EINVAL): keep the pages
         self.released += end - start
         return end - start
+
+    def trim(self) -> None:
+        """Hand the memory the C allocator keeps after frees back to the kernel (glibc's
+        ``malloc_trim(0)``, which also returns free pages inside its heaps; nothing elsewhere).
+
+        Needed between large tensors made and freed one after another (a weight converted or quantized a
+        block at a time, a packed weight once copied into the blob): glibc serves allocations up to
+        32 MiB from heaps that it does not shrink on ``free``, so without this each freed block's
+        pages stay resident and add up to gigabytes over a model."""
+        if self._trim is None:
+            libc = ctypes.CDLL(None)
+            self._trim = getattr(libc, "malloc_trim", False) if sys.platform.startswith("linux") else False
+            if self._trim:
+                self._trim.argtypes = (ctypes.c_size_t,)
+                self._trim.restype = ctypes.c_int
+        if self._trim:
+            self._trim(0)
+
+
+class ScratchFile:
+    """A tensor written to a scratch file piece by piece, then mapped back (:meth:`mapped`) instead of
+    held in anonymous memory: its pages are read when used and :class:`PageReleaser` can hand them
+    back. The file is unlinked once mapped (the mapping keeps its data; the disk space is freed when
+    the last tensor over it goes), so nothing is left in ``folder`` after an error either, beyond a
+    file being written when the process was killed."""
+
+    def __init__(self, folder: str | os.PathLike, name: str) -> None:
+        import tempfile  # noqa: PLC0415
+
+        fd, self.path = tempfile.mkstemp(prefix=f"{name[:80]}.", suffix=".bin", dir=folder)
+        self._file = os.fdopen(fd, "wb")
+        self.nbytes = 0
+
+    def append(self, t: torch.Tensor) -> None:
+        """Write ``t``'s bytes (row-major) after what was written so far."""
+        data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        try:
+            self._file.write(memoryview(data))
+        except BaseException:
+            self.discard()
+            raise
+        self.nbytes += data.nbytes
+
+    def mapped(self, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+        """The bytes written, as a ``dtype`` tensor of ``shape`` over a copy-on-write (private) mapping of
+        the file."""
+        try:
+            self._file.close()
+            numel = 1
+            for d in shape:
+                numel *= int(d)
+            if numel * dtype.itemsize != self.nbytes:
+                need = numel * dtype.itemsize
+                raise ValueError(f"{self.path}: {self.nbytes} bytes written, a {dtype}{list(shape)} tensor needs {need}")
+            if not numel:
+                return torch.empty(shape, dtype=dtype)
+            # torch's own private mapping: unlike Python's mmap it keeps no file descriptor open (a
+            # model's ~1000 scratch tensors would exceed a 1024 or macOS's 256 descriptor limit)
+            return torch.from_file(self.path, shared=False, size=numel, dtype=dtype).view(shape)
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        self._file.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def untouched_zeros(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor over a fresh anonymous mapping: the kernel supplies its zero pages when first
+    written, so until then it takes no memory (``torch.zeros`` writes every byte). For large buffers
+    whose zeros are never all written at export time, e.g. a language model's KV caches (their initial
+    contents are not serialized)."""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    if numel == 0:
+        return torch.zeros(shape, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.frombuffer(mmap.mmap(-1, numel * dtype.itemsize), dtype=dtype, count=numel).view(tuple(shape))

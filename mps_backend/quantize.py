@@ -22,9 +22,12 @@ Layers whose ``in_features`` (embedding dim) the group size does not divide are 
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Any, Optional
 
 import torch
+
+from mps_backend.pages import PageReleaser
 
 SCHEMES = ("int4", "int8")
 #: group size used by the CLI for int4 when none is given
@@ -127,15 +130,83 @@ def quantize_embeddings(model: torch.nn.Module) -> int:
 
 
 def quantize_model(
-    model: torch.nn.Module, scheme: str, group_size: Optional[int] = None, *, asymmetric: bool = False, embeddings: bool = False
+    model: torch.nn.Module,
+    scheme: str,
+    group_size: Optional[int] = None,
+    *,
+    asymmetric: bool = False,
+    embeddings: bool = False,
+    scratch: Optional[str | os.PathLike] = None,
 ) -> torch.nn.Module:
     """Quantize ``model``'s linear weights in place (torchao weight-only) and return it.
 
     ``scheme``: ``"int4"`` or ``"int8"``. ``group_size``: columns sharing one scale (``None`` or 0:
     one scale per output channel, ``PerAxis(0)``). ``embeddings``: also quantize ``nn.Embedding``.
+    ``scratch``: a folder for the quantized weights (:func:`quantize_weight_spilled`): each weight is
+    quantized on its own, a block of rows at a time, its int8 data written there and mapped back, and
+    the float weight's file pages handed back, so neither all float weights nor all int8 data are
+    ever resident (the values are exactly those of the whole-model call).
     """
     from torchao.quantization import quantize_  # noqa: PLC0415
 
     config = weight_only_config(scheme, group_size, asymmetric=asymmetric)
-    quantize_(model, config, filter_fn=quantizable(scheme, group_size, embeddings=embeddings))
+    wanted = quantizable(scheme, group_size, embeddings=embeddings)
+    if scratch is None:
+        quantize_(model, config, filter_fn=wanted)
+        return model
+    pages = PageReleaser()
+    for fqn, module in list(model.named_modules()):
+        if wanted(module, fqn):
+            weight = module.weight
+            module.weight = torch.nn.Parameter(quantize_weight_spilled(weight, config, scratch, fqn), requires_grad=False)
+            pages.release(weight)  # a weight mapped from the checkpoint or the scratch folder: its pages go
+            del weight
+            pages.trim()  # and the blocks' temporaries
     return model
+
+
+#: float elements quantized at once by :func:`quantize_weight_spilled` (bounds its temporaries)
+QUANTIZE_BLOCK_ELEMENTS = 1 << 22
+
+
+def quantize_weight_spilled(weight: torch.Tensor, config: Any, scratch: str | os.PathLike, name: str = "weight") -> torch.Tensor:
+    """torchao's quantized tensor (``IntxUnpackedToInt8Tensor``) of a 2-d ``weight`` under the
+    weight-only ``config``, its int8 data, scales and zero points mapped from files in ``scratch``
+    (:class:`mps_backend.pages.ScratchFile`). Quantized a block of whole rows at a time, each by
+    torchao's own ``quantize_`` on a linear holding those rows: the blocks of ``config`` never span
+    rows (``[1, group]`` or a whole row), so the values equal those of the whole weight at once."""
+    from mps_backend.pages import ScratchFile  # noqa: PLC0415
+
+    n, k = weight.shape
+    if n == 0:  # no rows: torchao's own result on the empty weight
+        return _torchao_quantized(weight.detach(), config)
+    rows = max(1, QUANTIZE_BLOCK_ELEMENTS // max(1, k))
+    files = [ScratchFile(scratch, f"{name}.{part}") for part in ("qdata", "scale", "zero_point")]
+    first = None
+    try:
+        for r in range(0, n, rows):
+            part = _torchao_quantized(weight.detach()[r : r + rows], config)
+            pieces = (part.qdata, part.scale, part.zero_point)
+            if any(t.shape[0] != part.shape[0] for t in pieces):
+                raise ValueError(f"{name}: torchao's {type(part).__name__} has per-tensor data (not rows)")
+            for f, t in zip(files, pieces):
+                f.append(t)
+            first = first or (type(part), [(t.dtype, list(t.shape[1:])) for t in pieces], part)
+            del part, pieces
+    except BaseException:
+        for f in files:
+            f.discard()
+        raise
+    cls, layout, attrs = first
+    qdata, scale, zero = (f.mapped(dtype, [n, *tail]) for f, (dtype, tail) in zip(files, layout))
+    return cls(qdata, scale, zero, attrs.target_dtype, attrs.block_size, attrs.dtype, attrs.activation_quantization)
+
+
+def _torchao_quantized(weight: torch.Tensor, config: Any) -> Any:
+    """torchao's quantized tensor of a 2-d ``weight``: ``quantize_`` on a linear holding it."""
+    from torchao.quantization import quantize_  # noqa: PLC0415
+
+    holder = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    holder.weight = torch.nn.Parameter(weight, requires_grad=False)
+    quantize_(holder, config, filter_fn=lambda m, _fqn: m is holder)
+    return holder.weight.detach()

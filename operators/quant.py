@@ -46,13 +46,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (defines torch.ops.quantized_decomposed)
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
+from mps_backend.pages import PageReleaser
 from mps_backend.serialization.generated import nodes as N
 from mps_backend.serialization.model import DataType
 
@@ -200,14 +201,33 @@ def _dequant_check(node: Node):
 # ---- constants derived on the host ------------------------------------------------------------
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
+#: int8 elements packed or scanned at once (bounds the temporaries of a large weight, e.g. an lm_head)
+PACK_BLOCK_ELEMENTS = 1 << 22
+
+
+def _row_blocks(q: torch.Tensor, pages: Optional[PageReleaser] = None) -> Iterator[tuple[int, torch.Tensor]]:
+    """(first row, rows) blocks of a 2-D ``q`` of about PACK_BLOCK_ELEMENTS each; with ``pages``, each
+    block's pages are handed back once used (a weight mapped from a file: mps_backend.pages)."""
+    rows = max(1, PACK_BLOCK_ELEMENTS // max(1, q.shape[1]))
+    for r in range(0, q.shape[0], rows):
+        block = q[r : r + rows]
+        yield r, block
+        if pages is not None:
+            pages.release(block)
+
+
+def pack_int4(q: torch.Tensor, pages: Optional[PageReleaser] = None) -> torch.Tensor:
     """int8 values in [-8, 7], shape ``[N, K]`` (K even) -> the device bytes, uint8 ``[N, K/2]``:
     element ``(n, k)`` in byte ``n*K/2 + k//2``, low nibble for even ``k``, high nibble for odd ``k``,
-    two's complement (semantics §5.17)."""
+    two's complement (semantics §5.17). Packed a block of rows at a time (``pages``: as
+    :func:`_row_blocks`)."""
     if q.dim() != 2 or q.shape[1] % 2 or q.dtype != torch.int8:
         raise ValueError(f"pack_int4 takes int8 [N, K] with K even, got {q.dtype}{list(q.shape)}")
-    u = q.contiguous().view(torch.uint8) & 0xF
-    return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
+    out = torch.empty(q.shape[0], q.shape[1] // 2, dtype=torch.uint8)
+    for r, block in _row_blocks(q, pages):
+        u = block.contiguous().view(torch.uint8) & 0xF
+        out[r : r + block.shape[0]] = u[:, 0::2] | (u[:, 1::2] << 4)
+    return out
 
 
 def _rescale_exponent(s: torch.Tensor) -> int:
@@ -252,8 +272,9 @@ def _int4_plan(spec: DequantSpec, b: GraphBuilder):
         return None
     n, k = spec.shape
     shift = spec.quant_min + 8
-    if q.numel() and (q.min().item() < spec.quant_min or q.max().item() > spec.quant_max):
-        return None
+    for _, block in _row_blocks(q, b.constants.pages) if q.dim() == 2 else [(0, q)]:
+        if block.numel() and (block.min().item() < spec.quant_min or block.max().item() > spec.quant_max):
+            return None
     g = k // spec.block[1]
     q = (q.to(torch.int16) - shift).to(torch.int8) if shift else q.to(torch.int8)
     # float64 holds integer and float zero points exactly; q - zp == q' - zp'
@@ -266,7 +287,7 @@ def _lower_int4(node: Node, spec: DequantSpec, b: GraphBuilder, plan) -> None:
     n, k = spec.shape
     g = s.shape[1]
     shift = spec.quant_min + 8
-    qvid = b.memo(("quant.int4", b.ids[spec.q], shift), lambda: b.int4_constant(pack_int4(q), [n, k]))
+    qvid = b.memo(("quant.int4", b.ids[spec.q], shift), lambda: b.int4_constant(pack_int4(q, b.constants.pages), [n, k]))
     e = _rescale_exponent(s)
     svid = b.ids[spec.scale]
     sconst = b.graph.values[svid]

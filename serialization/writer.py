@@ -238,6 +238,10 @@ class _Output:
         return self._obj if self._obj is not None else bytes(self._buf)
 
 
+#: bytes of a constant copied into the blob at once when the table can hand back parts of its source
+COPY_PART_BYTES = 64 << 20
+
+
 def write_blob(graph: Graph, constants: Mapping[int, Any]) -> bytes:
     """Serialize ``graph`` with ``constants`` (value id -> bytes-like, tensor or deferred source) into
     one MP00 blob.
@@ -250,6 +254,7 @@ def write_blob(graph: Graph, constants: Mapping[int, Any]) -> bytes:
         raise ValueError(f"no data for constant value ids {missing}")
     source = getattr(constants, "source", None) or constants.__getitem__
     release = getattr(constants, "release", None)
+    release_part = getattr(constants, "release_part", None)
     segment_size = layout_constants(graph, {vid: _nbytes(source(vid)) for vid in graph.constant_ids})
     graph.constant_segment = (0, segment_size)
     fb = build_flatbuffer(graph)
@@ -271,7 +276,14 @@ def write_blob(graph: Graph, constants: Mapping[int, Any]) -> bytes:
             data = _bytes_of(src)
             if data.nbytes != t.constant_buffer_size:
                 raise ValueError(f"constant value {vid}: {data.nbytes} bytes, laid out for {t.constant_buffer_size}")
-            view[start:end] = data
+            # a large constant a part at a time, each part's source pages handed back once copied (a
+            # weight mapped from a file is then never resident as a whole, e.g. an embedding table)
+            step = COPY_PART_BYTES if release_part is not None else max(1, data.nbytes)
+            for lo in range(0, data.nbytes, step):
+                hi = min(lo + step, data.nbytes)
+                view[start + lo : start + hi] = data[lo:hi]
+                if release_part is not None:
+                    release_part(src, lo, hi)
             del data
         del src
         if release is not None:

@@ -426,6 +426,53 @@ def test_quantized_llm(tmp_path, tokenizer, scheme):
     assert err <= (1e-5 if scheme == "int8" else 2e-3), err
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_quantized_export_holds_weights_in_scratch_files(tmp_path, tokenizer, monkeypatch):
+    """A bfloat16 checkpoint exported --quantize int4 (#24): each weight is converted to float16 into a
+    scratch file and mapped back, then quantized on its own a block of rows at a time, its int8 data,
+    scales and zero points written to scratch files and mapped back: no float weight and no int8 data
+    is anonymous memory (the pages are the kernel's to drop; benchmarks/llm_scale.py measures the
+    peak). The values are exactly torchao's on the whole weight, the blocks change no byte of the
+    .pte, and the scratch folder is gone after the export, also after a failed one."""
+    import mps_backend.quantize as quantize
+
+    folder = save_checkpoint(tmp_path / "bf16", "llama", tokenizer=tokenizer, dtype=torch.bfloat16)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(quantize, "QUANTIZE_BLOCK_ELEMENTS", 64 * 7)  # several blocks per weight
+    lm = load_checkpoint(f"hf:{folder}", "fp16", scratch=scratch)
+    assert all(str(mapped_from(p)).startswith(str(scratch)) for p in lm.model.parameters())
+    model = quantize.quantize_model(lm.model, "int4", 32, scratch=scratch)
+    ref = quantize.quantize_model(load_checkpoint(f"hf:{folder}", "fp16").model, "int4", 32)
+    quantized = 0
+    for (name, w), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
+        assert type(w) is type(r), name
+        for part in ("qdata", "scale", "zero_point") if hasattr(r, "qdata") else ():
+            quantized += 1
+            got, want = getattr(w, part), getattr(r, part)
+            assert str(mapped_from(got)).startswith(str(scratch)), (name, part, mapped_from(got))
+            assert got.dtype == want.dtype and torch.equal(got, want), (name, part)
+        if not hasattr(r, "qdata"):  # embedding, norms: float16, mapped
+            assert torch.equal(w, r) and mapped_from(w) is not None, name
+    assert quantized >= 3 * 7 * 2, quantized  # every linear of both layers and the lm_head
+    assert not list(scratch.iterdir())  # each file unlinked once mapped
+    del lm, model, ref
+    a = export_llm(f"hf:{folder}", tmp_path / "a.pte", quantize="int4", max_seq_len=MAX_SEQ_LEN, verify_steps=2)
+    assert a.verification.ok, a.verification
+    monkeypatch.setattr(quantize, "QUANTIZE_BLOCK_ELEMENTS", 1 << 30)  # one block: torchao on the whole weight
+    b = export_llm(f"hf:{folder}", tmp_path / "b.pte", quantize="int4", max_seq_len=MAX_SEQ_LEN)
+    assert a.path.read_bytes() == b.path.read_bytes()
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["a.pte", "b.pte", "bf16", "scratch"]
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(quantize, "_torchao_quantized", refuse)
+    with pytest.raises(RuntimeError, match="refused"):
+        export_llm(f"hf:{folder}", tmp_path / "c.pte", quantize="int4", max_seq_len=MAX_SEQ_LEN)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["a.pte", "b.pte", "bf16", "scratch"]
+
+
 def test_metadata_json_roundtrip(tmp_path, tokenizer):
     """get_eos_ids with several ids (Llama 3 style) survives as a list."""
     folder = save_checkpoint(tmp_path / "e", "llama", tokenizer=tokenizer)

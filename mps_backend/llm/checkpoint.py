@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from mps_backend.errors import MPSBackendError
-from mps_backend.pages import PageReleaser, map_copy_on_write, mapped_tensor
+from mps_backend.pages import PageReleaser, ScratchFile, map_copy_on_write, mapped_tensor
 from mps_backend.passes import FP16_MAX, largest_magnitude
 
 #: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
@@ -193,15 +193,32 @@ def _read_tensor(
     return t
 
 
+#: bytes of a checkpoint tensor converted at once when the result goes to a scratch file
+CONVERT_BLOCK_BYTES = 1 << 24
+
+
 class _ConvertOnRead:
     """A checkpoint tensor stored in another float dtype than the export's, as transformers' loader
     sees a safetensors slice: ``t[...]`` reads it with a plain file read (a mapping's pages would stay
     resident next to the converted copy), converts it to the export dtype and checks the float16 range
-    (an overflow is recorded in ``overflows``, or clamped with ``clamp``, and raised after loading)."""
+    (an overflow is recorded in ``overflows``, or clamped with ``clamp``, and raised after loading).
+    With a ``scratch`` folder it is read and converted a block of rows at a time, written there and
+    mapped back (:class:`mps_backend.pages.ScratchFile`): file-backed pages the blob writer hands back, so the converted
+    weights are never resident as a whole either."""
 
-    def __init__(self, path: pathlib.Path, name: str, entry: tuple, dtype: torch.dtype, clamp: bool, overflows: list, bar: Any):
+    def __init__(
+        self,
+        path: pathlib.Path,
+        name: str,
+        entry: tuple,
+        dtype: torch.dtype,
+        clamp: bool,
+        overflows: list,
+        bar: Any,
+        scratch: pathlib.Path | None = None,
+    ):
         self.path, self.name, self.entry, self.dtype = path, name, entry, dtype
-        self.clamp, self.overflows, self.bar = clamp, overflows, bar
+        self.clamp, self.overflows, self.bar, self.scratch = clamp, overflows, bar, scratch
         self.shape = torch.Size(entry[1])
 
     def get_shape(self) -> list[int]:
@@ -209,28 +226,56 @@ class _ConvertOnRead:
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         file_dtype, shape, start, end = self.entry
-        with open(self.path, "rb", buffering=0) as f:
-            t = _read_tensor(f, self.path, self.name, file_dtype, shape, start, end)
+        rows = int(shape[0]) if shape else 1
+        # with a scratch folder, a block of rows at a time: no whole-tensor temporaries
+        per = max(1, CONVERT_BLOCK_BYTES // max(1, (end - start) // max(1, rows))) if self.scratch is not None and shape else rows
+        out = ScratchFile(self.scratch, self.name) if self.scratch is not None else None
+        over, t = 0, None
+        try:
+            with open(self.path, "rb", buffering=0) as f:
+                for r in range(0, rows, per) if rows else [0]:
+                    m = min(per, rows - r)
+                    part_shape = [m, *shape[1:]] if shape else []
+                    lo = start + (end - start) * r // max(1, rows)
+                    hi = start + (end - start) * (r + m) // max(1, rows) if shape else end
+                    t, n = self._converted(_read_tensor(f, self.path, self.name, file_dtype, part_shape, lo, hi))
+                    over += n
+                    if out is not None:
+                        out.append(t)
+        except BaseException:
+            if out is not None:
+                out.discard()
+            raise
+        if over:
+            self.overflows.append((self.name, over))
         if self.bar is not None:
             self.bar.update(end - start)
-        # a reduction first: no whole-tensor temporaries unless something overflows
-        if self.dtype == torch.float16 and largest_magnitude(t) > FP16_MAX:
-            converted = t.to(self.dtype)
-            over = torch.isinf(converted) & torch.isfinite(t)
-            if over.any():
-                self.overflows.append((self.name, int(over.sum())))
-                converted.clamp_(-FP16_MAX, FP16_MAX)
-            t = converted
-        else:
-            t = t.to(self.dtype)
+        if out is not None:
+            t = out.mapped(self.dtype, list(shape))
+            PageReleaser().trim()  # the blocks' buffers
         return t[index]
 
+    def _converted(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """``t`` in the export dtype, and how many of its values overflowed float16 (then clamped)."""
+        # a reduction first: no whole-tensor temporaries unless something overflows
+        if self.dtype == torch.float16 and t.numel() and largest_magnitude(t) > FP16_MAX:
+            converted = t.to(self.dtype)
+            over = torch.isinf(converted) & torch.isfinite(t)
+            n = int(over.sum())
+            if n:
+                converted.clamp_(-FP16_MAX, FP16_MAX)
+            return converted, n
+        return t.to(self.dtype), 0
 
-def _checkpoint_tensors(folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool, overflows: list, bar: Any) -> dict:
+
+def _checkpoint_tensors(
+    folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool, overflows: list, bar: Any, scratch: pathlib.Path | None = None
+) -> dict:
     """The checkpoint's tensors by their names in the files, as transformers' loader takes them: a
     tensor stored in ``dtype`` (or a non-float one) is mapped from the file, not read
     (:mod:`mps_backend.pages`: the blob writer reads its pages and hands them back, so the weights are
-    never resident as a whole next to the blob); one to convert is a :class:`_ConvertOnRead`."""
+    never resident as a whole next to the blob); one to convert is a :class:`_ConvertOnRead` (mapped
+    from ``scratch`` once converted, when given)."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(
@@ -255,7 +300,7 @@ def _checkpoint_tensors(folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16:
                 if bar is not None:
                     bar.update(end - start)
             else:
-                t = _ConvertOnRead(path, name, entry, dtype, clamp_fp16, overflows, bar)
+                t = _ConvertOnRead(path, name, entry, dtype, clamp_fp16, overflows, bar, scratch)
             tensors[name] = t
     return tensors
 
@@ -275,10 +320,17 @@ def _hf_weight_bytes(folder: pathlib.Path) -> int:
 
 
 def load_hf(
-    folder: str | pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool = False, bar: Callable[[int], Any] | None = None
+    folder: str | pathlib.Path,
+    dtype: torch.dtype,
+    *,
+    clamp_fp16: bool = False,
+    bar: Callable[[int], Any] | None = None,
+    scratch: pathlib.Path | None = None,
 ) -> LoadedLM:
     """A transformers causal LM from a local checkpoint folder, weights in ``dtype``. ``bar(total)``
-    makes a progress bar (``update(nbytes)``, ``close()``) for the bytes read."""
+    makes a progress bar (``update(nbytes)``, ``close()``) for the bytes read. ``scratch``: a folder
+    where weights converted to ``dtype`` (e.g. bfloat16 -> float16) are written and mapped back from,
+    one at a time, instead of being held in anonymous memory (see :class:`_ConvertOnRead`)."""
     folder = pathlib.Path(folder)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)")
@@ -313,7 +365,7 @@ def load_hf(
         if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
             raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-        tensors = _checkpoint_tensors(folder, dtype, clamp_fp16=clamp_fp16, overflows=overflows, bar=progress)
+        tensors = _checkpoint_tensors(folder, dtype, clamp_fp16=clamp_fp16, overflows=overflows, bar=progress, scratch=scratch)
         try:
             model, info = model_class.from_pretrained(
                 None,  # the weights are the state dict (transformers refuses a folder beside it)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from mps_backend.llm.attention import group_llama_attention, tabulate_rope, use_grouped_attention, with_new_rows, write_kv_rows
+from mps_backend.pages import untouched_zeros
 
 
 def _head_dim(config) -> int:
@@ -106,8 +107,9 @@ class HFDecoder(torch.nn.Module):
         self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype)
         k_shape = (1, kv, _head_dim(config), self.max_seq_len) if self.grouped else shape
         for i in range(self.n_layers):
-            self.register_buffer(f"k_cache_{i}", torch.zeros(k_shape, dtype=dtype), persistent=False)
-            self.register_buffer(f"v_cache_{i}", torch.zeros(shape, dtype=dtype), persistent=False)
+            # zero pages the kernel supplies when written: no memory until a step writes rows
+            self.register_buffer(f"k_cache_{i}", untouched_zeros(k_shape, dtype), persistent=False)
+            self.register_buffer(f"v_cache_{i}", untouched_zeros(shape, dtype), persistent=False)
         self.mask_dtype = dtype
         window = getattr(config, "sliding_window", None)
         layer_types = getattr(config, "layer_types", None)

@@ -102,14 +102,16 @@ def load_checkpoint(
     max_seq_len: int | None = None,
     clamp_fp16: bool = False,
     progress: Progress | None = None,
+    scratch: pathlib.Path | None = None,
 ) -> LoadedLM:
-    """Load ``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` in the export precision (no export)."""
+    """Load ``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` in the export precision (no export).
+    ``scratch``: a folder for converted hf: weights (:func:`mps_backend.llm.checkpoint.load_hf`)."""
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown dtype {dtype!r}: use fp16 or fp32")
     kind, path = parse_model_spec(spec)
     if kind == "hf":
         bar = (lambda total: progress.bytes_bar("load weights", total)) if progress is not None else None
-        return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar)
+        return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar, scratch=scratch)
     bar = (lambda total: progress.bytes_bar("convert weights", total)) if progress is not None else None
     return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16, bar=bar)
 
@@ -283,60 +285,75 @@ def export_llm(
         raise CheckpointError(f"output {out} is the input checkpoint")
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     weights = _checkpoint_state(source)  # checked again before the weights are copied and before the write
-    with prog.stage("load checkpoint", ticker=False):
-        lm = load_checkpoint(model, dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16, progress=prog)
-    notes = list(lm.notes)
-    seq_len, note = resolve_max_seq_len(lm, max_seq_len)
-    if lm.kind == "hf":
-        cfg = lm.model.config
-        heads = cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        check_kv_cache_size(cfg.num_hidden_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
-    if note:
-        notes.append(note)
-    if quantize:
-        from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
-
-        with prog.stage(f"quantize {quantize}"):
-            quantize_model(lm.model, quantize, resolve_group_size(quantize, group_size))
-    if quantize_embedding:
-        from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
-
-        with prog.stage("quantize embedding int8"):
-            quantize_embeddings(lm.model)
-    decoder = decoder_for(lm, seq_len)
-    meta = metadata(lm, seq_len)
-    model_type, weight_bytes = lm.model_type, lm.weight_bytes
-    del lm  # the decoder holds the model; nothing else may keep the weights alive past lowering
-    partitioner = MPSPartitioner(use_fp16=dtype == "fp16")
-    with torch.no_grad():
-        with prog.stage("torch.export"):
-            try:
-                ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
-            except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
-                raise _refusal(model_type, e) from None
-        del decoder
-        _check_checkpoint_unchanged(weights, "before its weights were copied into the program")
-        with prog.stage("lower to MPS"):
-            edge = to_edge_transform_and_lower(
-                ep, partitioner=[partitioner], constant_methods=meta, compile_config=edge_compile_config()
+    # converted weights (bfloat16 -> float16) and quantized int8 data are written here and mapped back,
+    # one tensor at a time (mps_backend.pages.ScratchFile: each file unlinked once mapped); the folder
+    # is removed when the export ends, also on error
+    # (beside the output: the disk the .pte goes to, not a tmpfs that would count as memory)
+    folder = output_target(out).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.scratch.", dir=folder) as scratch:
+        with prog.stage("load checkpoint", ticker=False):
+            lm = load_checkpoint(
+                model,
+                dtype,
+                params=params,
+                max_seq_len=max_seq_len,
+                clamp_fp16=clamp_fp16,
+                progress=prog,
+                scratch=pathlib.Path(scratch),
             )
-        del ep
-        delegates = _count_mps_delegates(edge)
-        with prog.stage("to_executorch"), warnings.catch_warnings():
-            # executorch warns that a mutated buffer's initial contents are not serialized: the KV
-            # caches' are never read (positions after input_pos are masked; docs/llm.md, The program)
-            warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected", category=UserWarning)
-            # the KV-cache writes (index_put on CPU, mps_backend.partitioner.CACHE_WRITE_REASON) made in
-            # place: index_put_ writes the rows, no aten::copy_ of a whole cache back into its buffer
-            program = edge.to_executorch(backend_config(edge))
-        del edge
-        check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
-    _check_checkpoint_unchanged(weights, "while its weights were copied into the program")
-    with prog.stage(f"write {out.name}", ticker=False):
-        bar = prog.bytes_bar("write", 0)
-        size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
-        bar.close()
+        notes = list(lm.notes)
+        seq_len, note = resolve_max_seq_len(lm, max_seq_len)
+        if lm.kind == "hf":
+            cfg = lm.model.config
+            heads = cfg.num_attention_heads
+            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+            check_kv_cache_size(cfg.num_hidden_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
+        if note:
+            notes.append(note)
+        if quantize:
+            from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
+
+            with prog.stage(f"quantize {quantize}"):
+                quantize_model(lm.model, quantize, resolve_group_size(quantize, group_size), scratch=scratch)
+        if quantize_embedding:
+            from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
+
+            with prog.stage("quantize embedding int8"):
+                quantize_embeddings(lm.model)
+        decoder = decoder_for(lm, seq_len)
+        meta = metadata(lm, seq_len)
+        model_type, weight_bytes = lm.model_type, lm.weight_bytes
+        del lm  # the decoder holds the model; nothing else may keep the weights alive past lowering
+        partitioner = MPSPartitioner(use_fp16=dtype == "fp16")
+        with torch.no_grad():
+            with prog.stage("torch.export"):
+                try:
+                    ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
+                except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
+                    raise _refusal(model_type, e) from None
+            del decoder
+            _check_checkpoint_unchanged(weights, "before its weights were copied into the program")
+            with prog.stage("lower to MPS"):
+                edge = to_edge_transform_and_lower(
+                    ep, partitioner=[partitioner], constant_methods=meta, compile_config=edge_compile_config()
+                )
+            del ep
+            delegates = _count_mps_delegates(edge)
+            with prog.stage("to_executorch"), warnings.catch_warnings():
+                # executorch warns that a mutated buffer's initial contents are not serialized: the KV
+                # caches' are never read (positions after input_pos are masked; docs/llm.md, The program)
+                warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected", category=UserWarning)
+                # the KV-cache writes (index_put on CPU, mps_backend.partitioner.CACHE_WRITE_REASON) made in
+                # place: index_put_ writes the rows, no aten::copy_ of a whole cache back into its buffer
+                program = edge.to_executorch(backend_config(edge))
+            del edge
+            check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
+        _check_checkpoint_unchanged(weights, "while its weights were copied into the program")
+        with prog.stage(f"write {out.name}", ticker=False):
+            bar = prog.bytes_bar("write", 0)
+            size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
+            bar.close()
     program = None  # released before the verification loads the eager model
     result = LLMExportResult(
         path=out,
