@@ -89,7 +89,12 @@ def test_run_output_that_is_a_directory_or_device_is_one_line(demo, tmp_path, ca
 
 
 def test_generate_on_a_non_llm_program_or_a_garbage_tokenizer_is_one_line(demo, tmp_path, capsys):
-    """#26: `generate --runner executorch` on a non-LLM .pte and a garbage tokenizer.json were tracebacks."""
+    """#26: `generate --runner executorch` on a non-LLM .pte and a garbage tokenizer.json were tracebacks; a negative
+    --max-new-tokens generated nothing and exited 0."""
+    for count in ("0", "-5"):  # a negative count generated nothing and exited 0
+        assert main(["generate", str(demo), "--tokenizer", str(tmp_path), "--prompt", "hi", "--max-new-tokens", count]) == 2
+        err = capsys.readouterr().err
+        assert "--max-new-tokens must be at least 1" in err and len(err.strip().splitlines()) == 1, err
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "nonsense"}}')
     assert main(["generate", str(demo), "--tokenizer", str(tmp_path), "--prompt", "hi"]) == 2
     err = capsys.readouterr().err

@@ -93,6 +93,9 @@ def cmd_export_llm(args) -> int:
 def cmd_generate(args) -> int:
     from mps_backend.llm.generate import GenerationStats, Tokenizer, generate, generate_with_executorch_runner  # noqa: PLC0415
 
+    if args.max_new_tokens < 1:  # a negative count generated nothing and exited 0 (#26)
+        print(f"error: --max-new-tokens must be at least 1, got {args.max_new_tokens}", file=sys.stderr)
+        return 2
     pte = pathlib.Path(args.file)
     if not pte.is_file():
         print(f"error: {pte}: no such file", file=sys.stderr)
