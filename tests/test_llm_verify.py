@@ -151,3 +151,9 @@ def test_generate_and_runner_metadata(tmp_path, arch, capsys):
     captured = capsys.readouterr()
     assert captured.out.rstrip("\n") == prompt + tok.decode(greedy[: stop + 1], skip_special_tokens=False)
     assert f"{stop + 1} generated (EOS)" in captured.err
+    if arch == "phi3":  # #26: a prompt beyond max_seq_len is one line with either runner (executorch's: a traceback)
+        long = " ".join([prompt] * 200)
+        for runner in ("python", "executorch"):
+            assert main(["generate", str(out), "--tokenizer", str(folder), "--prompt", long, "--runner", runner]) == 2
+            err = capsys.readouterr().err
+            assert "does not fit max_seq_len" in err and "Traceback" not in err, err

@@ -220,7 +220,12 @@ def generate_with_executorch_runner(
     text pieces its token callback received."""
     from mps_backend.runtime.emulator import load_emulator  # noqa: PLC0415
 
-    read_metadata(pte)  # a program without the runner's methods is one ValueError, not a runner abort
+    meta = read_metadata(pte)  # a program without the runner's methods is one ValueError, not a runner abort
+    # the runner refuses a prompt that does not fit (after its BOS) with a bare "Generation failed"
+    n_prompt = len(Tokenizer(tokenizer).encode(prompt)) + (1 if meta.get("get_bos_id") is not None else 0)
+    max_len = int(meta["get_max_seq_len"])
+    if n_prompt >= max_len:
+        raise ValueError(f"prompt of {n_prompt} tokens (with BOS) does not fit max_seq_len {max_len}")
     load_emulator()  # registers MPSBackend in the libexecutorch the runner binding links
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner  # noqa: PLC0415
 
@@ -230,6 +235,8 @@ def generate_with_executorch_runner(
         runner.generate(
             prompt, GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False), token_callback=pieces.append
         )
+    except RuntimeError as e:  # its own refusals (logged by the runner above) as one line
+        raise ValueError(f"executorch's TextLLMRunner failed: {e} (its log above says why)") from None
     except UnicodeDecodeError as e:
         raise ValueError(
             f"executorch's runner binding cannot hand Python a token piece that is not UTF-8 on its own ({e.reason} "
