@@ -177,21 +177,22 @@ def test_failures_are_classified(monkeypatch):
 
     with monkeypatch.context() as m:
 
-        def abort(blob, inputs, mode="faithful", **kw):
+        def abort(self, inputs, *args, **kw):  # what the emulated delegate runs (shim_bridge._execute_delegate)
             raise DeviceError("unsupported", 0, "add")
 
-        m.setattr(interpreter, "execute", abort)
+        m.setattr(interpreter.Interpreter, "run_with_report", abort)
         cls, record = _run_case("device")
     assert cls == "device_error", record.error
     assert "DeviceError" in str(record.error)  # the device model's error, not "delegate failed"
 
     with monkeypatch.context() as m:
-        real = interpreter.execute
-        m.setattr(
-            interpreter,
-            "execute",
-            lambda blob, inputs, mode="faithful", **kw: [t + 1 for t in real(blob, inputs, mode=mode, **kw)],
-        )
+        real = interpreter.Interpreter.run_with_report
+
+        def off_by_one(self, inputs, *args, **kw):
+            outputs, report = real(self, inputs, *args, **kw)
+            return [t + 1 for t in outputs], report
+
+        m.setattr(interpreter.Interpreter, "run_with_report", off_by_one)
         cls, record = _run_case("mismatch")
     assert cls == "mismatch", record.error
 

@@ -257,6 +257,7 @@ NOT_OURS = set(
     constant_buffer_size segment_offset input_ids input3_id padding_idx graph_type metal_kernel alpha step
     faithful aten hf llama execute upstream_pte_dir export inspect run generate debug ops zoo preserve Tensor
     MPSMin MPSMax MPSAtan2 ne floor ceil hardtanh permute adaptive_max_pool2d not(eq)
+    torch.topk torch.sort as_strided_copy median.dim
     """.split()
 )
 
