@@ -55,34 +55,24 @@ import sys
 import tempfile
 import time
 
+
+def _llama3(hidden: int, layers: int, heads: int, ffn: int, tied: bool) -> dict:
+    """A Llama-3 shape: 8 KV heads, vocabulary 128256."""
+    return dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=8,
+        intermediate_size=ffn,
+        vocab_size=128256,
+        tie_word_embeddings=tied,
+    )
+
+
 SHAPES = {
-    "1b": dict(
-        hidden_size=2048,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=8192,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-    ),
-    "3b": dict(
-        hidden_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=24,
-        num_key_value_heads=8,
-        intermediate_size=8192,
-        vocab_size=128256,
-        tie_word_embeddings=True,
-    ),
-    "8b": dict(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=14336,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-    ),
+    "1b": _llama3(2048, 16, 32, 8192, tied=False),
+    "3b": _llama3(3072, 28, 24, 8192, tied=True),
+    "8b": _llama3(4096, 32, 32, 14336, tied=False),
     "tiny": dict(
         hidden_size=64,
         num_hidden_layers=2,

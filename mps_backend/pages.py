@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import math
 import mmap
 import os
 import sys
@@ -41,9 +42,7 @@ def map_copy_on_write(path: str | os.PathLike) -> mmap.mmap:
 def mapped_tensor(mapping: mmap.mmap, offset: int, dtype: torch.dtype, shape: list[int]) -> torch.Tensor | None:
     """A tensor over ``mapping[offset:]`` (no copy; it keeps the mapping alive), or None when the
     bytes are not aligned for ``dtype`` or the tensor is empty (the caller reads those instead)."""
-    numel = 1
-    for d in shape:
-        numel *= int(d)
+    numel = math.prod(int(d) for d in shape)
     if numel == 0 or offset % dtype.itemsize:
         return None
     with warnings.catch_warnings():
@@ -165,9 +164,7 @@ class ScratchFile:
         the file."""
         try:
             self._file.close()
-            numel = 1
-            for d in shape:
-                numel *= int(d)
+            numel = math.prod(int(d) for d in shape)
             if numel * dtype.itemsize != self.nbytes:
                 need = numel * dtype.itemsize
                 raise ValueError(f"{self.path}: {self.nbytes} bytes written, a {dtype}{list(shape)} tensor needs {need}")
@@ -192,9 +189,7 @@ def untouched_zeros(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> t
     written, so until then it takes no memory (``torch.zeros`` writes every byte). For large buffers
     whose zeros are never all written at export time, e.g. a language model's KV caches (their initial
     contents are not serialized)."""
-    numel = 1
-    for d in shape:
-        numel *= int(d)
+    numel = math.prod(int(d) for d in shape)
     if numel == 0:
         return torch.zeros(shape, dtype=dtype)
     with warnings.catch_warnings():
