@@ -202,6 +202,28 @@ def quantize_weight_spilled(weight: torch.Tensor, config: Any, scratch: str | os
     return cls(qdata, scale, zero, attrs.target_dtype, attrs.block_size, attrs.dtype, attrs.activation_quantization)
 
 
+def quantize_dequantized(model: torch.nn.Module, scheme: str, group_size: Optional[int] = None) -> torch.nn.Module:
+    """Replace each weight :func:`quantize_model` would quantize by the values it takes quantized and
+    then dequantized (torchao's own ``dequantize``), in its own dtype: a reference that computes as
+    the quantized model does. A block of rows at a time (:data:`QUANTIZE_BLOCK_ELEMENTS`), so the
+    temporaries are one block's and no weight is held quantized and dequantized at once; the blocks
+    never span rows, so the values are those of the whole-model call."""
+    config = weight_only_config(scheme, group_size)
+    wanted = quantizable(scheme, group_size)
+    pages = PageReleaser()
+    for fqn, module in list(model.named_modules()):
+        if wanted(module, fqn):
+            w = module.weight.detach()
+            out = torch.empty(w.shape, dtype=w.dtype)
+            rows = max(1, QUANTIZE_BLOCK_ELEMENTS // max(1, w.shape[1]))
+            for r in range(0, w.shape[0], rows):
+                out[r : r + rows] = _torchao_quantized(w[r : r + rows], config).dequantize()
+            module.weight = torch.nn.Parameter(out, requires_grad=False)
+            del w
+            pages.trim()  # the blocks' temporaries
+    return model
+
+
 def _torchao_quantized(weight: torch.Tensor, config: Any) -> Any:
     """torchao's quantized tensor of a 2-d ``weight``: ``quantize_`` on a linear holding it."""
     from torchao.quantization import quantize_  # noqa: PLC0415

@@ -433,7 +433,8 @@ def test_quantized_export_holds_weights_in_scratch_files(tmp_path, tokenizer, mo
     scales and zero points written to scratch files and mapped back: no float weight and no int8 data
     is anonymous memory (the pages are the kernel's to drop; benchmarks/llm_scale.py measures the
     peak). The values are exactly torchao's on the whole weight, the blocks change no byte of the
-    .pte, and the scratch folder is gone after the export, also after a failed one."""
+    .pte, and the scratch folder is gone after the export, also after a failed one. The self-check's
+    reference dequantizes the same values a block of rows at a time."""
     import mps_backend.quantize as quantize
 
     folder = save_checkpoint(tmp_path / "bf16", "llama", tokenizer=tokenizer, dtype=torch.bfloat16)
@@ -456,7 +457,11 @@ def test_quantized_export_holds_weights_in_scratch_files(tmp_path, tokenizer, mo
             assert torch.equal(w, r) and mapped_from(w) is not None, name
     assert quantized >= 3 * 7 * 2, quantized  # every linear of both layers and the lm_head
     assert not list(scratch.iterdir())  # each file unlinked once mapped
-    del lm, model, ref
+    # the self-check's reference (quantize_dequantized): the values of torchao's dequantize, block by block
+    deq = quantize.quantize_dequantized(load_checkpoint(f"hf:{folder}", "fp16").model, "int4", 32)
+    for (name, d), (_, r) in zip(deq.named_parameters(), ref.named_parameters()):
+        assert type(d) is torch.nn.Parameter and torch.equal(d, r.dequantize() if hasattr(r, "qdata") else r), name
+    del lm, model, ref, deq
     a = export_llm(f"hf:{folder}", tmp_path / "a.pte", quantize="int4", max_seq_len=MAX_SEQ_LEN, verify_steps=2)
     assert a.verification.ok, a.verification
     monkeypatch.setattr(quantize, "QUANTIZE_BLOCK_ELEMENTS", 1 << 30)  # one block: torchao on the whole weight

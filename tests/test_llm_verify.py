@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from mps_backend.llm import export as llm_export
-from mps_backend.llm.verify import BUDGET_ENV, INT4_TOLERANCE, TOLERANCE, truncated_copy
+from mps_backend.llm import verify
+from mps_backend.llm.verify import BUDGET_ENV, INT4_TOLERANCE, TOLERANCE, float32_on_use, truncated_copy
 from mps_backend.tools.cli import main
 from tests.llm_helpers import save_checkpoint, save_llama_checkpoint, train_tokenizer
 
@@ -74,6 +75,35 @@ def test_truncated_llama_copy(tmp_path):
     assert set(kept) == {k for k in full if not k.startswith("layers.1.")} and any(k.startswith("layers.0.") for k in kept)
 
 
+def test_reference_widens_one_weight_at_a_time(folder, monkeypatch):
+    """The self-check's eager reference keeps 16-bit weights 16-bit: a linear widens its weight a
+    block of rows at a time, an embedding the rows it gathers, other modules (norms) their weight
+    while they run. The logits are the float32 model's, bit for bit, and no whole weight is float32
+    but the one module's that runs (an 8B head and embedding in float32 are 2 GiB each)."""
+    from tests.llm_helpers import eager_model
+
+    ids = torch.tensor([[0, 5, 9, 3, 7]])
+    with torch.no_grad():
+        want = eager_model(folder, torch.float16).float()(input_ids=ids).logits
+        model = eager_model(folder, torch.float16)
+        float32_on_use(model, min_numel=0)
+        held = [m for m in model.modules() if m._parameters.get("weight") is not None]
+        wide = []
+        for m in held:  # registered after float32_on_use's: runs once a weight would be widened
+            m.register_forward_pre_hook(lambda mod, args: wide.append([h for h in held if h.weight.dtype == torch.float32]))
+        assert torch.equal(model(input_ids=ids).logits, want)
+        kinds = {type(m) for m in held}
+        assert torch.nn.Linear in kinds and torch.nn.Embedding in kinds and len(kinds) > 2, kinds
+        assert len(wide) >= len(held) and all(
+            len(w) <= 1 and all(type(h) not in (torch.nn.Linear, torch.nn.Embedding) for h in w) for w in wide
+        ), wide
+        assert {m.weight.dtype for m in held} == {torch.float16}
+        # a linear's weight widened in blocks of rows (two rows a block here): the same logits, up to
+        # float32 rounding (BLAS blocks the products of a narrower matrix differently)
+        monkeypatch.setattr(verify, "ON_USE_CHUNK_BYTES", 2 * 4 * model.lm_head.weight.shape[1])
+        torch.testing.assert_close(model(input_ids=ids).logits, want, rtol=1e-6, atol=1e-6)
+
+
 def test_help_states_the_tolerances(capsys):
     with pytest.raises(SystemExit):
         main(["export", "--help"])
@@ -84,7 +114,7 @@ def test_help_states_the_tolerances(capsys):
 
 
 @pytest.mark.parametrize(("scheme", "group"), [("int4", 128), ("int8", 64)])
-def test_cli_group_size_and_quantized_embedding(tmp_path, scheme, group, capsys):
+def test_cli_group_size_and_quantized_embedding(tmp_path, scheme, group, capsys, monkeypatch):
     """#24: `--quantize int4|int8 --group-size G --quantize-embedding`: every linear stored at its width
     with one float16 scale per G columns, the embedding table int8 with one scale per row, gathered
     (two MPSEmbedding lookups: the int8 row and its scale) and dequantized after the gather, never
@@ -99,6 +129,7 @@ def test_cli_group_size_and_quantized_embedding(tmp_path, scheme, group, capsys)
     folder = save_checkpoint(tmp_path / "q", "qwen2", tokenizer=train_tokenizer(), config=shape)
     out = tmp_path / "q.pte"
     args = ["export", "--model", f"hf:{folder}", "--max-seq-len", "16", "-o", str(out), "--verify-steps", "2"]
+    monkeypatch.setattr(verify, "ON_USE_NUMEL", 0)  # the reference holds every weight in float16, as at LLM scale
     assert main([*args, "--quantize", scheme, "--group-size", str(group), "--quantize-embedding"]) == 0
     stdout = capsys.readouterr().out
     assert "int8 embedding (a scale per row)" in stdout and "greedy tokens agree 2/2: ok" in stdout, stdout

@@ -11,6 +11,7 @@ partition, plus the constant methods executorch's LLM runner reads (:data:`METAD
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pathlib
@@ -275,7 +276,7 @@ def export_llm(
     lookup (:class:`mps_backend.quantize.RowQuantizedEmbedding`)."""
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
 
-    from mps_backend.export import drop_unused_constants  # noqa: PLC0415
+    from mps_backend.export import drop_unused_constants, release_export_caches  # noqa: PLC0415
     from mps_backend.runtime_kernels import check_kernels  # noqa: PLC0415
 
     out = pathlib.Path(output)
@@ -291,7 +292,11 @@ def export_llm(
     # (beside the output: the disk the .pte goes to, not a tmpfs that would count as memory)
     folder = output_target(out).parent
     folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.scratch.", dir=folder) as scratch:
+    with (
+        tempfile.TemporaryDirectory(prefix=f".{out.name}.scratch.", dir=folder) as scratch,
+        contextlib.ExitStack() as cleanup,
+    ):
+        cleanup.callback(release_export_caches)  # first out: the cache keeps the weights mapped
         with prog.stage("load checkpoint", ticker=False):
             lm = load_checkpoint(
                 model,

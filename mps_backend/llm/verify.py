@@ -184,7 +184,7 @@ def _pte_logits(pte: pathlib.Path, first: int, steps: int) -> tuple[list[int], t
     """The program's greedy tokens from ``first`` for ``steps`` forward calls, and its logits."""
     from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
 
-    step = LoadedMethod(pte.read_bytes(), "forward")
+    step = LoadedMethod(pte, "forward")  # a path: executorch maps the file
     tokens, logits = [first], []
     for pos in range(steps):
         out = step([torch.tensor([[tokens[-1]]], dtype=torch.long), torch.tensor([pos], dtype=torch.long)])[0]
@@ -213,29 +213,105 @@ def _eager_logits(
         model = load_llama(path, params, load, max_seq_len).model
         reference = "eager executorch llama float32"
     if quantize:
-        from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
+        from mps_backend.quantize import quantize_dequantized, resolve_group_size  # noqa: PLC0415
 
-        quantize_model(model, quantize, resolve_group_size(quantize, group_size))
-        for m in model.modules():
-            w = getattr(m, "weight", None)
-            if isinstance(w, torch.Tensor) and type(w) not in (torch.Tensor, torch.nn.Parameter):
-                m.weight = torch.nn.Parameter(w.dequantize().float(), requires_grad=False)
-        model.float()
+        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
         reference += f" ({quantize} weights quantized alike, dequantized)"
     if embedding:
         from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
 
         quantize_embeddings(model)
-        model.float()
         reference += " (embedding quantized alike)"
-    with torch.no_grad():
-        if kind == "hf":
-            logits = model(input_ids=torch.tensor([tokens])).logits[0].float()
-        else:
+    undo = float32_on_use(model) if load != torch.float32 else None
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            if kind == "hf":
+                return model(input_ids=torch.tensor([tokens])).logits[0].float()
             vocab = model.params.vocab_size
             steps = [model(torch.tensor([[t]]), {"input_pos": torch.tensor([pos])}) for pos, t in enumerate(tokens)]
-            logits = torch.stack([s.reshape(-1, vocab)[-1] for s in steps]).float()
+            return torch.stack([s.reshape(-1, vocab)[-1] for s in steps]).float()
+
+    try:
+        logits = run()
+    except RuntimeError:
+        if undo is None:
+            raise
+        undo()  # modeling code read a held 16-bit weight outside its module (a dtype mismatch); a
+        logits = run()  # rerun from position 0 rewrites every KV-cache row it reads
     return logits, reference
+
+
+#: weights of at least this many elements stay in the load precision between calls (float32_on_use)
+ON_USE_NUMEL = 1 << 20
+#: float32 bytes of a held linear weight widened at once (a block of its output rows)
+ON_USE_CHUNK_BYTES = 64 << 20
+
+
+def _embedding_rows(mod, ids):
+    """``torch.nn.Embedding.forward`` on its 16-bit table, the gathered rows widened: the same values
+    as a lookup in the widened table, without widening the table."""
+    return torch.nn.functional.embedding(ids, mod._parameters["weight"], mod.padding_idx).float()
+
+
+def _linear_blocks(mod, x):
+    """``torch.nn.Linear.forward`` with its 16-bit weight widened a block of output rows at a time."""
+    w, b = mod._parameters["weight"], mod.bias
+    rows = max(1, ON_USE_CHUNK_BYTES // (4 * w.shape[1]))
+    return torch.cat(
+        [
+            torch.nn.functional.linear(x, w[r : r + rows].float(), None if b is None else b[r : r + rows])
+            for r in range(0, w.shape[0], rows)
+        ],
+        dim=-1,
+    )
+
+
+def float32_on_use(model: torch.nn.Module, min_numel: int | None = None):
+    """Make ``model`` compute in float32 while its large 16-bit weights stay 16-bit: a module whose
+    ``weight`` has ``min_numel`` (default :data:`ON_USE_NUMEL`) elements or more keeps it, and
+    everything else is converted by ``model.float()``. A plain ``Linear`` widens its weight a block of
+    rows at a time, a plain ``Embedding`` the rows it gathers, and any other module its whole weight
+    while its forward runs (its own code may read the weight's dtype). Widening is exact, so the
+    logits are the float32 model's, without the float32 copy of each weight (an LLM's embedding and
+    head in float32 take 4 bytes a vocabulary entry and dimension each). Returns a function that
+    makes the held weights float32 for good (for modeling code that reads a weight outside its
+    module's forward)."""
+    import types  # noqa: PLC0415
+
+    min_numel = ON_USE_NUMEL if min_numel is None else min_numel
+    held = {}
+    for m in model.modules():
+        w = m._parameters.get("weight")
+        if w is not None and w.dtype in (torch.float16, torch.bfloat16) and w.numel() >= min_numel:
+            held[m] = w
+            m._parameters["weight"] = None  # out of model.float()'s way
+    model.float()
+    hooks = []
+    for m, w in held.items():
+        m._parameters["weight"] = w
+        if type(m) is torch.nn.Linear:
+            m.forward = types.MethodType(_linear_blocks, m)
+        elif type(m) is torch.nn.Embedding and m.max_norm is None:
+            m.forward = types.MethodType(_embedding_rows, m)
+        else:
+
+            def widen(mod, args, w=w):
+                mod._parameters["weight"] = torch.nn.Parameter(w.float(), requires_grad=False)
+
+            def narrow(mod, args, out, w=w):
+                mod._parameters["weight"] = w
+
+            hooks += [m.register_forward_pre_hook(widen), m.register_forward_hook(narrow)]
+
+    def undo() -> None:
+        for h in hooks:
+            h.remove()
+        for m in held:
+            m.__dict__.pop("forward", None)
+        model.float()
+
+    return undo
 
 
 def verify_llm(
@@ -298,8 +374,13 @@ def verify_export(result, model: str, *, steps: int, group_size: int | None, par
     import gc  # noqa: PLC0415
 
     from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
+    from mps_backend.pages import PageReleaser  # noqa: PLC0415
 
-    gc.collect()  # the export's program and graphs: released before the eager model is loaded
+    def release() -> None:  # an export's program and graphs, freed before what comes next is loaded
+        gc.collect()
+        PageReleaser().trim()
+
+    release()
     kind, path = parse_model_spec(model)
     dtype = "fp16" if result.precision == "float16" else "fp32"
     common = dict(
@@ -320,6 +401,7 @@ def verify_export(result, model: str, *, steps: int, group_size: int | None, par
         )
         out = tmp / "truncated.pte"
         export(spec, out, str(tparams) if tparams else None)
+        release()
         v = verify_llm(out, spec, params=str(tparams) if tparams else None, max_seq_len=result.max_seq_len, bos_id=bos, **common)
     v.truncated = (
         f"on a copy truncated to the first {min(TRUNCATED_LAYERS, old)} of {old} layers, exported separately: the full "

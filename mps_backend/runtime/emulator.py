@@ -68,6 +68,25 @@ def _read_program(pte: bytes | bytearray | memoryview | str | os.PathLike, *, ch
     return data
 
 
+def _checked_file(path: str | os.PathLike) -> str:
+    """``path``, once :func:`~mps_backend.runtime.program_check.check_program` has passed the file,
+    read through a read-only mapping (not a copy: an LLM's ``.pte`` is gigabytes)."""
+    import mmap  # noqa: PLC0415
+
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            _read_program(path)  # the empty file's error
+        view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # closed when collected (views may be alive)
+    from mps_backend.runtime.program_check import ProgramFormatError, check_program  # noqa: PLC0415
+
+    try:
+        check_program(view)
+    except ProgramFormatError as exc:
+        raise ProgramFormatError(f"{path}: {exc}") from None
+    return path
+
+
 def _check_inputs(meta: Any, inputs: Sequence[Any], method_name: str) -> None:
     expected = meta.num_inputs()
     if len(inputs) != expected:
@@ -126,7 +145,10 @@ class LoadedMethod:
         if not isinstance(mode, str):
             raise TypeError(f"mode must be a string, not {type(mode).__name__}")
         self.name, self.mode = method, mode
-        self._data = _read_program(pte)  # the program may point into this buffer: keep it alive
+        # a file is mapped by executorch (its delegates' blobs are then read from the page cache, not
+        # from a copy of the file); bytes are kept alive here, as the program points into them
+        self._path = _checked_file(pte) if isinstance(pte, (str, os.PathLike)) else None
+        self._data = None if self._path else _read_program(pte)
         #: the device-model interpreter of each delegate, decoded at its first call (shim_bridge.session)
         self._delegates: dict[tuple[int, str], Any] = {}
         emulator = load_emulator()
@@ -137,7 +159,10 @@ class LoadedMethod:
     def _load(self, emulator: Any, method: str) -> None:
         _C = emulator.pybindings
         try:
-            self._program = _C._load_program_from_buffer(self._data, program_verification=_C.Verification.InternalConsistency)
+            if self._path is not None:
+                self._program = _C._load_program(self._path, program_verification=_C.Verification.InternalConsistency)
+            else:
+                self._program = _C._load_program_from_buffer(self._data, program_verification=_C.Verification.InternalConsistency)
         except RuntimeError as exc:
             raise EmulatorError(f"ExecuTorch could not load the program: {exc}") from exc
         names = {self._program.get_method_name(i) for i in range(self._program.num_methods())}
@@ -147,7 +172,7 @@ class LoadedMethod:
         try:
             self._method = self._program.load_method(method)
         except RuntimeError as exc:
-            _refuse_missing_kernels(_C, self._data, method, exc)
+            _refuse_missing_kernels(_C, self._data if self._path is None else Path(self._path).read_bytes(), method, exc)
             raise EmulatorError(
                 f"ExecuTorch could not load method {method!r} (a delegate failed to initialise, "
                 f"e.g. an MPSBackend payload that is not an MP00 blob, or a backend that is not "
@@ -169,9 +194,9 @@ class LoadedMethod:
         if emulator is None:
             return
         with emulator.lock:
+            self._delegates.clear()  # first: the interpreters view the delegate handles' blobs
             self._method = None
             self._program = None
-            self._delegates.clear()
 
     def __enter__(self) -> "LoadedMethod":
         return self

@@ -23,7 +23,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
-from mps_backend.serialization.device_facts import IGNORED_IDS, node_value_ids
+from mps_backend.serialization.device_facts import IGNORED_IDS, OUTPUT_FIELDS, node_value_ids
 from mps_backend.serialization.model import Blob, DataType, Node, OpType
 
 from .core import DeviceError, KernelContext, device_dtype, max_tensor_bytes
@@ -98,8 +98,10 @@ def unpack_int4(raw, shape: Sequence[int]) -> torch.Tensor:
     return torch.from_numpy(((nibbles ^ 8) - 8).reshape(tuple(shape)))
 
 
-def load_constant(blob: Blob, vid: int) -> torch.Tensor:
-    """A constant as the device sees it (§1): the segment bytes in the declared dtype and shape."""
+def load_constant(blob: Blob, vid: int, packed: bool = False) -> torch.Tensor:
+    """A constant as the device sees it (§1): the segment bytes in the declared dtype and shape.
+    ``packed``: an int4 constant as its bytes, uint8 ``[..., last / 2]`` (a view of the blob; the
+    dequantize kernel unpacks a block of rows at a time)."""
     t = blob.graph.values[vid]
     shape, numel, size = t.device_shape, math.prod(t.device_shape), t.constant_buffer_size
     where = f"constant value {vid} ({t.datatype.name} {list(t.dims)})"
@@ -111,6 +113,8 @@ def load_constant(blob: Blob, vid: int) -> torch.Tensor:
     if t.datatype == DataType.int4:
         if size != (numel + 1) // 2:
             raise DeviceError(f"{where}: {size} bytes, int4 needs {(numel + 1) // 2}")
+        if packed and shape[-1] % 2 == 0:  # (an odd last dimension: unpack_int4's error)
+            return _read_only(np.frombuffer(raw, dtype=np.uint8, count=numel // 2).reshape(*shape[:-1], shape[-1] // 2))
         return unpack_int4(raw, shape)
     dt = device_dtype(t.datatype)
     want = numel * torch.empty((), dtype=dt).element_size()
@@ -120,6 +124,10 @@ def load_constant(blob: Blob, vid: int) -> torch.Tensor:
     arr = np.frombuffer(raw, dtype=_NUMPY_DTYPE[dt], count=numel).reshape(shape)
     if dt == torch.bool:
         return torch.from_numpy(arr != 0)
+    return _read_only(arr)
+
+
+def _read_only(arr: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():  # read-only view of the blob: kernels never write in place
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(arr)
@@ -194,8 +202,10 @@ class Interpreter:
                     f"beyond the device model's {limit / 2**30:.3g} GiB per tensor "
                     "(MPS_BACKEND_MAX_TENSOR_BYTES)"
                 )
-        self._constants = {vid: load_constant(self.blob, vid) for vid in g.constant_ids}
+        self._packed = _dequantized_only(g)
+        self._constants = {vid: load_constant(self.blob, vid, vid in self._packed) for vid in g.constant_ids}
         self._plan = [(i, node, KERNELS.get(node.op)) for i, node in enumerate(g.nodes)]
+        self._dead_after = _dead_after(g)
 
     # --------------------------------------------------------------------------------------------
 
@@ -234,7 +244,7 @@ class Interpreter:
         values = self._bind_inputs(inputs)
         values.update(self._constants)  # constants are built after the placeholders
         with torch.no_grad():
-            self._run_nodes(KernelContext(values=values, mode=self.mode, graph=self.graph), observer)
+            self._run_nodes(KernelContext(values=values, mode=self.mode, graph=self.graph), observer, release=True)
         outputs, report = [], []
         for vid in self.graph.output_ids:
             t = values.get(vid)
@@ -245,17 +255,16 @@ class Interpreter:
             report.append(OutputInfo(vid, decl.datatype, tuple(decl.dims), t.dtype, tuple(t.shape)))
         return outputs, report
 
-    def _run_nodes(self, ctx: KernelContext, observer: NodeObserver | None = None) -> None:
+    def _run_nodes(self, ctx: KernelContext, observer: NodeObserver | None = None, release: bool = False) -> None:
+        """Run every node; with ``release``, each value is dropped after the last node that reads it
+        (as MPSGraph frees its intermediates), so a run holds only the live ones."""
         for i, node, fn in self._plan:
             ctx.node_index, ctx.op = i, node.op
             if fn is None:
                 ctx.fail(f"{node.op} has no dispatch case in the runtime (NotImplemented)")
             if observer is not None:
                 observer.begin(i, node)
-            for name, vid in node.fields.items():  # a broadcast view is cheap; what reads it is not
-                if name.startswith("input") and isinstance(vid, int) and vid in ctx.values:
-                    t = ctx.values[vid]
-                    ctx.reserve(t.numel(), t.element_size(), f"operand {name} (value {vid}, shape {list(t.shape)})")
+            _reserve_operands(ctx, node)
             try:
                 fn(ctx, node)
             except DeviceError as e:
@@ -268,18 +277,67 @@ class Interpreter:
                 raise DeviceError(f"the device model ran out of host memory ({e or 'MemoryError'})", i, node.op) from e
             if observer is not None:
                 observer.end(i, node, [ctx.values[v] for v in node_outputs(node) if v in ctx.values])
+            if release:
+                for vid in self._dead_after[i]:
+                    ctx.values.pop(vid, None)
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return self.run_with_report(inputs)[0]
 
     def run_values(self, inputs: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
         """Execute once and return every value the graph computed, by value id (inputs and
-        constants included): the intermediate results a debugger compares."""
+        constants included, int4 ones as their values): the intermediate results a debugger compares."""
         values = self._bind_inputs(inputs)
         values.update(self._constants)
         with torch.no_grad():
             self._run_nodes(KernelContext(values=values, mode=self.mode, graph=self.graph))
+        values.update({vid: load_constant(self.blob, vid) for vid in self._packed})
         return values
+
+
+def _dequantized_only(graph) -> set[int]:
+    """int4 constants read by nothing but the weight input of MPSDequantizePerChannelGroup nodes: kept
+    packed (two values a byte, a view of the blob) instead of one int8 per value."""
+    readers: dict[int, set[tuple[str, str]]] = {}
+    for node in graph.nodes:
+        for name, value in node.fields.items():
+            if name.endswith(("_id", "_ids")) and name not in OUTPUT_FIELDS:
+                for vid in value if isinstance(value, list) else (value,):
+                    readers.setdefault(vid, set()).add((node.op, name))
+    only = {("MPSDequantizePerChannelGroup", "input1_id")}
+    return {
+        vid
+        for vid in graph.constant_ids
+        if graph.values[vid].datatype == DataType.int4
+        and readers.get(vid) == only
+        and len(graph.values[vid].device_shape) == 2
+        and vid not in graph.output_ids
+    }
+
+
+def _reserve_operands(ctx: KernelContext, node: Node) -> None:
+    """Refuse a node whose operands are beyond the per-tensor budget: a broadcast view is cheap, what
+    reads it is not (a function of its own, so no operand outlives the check)."""
+    for name, vid in node.fields.items():
+        if name.startswith("input") and isinstance(vid, int) and vid in ctx.values:
+            t = ctx.values[vid]
+            ctx.reserve(t.numel(), t.element_size(), f"operand {name} (value {vid}, shape {list(t.shape)})")
+
+
+def _dead_after(graph) -> list[list[int]]:
+    """Per node, the value ids no later node reads and that are not graph outputs: a value defined
+    or read last by node i is dead after it (constants stay loaded in the interpreter)."""
+    last: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for vid in node_value_ids(node.fields, outputs=False) + node_value_ids(node.fields, outputs=True):
+            if vid >= 0:
+                last[vid] = i
+    keep = set(graph.output_ids)
+    dead: list[list[int]] = [[] for _ in graph.nodes]
+    for vid, i in last.items():
+        if vid not in keep:
+            dead[i].append(vid)
+    return dead
 
 
 def execute(

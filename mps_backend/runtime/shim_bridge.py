@@ -121,6 +121,16 @@ def _execute_delegate(
     return list(program.run_with_report(inputs, observer)[0])
 
 
+def _delegate_blob(blob_ptr: int, blob_len: int, cached: bool) -> bytes | memoryview:
+    """The delegate's MP00 bytes. Decoded once per handle and kept by a loaded method (``cached``),
+    they are a view of the handle's own copy, which lives as long as the handle, and that is as
+    long as the method's interpreters (:meth:`LoadedMethod.close` drops them first): no copy of the
+    blob, which holds every weight of an LLM. A one-off call copies them
+    (not ``ctypes.string_at``: its size is a C int, negative for a blob of 2 GiB or more)."""
+    view = (ctypes.c_char * blob_len).from_address(blob_ptr)
+    return memoryview(view).cast("B") if cached else bytes(view)
+
+
 _CODES = {dtype: code for code, dtype in _SCALAR_TYPES.items()}
 
 
@@ -270,8 +280,7 @@ class _Emulator:
         # Nothing may escape: ctypes would print the exception and return 0 (= success).
         try:
             mode = getattr(self.state, "mode", None) or "faithful"
-            # (not ctypes.string_at: its size is a C int, negative for a blob of 2 GiB or more)
-            blob = bytes((ctypes.c_char * blob_len).from_address(blob_ptr))
+            blob = _delegate_blob(blob_ptr, blob_len, getattr(self.state, "loaded", None) is not None)
             descs = [args[i] for i in range(n_args)]
             n_in, n_out = _io_counts(blob)
             if n_in + n_out != n_args:

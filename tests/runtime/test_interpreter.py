@@ -223,6 +223,35 @@ class TestNodesAndOutputs:
         assert torch.equal(x, t([1.0, 2.0])) and torch.equal(a2, x)
         assert torch.equal(g.run([x])[1], t([5.0]))
 
+    def test_a_run_drops_each_value_after_its_last_reader(self):
+        """As MPSGraph frees its intermediates: a run holds only the values a later node reads (an
+        LLM step's dequantized weights are gigabytes); run_values keeps them all, for debuggers."""
+        import weakref
+
+        x = t([1.0, 2.0])
+        g = GraphSpec()
+        chain = [g.input(x)] + [g.value(DataType.float32, [2]) for _ in range(4)]
+        for a, b in zip(chain, chain[1:]):
+            g.node("MPSNeg", input1_id=a, output_id=b)
+        g.output(chain[-1])
+        interp = Interpreter(g.blob())
+
+        class Watch:
+            def __init__(self):
+                self.refs, self.alive = [], []
+
+            def begin(self, index, node):
+                self.alive.append([r() is not None for r in self.refs])
+
+            def end(self, index, node, outputs):
+                self.refs += [weakref.ref(o) for o in outputs]
+
+        w = Watch()
+        (y,) = interp.run_with_report([x], w)[0]
+        assert torch.equal(y, x) and w.alive == [[], [True], [False, True], [False, False, True]], w.alive
+        values = interp.run_values([x])
+        assert all(torch.equal(values[v], x if k % 2 == 0 else -x) for k, v in enumerate(chain))
+
     def test_report_flags_device_dtype_mismatch(self):
         # int operands with a mode give f32 on the device, declared int32 => reinterpreted
         a, b = t([7], torch.int32), t([2], torch.int32)

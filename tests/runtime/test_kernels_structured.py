@@ -85,10 +85,18 @@ class TestLinalg:
         a, b = rnd(2, 1, 3, 4), rnd(5, 4, 6, seed=1)
         same(out("MPSMatMul", {0: a, 1: b}, input1_id=0, input2_id=1, output_id=10), torch.matmul(a, b))
 
-    def test_matmul_f16_accumulates_in_f32_and_rounds_once(self):
+    def test_matmul_f16_accumulates_in_f32_and_rounds_once(self, monkeypatch):
+        from mps_backend.runtime.kernels import linalg
+
         a, b = rnd(8, 64, dtype=torch.float16), rnd(64, 5, dtype=torch.float16, seed=1)
-        got = out("MPSMatMul", {0: a, 1: b}, input1_id=0, input2_id=1, output_id=10)
-        same(got, (a.float() @ b.float()).half(), exact=True)
+        want = (a.float() @ b.float()).half()
+        same(out("MPSMatMul", {0: a, 1: b}, input1_id=0, input2_id=1, output_id=10), want, exact=True)
+        # an operand too large to widen at once (an LLM head) is widened in blocks of rows of the
+        # first operand, or of columns of the second: the same result
+        monkeypatch.setattr(linalg, "CHUNK_BYTES", 3 * 64 * 4)
+        same(out("MPSMatMul", {0: a, 1: b}, input1_id=0, input2_id=1, output_id=10), want, exact=True)
+        bt, at = b.T.contiguous(), a.T.contiguous()
+        same(out("MPSMatMul", {0: bt, 1: at}, input1_id=0, input2_id=1, output_id=10), want.T, exact=True)
 
     @pytest.mark.parametrize(
         "a,b",
@@ -850,6 +858,19 @@ class TestDequantize:
         same(_dq(q, s), expected, exact=True)
         same(_dq(q, s.half()), (q.float() * s.half().float().repeat_interleave(4, 1)).half(), exact=True)
 
+    def test_blocks_of_rows_compute_the_whole(self, monkeypatch):
+        from mps_backend.runtime.kernels import quant
+
+        q = torch.randint(-8, 8, (5, 8), generator=torch.Generator().manual_seed(1), dtype=torch.int8)
+        s = rnd(5, 2).abs().half()
+        whole = _dq(q, s)
+        monkeypatch.setattr(quant, "CHUNK_BYTES", 2 * 8 * 4)  # 2 rows a block: 3 blocks, the last short
+        same(_dq(q, s), whole, exact=True)
+        # the interpreter's packed int4 constant (two values a byte, low nibble = even k): the same
+        nibbles = (q.to(torch.uint8) & 0xF).reshape(5, 4, 2)
+        same(_dq(nibbles[..., 0] | (nibbles[..., 1] << 4), s), whole, exact=True)
+        same(whole, (q.float() * s.float().repeat_interleave(4, 1)).half(), exact=True)
+
     def test_failures(self):
         q = torch.zeros(2, 8, dtype=torch.int8)
         with pytest.raises(DeviceError):
@@ -860,6 +881,7 @@ class TestDequantize:
 
 
 # ------------------------------------------------------------- whole blobs: writer + interpreter
+from mps_backend.runtime.interpreter import Interpreter  # noqa: E402
 from tests.runtime.helpers import GraphSpec, run_graph  # noqa: E402
 
 
@@ -887,6 +909,10 @@ class TestThroughBlob:
         q_vals = torch.tensor([[-1, 7, 2, 1], [0, -8, -1, -8]], dtype=torch.float32)
         scales = torch.tensor([[1.0, 1.0, 0.5, 0.5], [2.0, 2.0, -1.0, -1.0]])
         same(got, (q_vals * scales).half(), exact=True)
+        # read only by the dequantize: kept as its bytes (a view of the blob), its values for a debugger
+        interp = Interpreter(g.to_bytes())
+        assert interp._constants[q].dtype == torch.uint8 and interp._constants[q].shape == (2, 2)
+        same(interp.run_values([])[q], q_vals.to(torch.int8), exact=True)
 
     def test_embedding_padding_idx_faithful_vs_aten(self):
         w, idx = rnd(5, 3), torch.tensor([1, 4, 1])

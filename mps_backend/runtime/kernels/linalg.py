@@ -8,12 +8,24 @@ import torch
 
 from ..core import KernelContext, checked, compute, f32, round_to, same_dtype, scalar_const, to
 
+#: float32 bytes of an operand widened at once (float16 operands are computed in float32)
+CHUNK_BYTES = 64 << 20
+
 
 def _matmul(ctx: KernelContext, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dim() < 2 or b.dim() < 2:
         ctx.fail(f"matrix multiplication of ranks {a.dim()} and {b.dim()} (MPSGraph needs rank >= 2)")
     if a.dtype == torch.bool:
         ctx.fail("matrix multiplication of bool tensors")
+    if a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0] and torch.float16 in (a.dtype, b.dtype):
+        # an LLM head's float16 weights widened whole would be gigabytes: a block of a's rows or
+        # b's columns at a time (each result element is the same dot product)
+        if a.numel() * 4 > CHUNK_BYTES:
+            rows = max(1, CHUNK_BYTES // (4 * a.shape[1]))
+            return torch.cat([compute(a[r : r + rows]) @ compute(b) for r in range(0, a.shape[0], rows)])
+        if b.numel() * 4 > CHUNK_BYTES:
+            cols = max(1, CHUNK_BYTES // (4 * b.shape[0]))
+            return torch.cat([compute(a) @ compute(b[:, c : c + cols]) for c in range(0, b.shape[1], cols)], dim=1)
     return checked(ctx, "matmul shapes", torch.matmul, compute(a), compute(b))
 
 
