@@ -342,10 +342,16 @@ def load_hf(
     except ImportError as e:
         raise CheckpointError("Hugging Face checkpoints need transformers: pip install 'mps-backend[llm]'") from e
 
-    config = _transformers_step(folder, "read", transformers.AutoConfig.from_pretrained, folder, local_files_only=True)
+    # trust_remote_code=False: transformers never imports code from the folder nor asks on standard input
+    # (check_folder refused an auto_map for a model type it does not ship)
+    config = _transformers_step(
+        folder, "read", transformers.AutoConfig.from_pretrained, folder, local_files_only=True, trust_remote_code=False
+    )
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = str(getattr(config, "model_type", "?"))
     notes = []
+    if getattr(config, "auto_map", None):
+        notes.append(f"config.json's auto_map ignored: transformers' own {model_type} code is used, never the folder's")
     if model_type not in TESTED_MODEL_TYPES:
         notes.append(f"model type {model_type!r} is not among the tested ones ({', '.join(TESTED_MODEL_TYPES)})")
     source = _dtype_of_checkpoint(config)
@@ -377,6 +383,7 @@ def load_hf(
                 # not transformers' default grouped_mm nor its loop over the experts hit (data-dependent)
                 experts_implementation="batched_mm",
                 local_files_only=True,
+                trust_remote_code=False,
                 output_loading_info=True,
             )
         except (MPSBackendError, MemoryError):

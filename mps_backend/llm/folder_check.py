@@ -19,7 +19,13 @@ one :class:`FolderError` line naming the file and the reason, before any weight 
 - a shard index (``model.safetensors.index.json``) naming a file outside the folder (``..``, a path, an
   absolute name) or a shard that is missing;
 - ``tokenizer.json``, ``tokenizer_config.json``, ``generation_config.json``, ``special_tokens_map.json``
-  that are not JSON objects (``tokenizer.json`` also needs its ``model``), or larger than the bounds.
+  that are not JSON objects (``tokenizer.json`` also needs its ``model``), or larger than the bounds;
+- a config that would make transformers run code that is not its own (:func:`check_code_free`): an
+  ``auto_map`` naming the folder's Python files (or a Hub repository's) for a model type transformers
+  does not ship, an attention or MoE-experts implementation other than the torch ones
+  (:data:`IMPLEMENTATIONS`: a Hub kernel name such as ``kernels-community/flash-attn`` would fetch and
+  run code when the ``kernels`` package is installed). Every transformers call of the project also
+  passes ``trust_remote_code=False``, so no answer on standard input can turn it on.
 
 The bounds (:data:`CONFIG_BOUNDS`) are far above any released model and far below what would exhaust
 the memory of the machine building it (a layer count of 10^6 or a vocabulary of 2^40 would).
@@ -71,6 +77,15 @@ DTYPE_BYTES = {
     "I8": 1,
     "U8": 1,
     "BOOL": 1,
+}
+#: config keys naming an attention or MoE-experts implementation -> the values accepted: the ones computed
+#: by torch alone (the export and its self-check run transformers' eager attention and batched_mm experts,
+#: whatever the config says); any other name is a package or a Hub kernel the project does not ship
+IMPLEMENTATIONS = {
+    "attn_implementation": ("eager", "sdpa"),
+    "_attn_implementation": ("eager", "sdpa"),
+    "experts_implementation": ("eager", "batched_mm", "grouped_mm"),
+    "_experts_implementation": ("eager", "batched_mm", "grouped_mm"),
 }
 #: a decoder layer's tensor (not a vision or audio tower's): model.layers.N., model.language_model.layers.N.
 _LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)\.")
@@ -193,6 +208,52 @@ def check_config(config: dict, where: str) -> dict[str, int]:
     return sizes
 
 
+def _objects(value: Any, depth: int = 0):
+    """Every JSON object in ``value`` (itself and nested ones: sub-configs such as ``text_config``)."""
+    if depth > 32:
+        return
+    if isinstance(value, dict):
+        yield value
+        for v in value.values():
+            yield from _objects(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _objects(v, depth + 1)
+
+
+def native_model_type(model_type: Any) -> bool:
+    """Whether transformers ships the configuration and modeling code of ``model_type``."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: PLC0415 - a dict of names
+
+    return isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES
+
+
+def check_code_free(config: dict, where: str) -> None:
+    """Refuse (:class:`FolderError`) a config with which transformers would run code it does not ship:
+    ``auto_map`` (custom code in the folder, or in a Hub repository for ``repo--module.Class``) for a model
+    type transformers has no code for, and an implementation key (:data:`IMPLEMENTATIONS`) naming
+    anything but the torch ones, in the config or any sub-config. An ``auto_map`` beside a model type
+    transformers ships (Phi-3's hub configs have one) is left to transformers, which, with
+    ``trust_remote_code=False``, uses its own code and never imports the folder's."""
+    model_type = config.get("model_type")
+    for obj in _objects(config):
+        auto_map = obj.get("auto_map")
+        if auto_map is not None and not native_model_type(model_type):
+            names = list(auto_map.values()) if isinstance(auto_map, dict) else [auto_map]
+            raise FolderError(
+                f"{where}: auto_map names custom code ({str(names[0])[:80]}) for model type {str(model_type)[:40]!r}, "
+                "which transformers does not ship: code from a checkpoint folder or the Hub is never run"
+            )
+        for key, allowed in IMPLEMENTATIONS.items():
+            value = obj.get(key)
+            for v in value.values() if isinstance(value, dict) else [value]:
+                if v is not None and v not in allowed:
+                    raise FolderError(
+                        f"{where}: {key} {str(v)[:80]!r} is not one of {', '.join(allowed)}: the export computes with "
+                        "torch's own implementations (a kernel from the Hub or another package is never loaded)"
+                    )
+
+
 def check_safetensors(path: pathlib.Path, real: pathlib.Path, sizes: dict[str, int] | None = None) -> dict[str, list[int]]:
     """Tensor name -> shape of a safetensors file, its header checked against the file (and, with
     ``sizes``, against the config); raise :class:`FolderError`."""
@@ -276,6 +337,7 @@ def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
         raise FolderError(f"{folder}: not a checkpoint folder")
     config = _json_object(folder, "config.json", required=True)
     assert config is not None
+    check_code_free(config, f"{folder / 'config.json'}")  # first: nothing else matters if code would run
     sizes = check_config(config, f"{folder / 'config.json'}")
     files = {p.name: p for p in folder.glob("*.safetensors")}
     index = _json_object(folder, "model.safetensors.index.json")

@@ -201,11 +201,11 @@ def _eager_logits(
     the float32 ones) and computes in float32 with those weights dequantized."""
     load = torch.float16 if (quantize or embedding) and dtype == "fp16" else torch.float32
     if kind == "hf":
-        import transformers  # noqa: PLC0415
+        from mps_backend.llm.checkpoint import load_hf  # noqa: PLC0415
 
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=load, attn_implementation="eager", local_files_only=True
-        ).eval()
+        # the export's own loader: the same folder check (no code from the folder runs, trust_remote_code=False)
+        # and the same tensors from the same files, in the reference precision (clamped as an fp16 export's were)
+        model = load_hf(path, load, clamp_fp16=True).model
         reference = "eager transformers float32"
     else:
         from mps_backend.llm.checkpoint import load_llama  # noqa: PLC0415

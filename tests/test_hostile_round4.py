@@ -1,0 +1,189 @@
+"""Hostile inputs, round 4 (#38): no code from a checkpoint folder or the Hub ever runs, no checkpoint file
+is ever overwritten, no export reports work it did not do. Each test is one way in or one class of input:
+a one-line typed error (exit 2, nothing written) or a correct result, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from mps_backend.tools.cli import main
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from llm_helpers import save_checkpoint  # noqa: E402
+
+
+def _one_line_error(err: str) -> bool:
+    return "Traceback" not in err and len([line for line in err.splitlines() if line.startswith("error: ")]) == 1
+
+
+def _error_line(err: str) -> str:
+    return next(line for line in err.splitlines() if line.startswith("error: "))
+
+
+# ---------------------------------------------------------------- 1. no code from a folder or the Hub runs
+
+#: the folder's Python: importing it writes the marker file named by $EVIL_MARKER
+EVIL_CODE = """import os, pathlib
+pathlib.Path(os.environ["EVIL_MARKER"]).write_text("the checkpoint folder's code ran")
+from transformers import LlamaConfig, LlamaForCausalLM
+class EvilConfig(LlamaConfig):
+    model_type = "{model_type}"
+class EvilForCausalLM(LlamaForCausalLM):
+    config_class = EvilConfig
+"""
+
+
+def _evil(folder: pathlib.Path, model_type: str) -> pathlib.Path:
+    """A tiny llama checkpoint whose config.json names custom code in the folder (auto_map)."""
+    save_checkpoint(folder, "llama", layers=1)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = model_type
+    config["auto_map"] = {
+        "AutoConfig": "configuration_evil.EvilConfig",
+        "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    for name in ("configuration_evil.py", "modeling_evil.py"):
+        (folder / name).write_text(EVIL_CODE.format(model_type=model_type))
+    return folder
+
+
+def _modules(cache: pathlib.Path) -> list[str]:
+    """Python files in a Hugging Face modules cache (where transformers copies the code it runs)."""
+    return sorted(p.name for p in cache.rglob("*.py") if p.name != "__init__.py") if cache.exists() else []
+
+
+def test_folder_code_never_runs_whatever_stdin_says(tmp_path):
+    """`yes | mps-backend export` of a folder whose config.json has an unknown model_type and an auto_map naming
+    its configuration_evil.py: transformers asked "run the custom code? [y/N]", read the `y` and ran the file.
+    Now one line naming auto_map, exit 2, no marker, nothing in the modules cache, no .pte. The control: the same
+    folder through transformers with trust_remote_code=True does run the file (the fixture is a real attack)."""
+    folder = _evil(tmp_path / "ck", "evilmodel")
+    marker, out = tmp_path / "ran", tmp_path / "x.pte"
+    env = dict(os.environ, EVIL_MARKER=str(marker), HF_HOME=str(tmp_path / "hf"), HF_MODULES_CACHE=str(tmp_path / "modules"))
+    exe = pathlib.Path(sys.executable).parent / "mps-backend"
+    proc = subprocess.run(
+        [str(exe), "export", "--model", f"hf:{folder}", "-o", str(out)],
+        input=b"y\n" * 10000,
+        capture_output=True,
+        env=env,
+        timeout=600,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and _one_line_error(err), err
+    assert "auto_map" in _error_line(err) and "evilmodel" in _error_line(err), err
+    assert not marker.exists() and _modules(tmp_path / "modules") == [] and not out.exists()
+    assert not (tmp_path / "hf").exists() or _modules(tmp_path / "hf") == []
+
+    control = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import transformers; transformers.AutoConfig.from_pretrained({str(folder)!r}, trust_remote_code=True)",
+        ],
+        capture_output=True,
+        env=env,
+        timeout=600,
+    )
+    assert control.returncode == 0, control.stderr.decode()[-2000:]
+    assert marker.exists() and "configuration_evil.py" in _modules(tmp_path / "modules")
+
+
+def test_auto_map_beside_a_shipped_model_type_is_ignored(tmp_path, monkeypatch, capsys):
+    """An auto_map beside a model type transformers ships (Phi-3's hub configs carry one): the export and its
+    self-check's reload use transformers' own code with trust_remote_code=False, whatever standard input holds;
+    the folder's files are never imported (no marker, nothing in the modules cache) and the summary says so."""
+    import io
+
+    import transformers.dynamic_module_utils as dynamic
+
+    folder = _evil(tmp_path / "ck", "llama")
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("EVIL_MARKER", str(marker))
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))  # read once, at import
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 10000))
+    out = tmp_path / "x.pte"
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(out), "--verify-steps", "2", "--fp32"]) == 0
+    captured = capsys.readouterr()
+    assert "auto_map ignored: transformers' own llama code is used" in captured.out, captured.out
+    assert "verify" in captured.out and "ok" in captured.out
+    assert out.is_file() and not marker.exists() and _modules(tmp_path / "modules") == []
+
+
+def test_self_check_reload_never_runs_folder_code(tmp_path, monkeypatch):
+    """The self-check's reload was a second way in (transformers' AutoModelForCausalLM on the folder): it now
+    goes through the export's loader and its folder check. A folder turned hostile after the export: the
+    reload refuses it in one line naming auto_map, nothing runs."""
+    from mps_backend.llm.folder_check import FolderError
+    from mps_backend.llm.verify import verify_llm
+
+    folder = save_checkpoint(tmp_path / "ck", "llama", layers=1)
+    out = tmp_path / "x.pte"
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(out), "--no-verify", "--fp32"]) == 0
+    _evil(folder, "evilmodel")
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("EVIL_MARKER", str(marker))
+    with pytest.raises(FolderError, match="auto_map names custom code") as e:
+        verify_llm(out, f"hf:{folder}", dtype="fp32", steps=1)
+    assert "\n" not in str(e.value) and not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "key, value, where",
+    [
+        ("_attn_implementation", "kernels-community/flash-attn", None),
+        ("attn_implementation", "flash_attention_2", None),
+        ("_attn_implementation", {"": "eager", "text_config": "kernels-community/vllm-flash-attn3"}, None),
+        ("experts_implementation", "kernels-community/moe", None),
+        ("_experts_implementation", "megablocks", None),
+        ("_attn_implementation", "kernels-community/flash-attn", "text_config"),
+    ],
+)
+def test_attention_implementations_are_the_shipped_ones(tmp_path, capsys, key, value, where):
+    """An attention or experts implementation naming a Hub kernel (it would be fetched and run if the
+    `kernels` package were installed; the self-check's reload ended in an ImportError traceback) or a package
+    the project does not ship: one line naming the key, exit 2, nothing written. eager and sdpa pass."""
+    from mps_backend.llm.folder_check import FolderError, check_code_free
+
+    config = {"model_type": "llama", "num_hidden_layers": 1}
+    if where:
+        config[where] = {key: value}
+    else:
+        config[key] = value
+    with pytest.raises(FolderError, match=f"{key} .* is not one of"):
+        check_code_free(config, "config.json")
+    for ok in ("eager", "sdpa", None):
+        check_code_free({"model_type": "llama", "_attn_implementation": ok, "text_config": {"attn_implementation": ok}}, "c")
+    if where is None and isinstance(value, str) and key == "_attn_implementation":
+        folder = save_checkpoint(tmp_path / "ck", "llama", layers=1)
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**cfg, key: value}))
+        out = tmp_path / "x.pte"
+        assert main(["export", "--model", f"hf:{folder}", "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and key in _error_line(err) and value in _error_line(err), err
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_every_transformers_load_passes_trust_remote_code_false():
+    """Source check of the contract: each transformers ``from_pretrained`` call of the package passes
+    ``trust_remote_code=False`` (a new call without it would let transformers prompt on standard input)."""
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "mps_backend"
+    calls = 0
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for m in re.finditer(r"\.from_pretrained,?\s*\(?", text):
+            end = text.find("\n\n", m.end())
+            call = text[m.start() : end if end > 0 else None]
+            calls += 1
+            assert "trust_remote_code=False" in call, f"{path}: {call[:200]}"
+    assert calls >= 2
