@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from mps_backend.llm.checkpoint import CheckpointError
 from mps_backend.tools.cli import main
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -187,3 +188,60 @@ def test_every_transformers_load_passes_trust_remote_code_false():
             calls += 1
             assert "trust_remote_code=False" in call, f"{path}: {call[:200]}"
     assert calls >= 2
+
+
+# ---------------------------------------------------------------- 2. no file the export reads is overwritten
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 1-layer float32 llama checkpoint (with tokenizer and generation config), read-only for the tests."""
+    return save_checkpoint(tmp_path_factory.mktemp("tiny") / "ck", "llama", layers=1)
+
+
+def test_output_is_never_a_file_the_export_reads(tiny, tmp_path, capsys):
+    """-o naming the weights, the config, the tokenizer, the generation config or the shard index (directly,
+    through `..`, through a symlink, or a hard link) was replaced by the .pte (only -o FOLDER was refused):
+    each is one line naming the file, exit 2, before anything is loaded, and every file is unchanged. A new
+    file in the checkpoint folder is allowed. llama: its checkpoint, params.json and tokenizer likewise."""
+    import shutil
+
+    folder = tmp_path / "ck"
+    shutil.copytree(tiny, folder)
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.embed_tokens.weight": "model.safetensors"}})
+    )
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    (tmp_path / "link.pte").symlink_to(folder / "model.safetensors")
+    os.link(folder / "config.json", tmp_path / "hard.pte")
+    outs = [
+        *(folder / name for name in sorted(before)),
+        tmp_path / "sub" / ".." / "ck" / "tokenizer.json",
+        tmp_path / "link.pte",
+        tmp_path / "hard.pte",
+        folder,
+    ]
+    (tmp_path / "sub").mkdir()
+    for out in outs:
+        assert main(["export", "--model", f"hf:{folder}", "-o", str(out)]) == 2, out
+        err = capsys.readouterr().err
+        assert _one_line_error(err), err
+        line = _error_line(err)
+        assert "a file the export reads" in line or "is a directory" in line or "is the input checkpoint" in line, line
+        assert "[load checkpoint]" not in err, err  # refused before the checkpoint is read
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "hard.pte", "link.pte", "sub"]
+
+    from mps_backend.llm.guards import check_output_is_not_an_input
+
+    check_output_is_not_an_input(folder / "model.pte", "hf", str(folder))  # a new file beside the weights: fine
+    ckpt, params = tmp_path / "consolidated.00.pth", tmp_path / "params.json"
+    for f in (ckpt, params, tmp_path / "tokenizer.model"):
+        f.write_bytes(b"x")
+    for out in (ckpt, params, tmp_path / "tokenizer.model"):
+        with pytest.raises(CheckpointError, match="a file the export reads|is the input checkpoint"):
+            check_output_is_not_an_input(out, "llama", str(ckpt), str(params))
+    other = tmp_path / "p2.json"
+    other.write_text("{}")
+    with pytest.raises(CheckpointError, match="a file the export reads"):
+        check_output_is_not_an_input(other, "llama", str(ckpt), str(other))

@@ -282,8 +282,9 @@ def export_llm(
     out = pathlib.Path(output)
     output_target(out)  # a directory, device or FIFO is refused before the checkpoint is read
     kind, source = parse_model_spec(model)
-    if out.resolve() == pathlib.Path(source).resolve():
-        raise CheckpointError(f"output {out} is the input checkpoint")
+    from mps_backend.llm import guards  # noqa: PLC0415
+
+    guards.check_output_is_not_an_input(out, kind, source, params)  # -o FOLDER/model.safetensors, a link to it...
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     weights = _checkpoint_state(source)  # checked again before the weights are copied and before the write
     # converted weights (bfloat16 -> float16) and quantized int8 data are written here and mapped back,
