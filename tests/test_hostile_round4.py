@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from mps_backend.llm.checkpoint import CheckpointError
 from mps_backend.tools.cli import main
@@ -245,3 +247,164 @@ def test_output_is_never_a_file_the_export_reads(tiny, tmp_path, capsys):
     other.write_text("{}")
     with pytest.raises(CheckpointError, match="a file the export reads"):
         check_output_is_not_an_input(other, "llama", str(ckpt), str(other))
+
+
+# ---------------------------------------------------------------- 3. weights only from the named files
+
+
+def _zeros_safetensors(path: pathlib.Path, names_shapes: dict, dtype=torch.float32) -> None:
+    from safetensors.torch import save_file
+
+    save_file({n: torch.zeros(s, dtype=dtype) for n, s in names_shapes.items()}, str(path))
+
+
+def test_weights_come_only_from_the_named_files(tiny, tmp_path, capsys):
+    """A second *.safetensors holding a zeroed lm_head.weight replaced the real head (every file was read,
+    the last won, the index was ignored: every logit 0, rc 0). Now: beside an index that does not name it, or
+    as a second file without an index, one line naming it; an index placing a tensor in another shard, or
+    naming one its shard lacks, too. Exit 2, nothing written."""
+    import shutil
+
+    from safetensors import safe_open
+
+    from mps_backend.llm.folder_check import FolderError, check_folder, weight_files
+
+    with safe_open(str(tiny / "model.safetensors"), framework="pt") as st:
+        names = list(st.keys())
+        head = list(st.get_slice("lm_head.weight").get_shape())
+    index = {"weight_map": dict.fromkeys(names, "model.safetensors")}
+    cases = {
+        "a weights file model.safetensors.index.json does not name": (index, "extra.safetensors", {"lm_head.weight": head}),
+        "2 weights files": (None, "extra.safetensors", {"lm_head.weight": head}),
+        "which model.safetensors.index.json places in 'model-2.safetensors'": (
+            {"weight_map": {**index["weight_map"], "lm_head.weight": "model-2.safetensors"}},
+            "model-2.safetensors",
+            {"lm_head.weight": head},  # and the one in model.safetensors
+        ),
+        "has no tensor 'lm_head.bias'": ({"weight_map": {**index["weight_map"], "lm_head.bias": "model.safetensors"}}, None, {}),
+    }
+    for i, (message, (idx, extra, tensors)) in enumerate(cases.items()):
+        folder = tmp_path / f"c{i}"
+        shutil.copytree(tiny, folder)
+        if idx is not None:
+            (folder / "model.safetensors.index.json").write_text(json.dumps(idx))
+        if extra:
+            _zeros_safetensors(folder / extra, tensors)
+        with pytest.raises(FolderError, match=re.escape(message)):
+            check_folder(folder)
+        out = tmp_path / f"c{i}.pte"
+        assert main(["export", "--model", f"hf:{folder}", "-o", str(out), "--no-verify"]) == 2
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and message in _error_line(err), err
+        assert not out.exists()
+    assert weight_files(tiny) == [tiny / "model.safetensors"]
+
+
+def test_self_check_loads_the_tensors_the_export_used(tiny, tmp_path, capsys):
+    """The self-check reloaded through transformers' own file choice: with the weights in weights.safetensors
+    and a pytorch_model.bin of zeros beside them (or a symlink out of the folder), its reference was the
+    .bin, and the check failed after the .pte was written. It now reads what the export read (the one
+    .safetensors) and passes; the .bin is never opened."""
+    import shutil
+
+    folder = tmp_path / "ck"
+    shutil.copytree(tiny, folder)
+    (folder / "model.safetensors").rename(folder / "weights.safetensors")
+    from safetensors.torch import load_file
+
+    torch.save(
+        {k: torch.zeros_like(v) for k, v in load_file(str(folder / "weights.safetensors")).items()}, tmp_path / "zeros.bin"
+    )
+    (folder / "pytorch_model.bin").symlink_to(tmp_path / "zeros.bin")
+    out = tmp_path / "x.pte"
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(out), "--verify-steps", "3", "--fp32"]) == 0
+    text = capsys.readouterr().out
+    assert "greedy tokens agree 3/3: ok" in text, text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--quantize", "int4", "--group-size", "7"],
+            "would quantize none of the 8 linear layers: the group size 7 divides none",
+        ),
+        (["--quantize", "int8", "--group-size", "7"], "would quantize none of the 8 linear layers"),
+        (["--quantize", "int4", "--group-size", "48"], "would quantize none"),
+        (["--quantize", "int4", "--group-size", str(10**9)], "--group-size 1000000000: give 0"),
+        (["--quantize", "int4", "--group-size", "-1"], "--group-size -1: give 0"),
+        (["--group-size", "32"], "--group-size 32 applies to --quantize"),
+    ],
+)
+def test_a_quantization_that_quantizes_nothing_is_an_error(tiny, tmp_path, capsys, args, message):
+    """--quantize int4 --group-size 7 (or 10^9; int8 too) quantized no layer, and the summary said int4, rc 0;
+    --group-size -1 was a traceback. Each is one line, exit 2, nothing written."""
+    out = tmp_path / "x.pte"
+    assert main(["export", "--model", f"hf:{tiny}", "-o", str(out), "--no-verify", *args]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and message in _error_line(err), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_partial_quantization_says_how_many(tiny, tmp_path, capsys):
+    """A group size only some layers take: those are quantized, and the summary says how many of how many."""
+    out = tmp_path / "x.pte"
+    assert (
+        main(["export", "--model", f"hf:{tiny}", "-o", str(out), "--no-verify", "--quantize", "int8", "--group-size", "128"]) == 0
+    )
+    text = capsys.readouterr().out
+    assert "note             int8 weight-only, group size 128: 1 of 8 linear layers quantized; the rest stay in float" in text, (
+        text
+    )
+
+
+@pytest.mark.parametrize(
+    "dtype, message",
+    [("BOOL", "dtype BOOL is not floating point"), ("I8", "dtype I8 is not floating point"), ("U8", "is not floating point")],
+)
+def test_weights_that_are_not_floats_are_refused(tiny, tmp_path, capsys, dtype, message):
+    """A checkpoint with BOOL weights exported to all-zero logits (rc 0): weights of a non-float dtype are one
+    line naming the tensor."""
+    import math
+    import shutil
+
+    folder = tmp_path / "ck"
+    shutil.copytree(tiny, folder)
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as st:
+        shapes = {k: list(st.get_slice(k).get_shape()) for k in st.keys()}
+    header, at = {}, 0
+    for name, shape in shapes.items():
+        n = math.prod(shape) * (1 if name == "model.norm.weight" else 4)
+        header[name] = {"dtype": dtype if name == "model.norm.weight" else "F32", "shape": shape, "data_offsets": [at, at + n]}
+        at += n
+    raw = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(at))
+    out = tmp_path / "x.pte"
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and message in _error_line(err) and "model.norm.weight" in _error_line(err), err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("method", ["nope", "fp8", "bitsandbytes", None])
+def test_quantization_config_is_refused(tiny, tmp_path, capsys, method):
+    """A quantization_config of an unknown method was ignored (fp8: exported as if float): any method is one
+    line naming it (pre-quantized checkpoints are not exported), in a sub-config too."""
+    import shutil
+
+    folder = tmp_path / "ck"
+    shutil.copytree(tiny, folder)
+    config = json.loads((folder / "config.json").read_text())
+    q = {"quant_method": method} if method else "x"
+    if method == "bitsandbytes":
+        config["text_config"] = {"quantization_config": q}
+    else:
+        config["quantization_config"] = q
+    (folder / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "x.pte"
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "quantization_config of method" in _error_line(err), err
+    assert str(method or "x") in _error_line(err) and not out.exists()

@@ -276,7 +276,9 @@ def _checkpoint_tensors(
     (:mod:`mps_backend.pages`: the blob writer reads its pages and hands them back, so the weights are
     never resident as a whole next to the blob); one to convert is a :class:`_ConvertOnRead` (mapped
     from ``scratch`` once converted, when given)."""
-    files = sorted(folder.glob("*.safetensors"))
+    from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
+
+    files = weight_files(folder)  # the index's shards (or the one file): no other file is read
     if not files:
         raise CheckpointError(
             f"{folder}: no *.safetensors weights (other formats: convert with transformers' "
@@ -314,9 +316,9 @@ def _dtype_of_checkpoint(config: Any) -> torch.dtype | None:
 
 def _hf_weight_bytes(folder: pathlib.Path) -> int:
     """Bytes of the tensors in the checkpoint's safetensors files."""
-    return sum(
-        end - start for f in sorted(folder.glob("*.safetensors")) for _, _, start, end in _safetensors_index(f)[1].values()
-    )
+    from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
+
+    return sum(end - start for f in weight_files(folder) for _, _, start, end in _safetensors_index(f)[1].values())
 
 
 def load_hf(

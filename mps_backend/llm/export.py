@@ -285,6 +285,7 @@ def export_llm(
     from mps_backend.llm import guards  # noqa: PLC0415
 
     guards.check_output_is_not_an_input(out, kind, source, params)  # -o FOLDER/model.safetensors, a link to it...
+    guards.check_export_options(verify_steps, group_size, quantize)
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     weights = _checkpoint_state(source)  # checked again before the weights are copied and before the write
     # converted weights (bfloat16 -> float16) and quantized int8 data are written here and mapped back,
@@ -318,10 +319,12 @@ def export_llm(
         if note:
             notes.append(note)
         if quantize:
-            from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
+            from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size  # noqa: PLC0415
 
+            group = resolve_group_size(quantize, group_size)
+            notes.append(quantization_count(lm.model, quantize, group))  # none quantized: an error, not a label
             with prog.stage(f"quantize {quantize}"):
-                quantize_model(lm.model, quantize, resolve_group_size(quantize, group_size), scratch=scratch)
+                quantize_model(lm.model, quantize, group, scratch=scratch)
         if quantize_embedding:
             from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
 

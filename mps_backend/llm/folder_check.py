@@ -18,6 +18,14 @@ one :class:`FolderError` line naming the file and the reason, before any weight 
   (parsers disagree on which value wins: the check could read one, the loader use the other);
 - a shard index (``model.safetensors.index.json``) naming a file outside the folder (``..``, a path, an
   absolute name) or a shard that is missing;
+- weights from anywhere but the files the index names (or the one weights file there is): a
+  ``*.safetensors`` the index does not name, several without an index, a tensor the index places in another
+  shard than the one holding it, a tensor the index names that its shard lacks or one a shard holds that
+  the index does not name (:func:`weight_files` is the list every reader of the weights uses);
+- weights that are not floating point (``BOOL``, integers: a boolean tensor loaded as a float weight gave
+  all-zero logits; quantized checkpoints are not exported, ``--quantize`` quantizes float weights) and a
+  ``quantization_config`` of any method (transformers ignored an unknown one, and the weights of a known
+  one are not what the export reads);
 - ``tokenizer.json``, ``tokenizer_config.json``, ``generation_config.json``, ``special_tokens_map.json``
   that are not JSON objects (``tokenizer.json`` also needs its ``model``), or larger than the bounds;
 - a config that would make transformers run code that is not its own (:func:`check_code_free`): an
@@ -66,6 +74,8 @@ REQUIRED = ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_hea
 MAX_HEADER_BYTES = 100 << 20  # a safetensors JSON header
 MAX_JSON_BYTES = {"config.json": 16 << 20, "tokenizer.json": 512 << 20}
 DEFAULT_MAX_JSON_BYTES = 64 << 20
+#: safetensors dtypes of the weights the export reads (the rest of DTYPE_BYTES are refused as weights)
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 DTYPE_BYTES = {
     "F64": 8,
     "F32": 4,
@@ -291,6 +301,11 @@ def check_safetensors(path: pathlib.Path, real: pathlib.Path, sizes: dict[str, i
         itemsize = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None  # a list is not even hashable
         if itemsize is None:
             raise FolderError(f"{at}: unknown dtype {str(info.get('dtype'))[:40]!r} (known: {', '.join(DTYPE_BYTES)})")
+        if dtype not in FLOAT_DTYPES:
+            raise FolderError(
+                f"{at}: dtype {dtype} is not floating point ({', '.join(FLOAT_DTYPES)}): a language model's weights "
+                "are float (quantized checkpoints are not exported; --quantize int4|int8 quantizes float weights)"
+            )
         shape, offsets = info.get("shape"), info.get("data_offsets")
         if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 1 << 40 for d in shape) or len(shape) > 8:
             raise FolderError(f"{at}: shape {str(shape)[:80]} is not up to 8 non-negative integers")
@@ -330,30 +345,90 @@ def _check_shapes(path: pathlib.Path, shapes: dict[str, list[int]], sizes: dict[
             raise FolderError(f"{path}: tensor {name!r} has shape {shape}, the config says [{vocab}, {hidden}]")
 
 
-def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
-    """Check the checkpoint folder (module docstring); return the config's bounded sizes."""
+def check_quantization_config(config: dict, where: str) -> None:
+    """Refuse a ``quantization_config`` (in the config or a sub-config), of whatever method: the export reads
+    float weights and quantizes them itself (``--quantize``)."""
+    for obj in _objects(config):
+        q = obj.get("quantization_config")
+        if q is not None:
+            method = q.get("quant_method", "?") if isinstance(q, dict) else q
+            raise FolderError(
+                f"{where}: quantization_config of method {str(method)[:40]!r}: pre-quantized checkpoints are not "
+                "exported (export the float checkpoint; --quantize int4|int8 quantizes it)"
+            )
+
+
+INDEX = "model.safetensors.index.json"
+
+
+def _index_map(folder: pathlib.Path) -> dict[str, str] | None:
+    """The shard index's tensor -> file name map (each name a file of the folder), or None without an index."""
+    index = _json_object(folder, INDEX)
+    if index is None:
+        return None
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise FolderError(f"{folder / INDEX}: no weight_map object")
+    for shard in set(weight_map.values()):
+        if not isinstance(shard, str) or not shard or os.path.basename(shard) != shard or shard in (".", ".."):
+            raise FolderError(f"{folder / INDEX}: shard {str(shard)[:200]!r} is not a file name in the folder")
+    return weight_map
+
+
+def weight_files(folder: str | pathlib.Path) -> list[pathlib.Path]:
+    """The weights files of a checkpoint folder, the only ones any reader of its weights opens: those the
+    shard index names, else the one ``*.safetensors`` file. A weights file the index does not name, or
+    several without an index, is a :class:`FolderError` (every file was read and the last tensor of a name
+    won: a stray file replaced the real weights)."""
+    folder = pathlib.Path(folder)
+    present = {p.name: p for p in sorted(folder.glob("*.safetensors"))}
+    for p in present.values():
+        _inside(folder, p)  # a link out of the folder, a FIFO: refused whether named or not
+    weight_map = _index_map(folder)
+    if weight_map is None:
+        if len(present) > 1:
+            raise FolderError(
+                f"{folder}: {len(present)} weights files ({', '.join(sorted(present)[:3])}{', ...' if len(present) > 3 else ''}) "
+                f"and no {INDEX} saying which to read: keep one, or add the index"
+            )
+        return list(present.values())
+    named = sorted(set(weight_map.values()))
+    for shard in named:
+        if shard not in present:
+            raise FolderError(f"{folder}: shard {shard!r} named by {INDEX} is missing")
+    stray = sorted(set(present) - set(named))
+    if stray:
+        raise FolderError(
+            f"{folder / stray[0]}: a weights file {INDEX} does not name: its tensors would not be read; "
+            "move it out of the checkpoint folder (or name it in the index)"
+        )
+    return [present[n] for n in named]
+
+
+def check_folder_weights(folder: str | pathlib.Path) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """Check the checkpoint folder (module docstring); return the config's bounded sizes and the shape of
+    each tensor of its weights files (from their headers)."""
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise FolderError(f"{folder}: not a checkpoint folder")
     config = _json_object(folder, "config.json", required=True)
     assert config is not None
     check_code_free(config, f"{folder / 'config.json'}")  # first: nothing else matters if code would run
+    check_quantization_config(config, f"{folder / 'config.json'}")
     sizes = check_config(config, f"{folder / 'config.json'}")
-    files = {p.name: p for p in folder.glob("*.safetensors")}
-    index = _json_object(folder, "model.safetensors.index.json")
-    if index is not None:
-        weight_map = index.get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise FolderError(f"{folder / 'model.safetensors.index.json'}: no weight_map object")
-        for shard in set(weight_map.values()):
-            if not isinstance(shard, str) or not shard or os.path.basename(shard) != shard or shard in (".", ".."):
-                raise FolderError(
-                    f"{folder / 'model.safetensors.index.json'}: shard {str(shard)[:200]!r} is not a file name in the folder"
-                )
-            if shard not in files:
-                raise FolderError(f"{folder}: shard {shard!r} named by model.safetensors.index.json is missing")
-    for name in sorted(files):
-        check_safetensors(files[name], _inside(folder, files[name]), sizes)
+    files = weight_files(folder)
+    weight_map = _index_map(folder)
+    shapes: dict[str, list[int]] = {}
+    for path in files:
+        held = check_safetensors(path, _inside(folder, path), sizes)
+        for name in held:
+            if weight_map is not None and weight_map.get(name) != path.name:
+                said = f"in {weight_map[name]!r}" if name in weight_map else "nowhere"
+                raise FolderError(f"{path}: holds tensor {name[:200]!r}, which {INDEX} places {said}")
+        shapes.update(held)
+    for name, shard in (weight_map or {}).items():
+        if name not in shapes:
+            raise FolderError(f"{folder / shard}: has no tensor {str(name)[:200]!r}, which {INDEX} places there")
     tok = _json_object(folder, "tokenizer.json")
     if tok is not None and not isinstance(tok.get("model"), dict):
         raise FolderError(f"{folder / 'tokenizer.json'}: not a tokenizer (no 'model' object)")
@@ -362,7 +437,12 @@ def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
     for name in ("tokenizer.model",):
         if os.path.lexists(folder / name):
             _inside(folder, folder / name)
-    return sizes
+    return sizes, shapes
+
+
+def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
+    """Check the checkpoint folder (module docstring); return the config's bounded sizes."""
+    return check_folder_weights(folder)[0]
 
 
 def check_tokenizer_json(path: str | pathlib.Path) -> Any:

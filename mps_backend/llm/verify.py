@@ -104,8 +104,10 @@ def _hf_tensors(folder: pathlib.Path) -> dict[str, pathlib.Path]:
     """Every tensor name of a safetensors checkpoint folder -> its file."""
     from safetensors import safe_open  # noqa: PLC0415
 
+    from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
+
     names = {}
-    for f in sorted(folder.glob("*.safetensors")):
+    for f in weight_files(folder):  # the files the export read, no other
         with safe_open(str(f), framework="pt") as st:
             names.update(dict.fromkeys(st.keys(), f))
     return names
@@ -118,8 +120,10 @@ def parameter_count(kind: str, path: pathlib.Path) -> int:
     if kind == "hf":
         from safetensors import safe_open  # noqa: PLC0415
 
+        from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
+
         n = 0
-        for f in sorted(path.glob("*.safetensors")):
+        for f in weight_files(path):
             with safe_open(str(f), framework="pt") as st:
                 n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
         return n

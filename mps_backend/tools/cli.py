@@ -140,12 +140,11 @@ def cmd_export(args) -> int:
 
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
-        from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
+        from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size  # noqa: PLC0415
 
         group = resolve_group_size(args.quantize, args.group_size)
         _say(
-            f"[quantize] {args.quantize} weight-only, "
-            + (f"group size {group}" if group else "per channel")
+            f"[quantize] {quantization_count(model, args.quantize, group)}"
             + (" (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else "")
         )
         model = quantize_model(model, args.quantize, group)
