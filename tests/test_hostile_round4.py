@@ -408,3 +408,87 @@ def test_quantization_config_is_refused(tiny, tmp_path, capsys, method):
     err = capsys.readouterr().err
     assert _one_line_error(err) and "quantization_config of method" in _error_line(err), err
     assert str(method or "x") in _error_line(err) and not out.exists()
+
+
+# ---------------------------------------------------------------- 5. declared sizes bounded before allocation
+
+
+def _declaring(folder: pathlib.Path, stored: dict[str, list[int]], **config) -> pathlib.Path:
+    """A folder whose config declares ``config`` (a llama) and whose one weights file holds ``stored`` (zeros)."""
+    import math
+
+    folder.mkdir(parents=True)
+    base = dict(model_type="llama", num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096)
+    (folder / "config.json").write_text(json.dumps({**base, **config}))
+    header, at = {}, 0
+    for name, shape in stored.items():
+        header[name] = {"dtype": "F16", "shape": shape, "data_offsets": [at, at + 2 * math.prod(shape)]}
+        at += 2 * math.prod(shape)
+    raw = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(at))
+    return folder
+
+
+def test_declared_sizes_are_bounded_by_what_is_stored(tmp_path):
+    """A 16 KB folder declaring 1024 layers of hidden 4096 with one stored tensor ran until the memory cap
+    killed it (transformers built every missing weight before the "no weights for" check); so did one
+    declaring an MLP of 2^18 x 2^14 beside small tensors. Each is one line from the safetensors headers
+    (the layers) or a meta-device build (the declared values), exit 2, in a process whose address space is
+    capped at 6 GiB (a regression fails there, not on the machine)."""
+    import resource
+    import time
+
+    layers = _declaring(
+        tmp_path / "layers",
+        {"model.layers.0.input_layernorm.weight": [4096]},
+        num_hidden_layers=1024,
+        hidden_size=4096,
+        intermediate_size=14336,
+        vocab_size=128256,
+    )
+    wide = _declaring(
+        tmp_path / "wide",
+        {"model.layers.0.input_layernorm.weight": [1 << 14]},
+        num_hidden_layers=1,
+        hidden_size=1 << 14,
+        intermediate_size=1 << 18,
+        vocab_size=16,
+    )
+    assert sum(f.stat().st_size for f in layers.iterdir()) < 16 << 10
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    code = (
+        "import sys; from mps_backend.tools.cli import main; "
+        f"sys.exit(10 * main(['export', '--model', 'hf:{layers}', '-o', '{tmp_path / 'a.pte'}']) "
+        f"+ main(['export', '--model', 'hf:{wide}', '-o', '{tmp_path / 'b.pte'}']))"
+    )
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=cap, timeout=600)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 22 and "Traceback" not in proc.stderr and len(errors) == 2, proc.stderr[-3000:]
+    assert "config.json declares 1024 layers, the weights files hold tensors of 1: no weights for layers 1-1023" in errors[0]
+    assert "the config declares 13,556,563,968 weight values, the weights files hold 16,384" in errors[1], errors
+    assert time.monotonic() - start < 300 and sorted(p.name for p in tmp_path.iterdir()) == ["layers", "wide"]
+
+
+def test_declared_weights_check_passes_real_checkpoints(tiny, tmp_path):
+    """The meta-device count takes tied weights once (a tied head is not stored) and passes every tested
+    architecture's checkpoint; one stored tensor short is refused naming it."""
+    import shutil
+
+    from mps_backend.llm.checkpoint import load_hf
+    from mps_backend.llm.folder_check import FolderError
+
+    tied = save_checkpoint(tmp_path / "tied", "smollm", layers=1)
+    assert load_hf(tied, torch.float32).model.lm_head.weight is not None
+    folder = tmp_path / "short"
+    shutil.copytree(tiny, folder)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    del tensors["model.layers.0.mlp.up_proj.weight"]
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(FolderError, match=r"the weights files hold .*: no weights for model\.layers\.0\.mlp\.up_proj\.weight$"):
+        load_hf(folder, torch.float32)

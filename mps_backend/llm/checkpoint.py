@@ -336,9 +336,9 @@ def load_hf(
     folder = pathlib.Path(folder)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)")
-    from mps_backend.llm.folder_check import check_folder  # noqa: PLC0415
+    from mps_backend.llm.folder_check import check_declared_weights, check_folder_weights  # noqa: PLC0415
 
-    check_folder(folder)  # bounded checks of every file it will read, before any allocation (#26)
+    _, stored = check_folder_weights(folder)  # bounded checks of every file it will read, before any allocation (#26)
     try:
         import transformers  # noqa: PLC0415
     except ImportError as e:
@@ -373,6 +373,7 @@ def load_hf(
         if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
             raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        _transformers_step(folder, "build a model from", check_declared_weights, folder, model_class, config, stored)
         tensors = _checkpoint_tensors(folder, dtype, clamp_fp16=clamp_fp16, overflows=overflows, bar=progress, scratch=scratch)
         try:
             model, info = model_class.from_pretrained(

@@ -12,8 +12,10 @@ one :class:`FolderError` line naming the file and the reason, before any weight 
 - a safetensors header whose length is beyond the file or above 100 MiB, that is not a JSON object, has
   a tensor of an unknown dtype, a shape that is not non-negative integers, data offsets that are not
   ``[begin, end]`` within the data, point into one another (overlap) or disagree with the shape;
-- tensors that disagree with the config: the embedding and output matrices (``[vocab, hidden]``) and
-  layer indexes ``layers.N`` at or beyond ``num_hidden_layers``;
+- tensors that disagree with the config: the embedding and output matrices (``[vocab, hidden]``),
+  layer indexes ``layers.N`` at or beyond ``num_hidden_layers``, a declared layer without tensors, and
+  (:func:`check_declared_weights`, once transformers' model class is known) more weight values declared
+  than the headers hold: no size the config declares is allocated before it is known to be stored;
 - a key repeated within one JSON object of ``config.json``, the shard index or a safetensors header
   (parsers disagree on which value wins: the check could read one, the loader use the other);
 - a shard index (``model.safetensors.index.json``) naming a file outside the folder (``..``, a path, an
@@ -429,6 +431,7 @@ def check_folder_weights(folder: str | pathlib.Path) -> tuple[dict[str, int], di
     for name, shard in (weight_map or {}).items():
         if name not in shapes:
             raise FolderError(f"{folder / shard}: has no tensor {str(name)[:200]!r}, which {INDEX} places there")
+    _check_layers_present(folder, shapes, sizes["num_hidden_layers"])
     tok = _json_object(folder, "tokenizer.json")
     if tok is not None and not isinstance(tok.get("model"), dict):
         raise FolderError(f"{folder / 'tokenizer.json'}: not a tokenizer (no 'model' object)")
@@ -438,6 +441,46 @@ def check_folder_weights(folder: str | pathlib.Path) -> tuple[dict[str, int], di
         if os.path.lexists(folder / name):
             _inside(folder, folder / name)
     return sizes, shapes
+
+
+def _check_layers_present(folder: pathlib.Path, shapes: dict[str, list[int]], layers: int) -> None:
+    """Every decoder layer the config declares has tensors in the weights files (when the files name their
+    layers ``model.layers.N.``): a 16 KB folder declaring 1024 layers with one stored tensor ran until memory
+    ran out, transformers building every missing weight before its own check."""
+    held = {int(m.group(1)) for m in map(_LAYER.search, shapes) if m}
+    if held and len(held) < layers:
+        missing = [i for i in range(layers) if i not in held]
+        shown = f"{missing[0]}-{missing[-1]}" if missing == list(range(missing[0], missing[-1] + 1)) else str(missing[:8])[1:-1]
+        raise FolderError(
+            f"{folder}: config.json declares {layers} layers, the weights files hold tensors of {len(held)}: "
+            f"no weights for layer{'s' if len(missing) > 1 else ''} {shown}"
+        )
+
+
+def check_declared_weights(folder: pathlib.Path, model_class: Any, config: Any, shapes: dict[str, list[int]]) -> None:
+    """Refuse, before transformers allocates anything, a model that declares more weight values than the
+    weights files hold (their headers, ``shapes``): transformers builds every weight it does not find, so a
+    config declaring far more than is stored (a hidden size of 65536 beside small tensors, ...) ran until
+    memory ran out. The model is built on the meta device (no storage, seconds even at the bounds)."""
+    import copy  # noqa: PLC0415
+    import math  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    with torch.device("meta"):
+        model = model_class(copy.deepcopy(config))  # a copy: the constructor writes into its config
+    declared = {name: p.numel() for name, p in model.named_parameters()}  # tied weights counted once
+    stored = sum(math.prod(s) for s in shapes.values())
+    if sum(declared.values()) > stored:
+        missing = [n for n in declared if n not in shapes]
+        raise FolderError(
+            f"{folder}: the config declares {sum(declared.values()):,} weight values, the weights files hold {stored:,}"
+            + (
+                f": no weights for {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+                if missing
+                else ""
+            )
+        )
 
 
 def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
