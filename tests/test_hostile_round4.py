@@ -492,3 +492,73 @@ def test_declared_weights_check_passes_real_checkpoints(tiny, tmp_path):
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(FolderError, match=r"the weights files hold .*: no weights for model\.layers\.0\.mlp\.up_proj\.weight$"):
         load_hf(folder, torch.float32)
+
+
+# ---------------------------------------------------------------- 4. token ids never wrap
+
+
+@pytest.mark.parametrize(
+    "index, message",
+    [
+        (2**32 - 1, "index 4294967295 does not fit int32: the device's cast to int32 would read index -1"),
+        (2**32 + 5, "index 4294967301 does not fit int32: the device's cast to int32 would read index 5"),
+        (-(2**40), "does not fit int32"),
+        (-1, "index -1 out of range [0, 6)"),
+        (6, "index 6 out of range [0, 6)"),
+    ],
+)
+@pytest.mark.parametrize("op", ["MPSEmbedding", "MPSIndexSelect"])
+def test_device_model_gather_refuses_out_of_range_ids(op, index, message):
+    """The emulated embedding truncated int64 ids to int32 and wrapped negatives (2^32-1 and -1 read the last
+    row, 2^32+5 row 5): an id outside [0, V) (before or after the device's int32 cast) is a DeviceError naming
+    the node and the value, never another row; ids in range read their rows."""
+    from mps_backend.runtime.core import DeviceError
+    from tests.runtime.helpers import run_graph
+
+    w = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    kw = (
+        dict(out_dims=[2, 4], padding_idx=-1, scale_grad_by_freq=False, sparse=False)
+        if op == "MPSEmbedding"
+        else dict(out_dims=[2, 4], dim=0, index_id=1)
+    )
+    ok = torch.tensor([5, 0], dtype=torch.int64)
+    assert torch.equal(run_graph(op, [w, ok], **kw), w[ok])
+    with pytest.raises(DeviceError, match=re.escape(message)) as e:
+        run_graph(op, [w, torch.tensor([1, index], dtype=torch.int64)], **kw)
+    assert op in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def tiny_pte(tiny, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pte") / "tiny.pte"
+    from mps_backend.llm import export_llm
+
+    export_llm(f"hf:{tiny}", out, dtype="fp32", max_seq_len=16)
+    return out
+
+
+def test_token_ids_are_checked_before_the_program(tiny, tiny_pte, tmp_path, capsys):
+    """generate_ids / iter_tokens with an id outside the vocabulary (2^32-1, -1, 2^32+5, the vocabulary size)
+    is one ValueError before the program runs; the program itself, given such an id through the runtime,
+    fails in the device model's gather (DeviceError), never reads another row. The CLI's run with such an
+    input is one line, exit 2."""
+    import numpy as np
+
+    from mps_backend.llm import generate_ids
+    from mps_backend.runtime import LoadedMethod
+    from mps_backend.runtime.core import DeviceError
+
+    vocab = json.loads((tiny / "config.json").read_text())["vocab_size"]
+    for bad in (2**32 - 1, -1, 2**32 + 5, vocab):
+        with pytest.raises(ValueError, match=re.escape(f"prompt token id {bad} is not in the model's vocabulary [0, {vocab})")):
+            generate_ids(tiny_pte, [3, bad], 2)
+    assert len(generate_ids(tiny_pte, [3, vocab - 1], 2)) == 2
+    step = LoadedMethod(tiny_pte, "forward")
+    for bad, why in ((2**32 - 1, "would read index -1"), (-1, "index -1 out of range"), (2**32 + 5, "would read index 5")):
+        with pytest.raises(DeviceError, match=f"MPSEmbedding.*{why}"):
+            step([torch.tensor([[bad]], dtype=torch.long), torch.tensor([0], dtype=torch.long)])
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, input_0=np.array([[2**32 + 5]], dtype=np.int64), input_1=np.array([0], dtype=np.int64))
+    assert main(["run", str(tiny_pte), "--inputs", str(inputs)]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "does not fit int32" in _error_line(err), err

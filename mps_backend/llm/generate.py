@@ -112,6 +112,16 @@ def read_metadata(pte: bytes | str | pathlib.Path) -> dict:
     return meta
 
 
+def check_token_ids(ids: list[int], meta: dict, what: str = "prompt") -> None:
+    """Refuse (ValueError) a token id outside the program's vocabulary (``get_vocab_size``) before it reaches
+    the program: an id of 2**32 - 1 ran, the device's int32 cast of the embedding index reading another
+    row (the device model refuses such an index too: it never wraps)."""
+    vocab = meta.get("get_vocab_size")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or (vocab is not None and not 0 <= t < int(vocab)):
+            raise ValueError(f"{what} token id {t!r} is not in the model's vocabulary [0, {vocab}) (get_vocab_size)")
+
+
 def iter_tokens(
     pte: bytes | str | pathlib.Path,
     prompt_ids: list[int],
@@ -133,6 +143,7 @@ def iter_tokens(
     stats = stats if stats is not None else GenerationStats()
     if not prompt_ids:
         raise ValueError("empty prompt")
+    check_token_ids(list(prompt_ids), meta)
     if len(prompt_ids) >= max_len:
         raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit max_seq_len {max_len}")
     step = LoadedMethod(pte, "forward", mode)
@@ -222,7 +233,9 @@ def generate_with_executorch_runner(
 
     meta = read_metadata(pte)  # a program without the runner's methods is one ValueError, not a runner abort
     # the runner refuses a prompt that does not fit (after its BOS) with a bare "Generation failed"
-    n_prompt = len(Tokenizer(tokenizer).encode(prompt)) + (1 if meta.get("get_bos_id") is not None else 0)
+    ids = Tokenizer(tokenizer).encode(prompt)
+    check_token_ids(ids, meta)  # a tokenizer of a larger vocabulary than the model's
+    n_prompt = len(ids) + (1 if meta.get("get_bos_id") is not None else 0)
     max_len = int(meta["get_max_seq_len"])
     if n_prompt >= max_len:
         raise ValueError(f"prompt of {n_prompt} tokens (with BOS) does not fit max_seq_len {max_len}")
