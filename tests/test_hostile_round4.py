@@ -562,3 +562,182 @@ def test_token_ids_are_checked_before_the_program(tiny, tiny_pte, tmp_path, caps
     assert main(["run", str(tiny_pte), "--inputs", str(inputs)]) == 2
     err = capsys.readouterr().err
     assert _one_line_error(err) and "does not fit int32" in _error_line(err), err
+
+
+# ---------------------------------------------------------------- 6. the two bundled programs that crashed run
+
+HOSTILE = pathlib.Path(__file__).resolve().parent / "fixtures" / "hostile"
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("demo_fp32_inner_one_byte_segv.bpte", "constant_segment: SubsegmentOffsets table at offset 2332033108"),
+        ("tc_no_inputs.bpte", "method 'forward' test case 0: 0 inputs and 1 expected outputs, the method takes 1 inputs"),
+    ],
+)
+def test_bundled_programs_that_crashed_run_are_refused(name, message, tmp_path, capsys):
+    """Both ended `mps-backend run` with SIGSEGV: one flipped byte of the inner program's constant_segment
+    offset (the program check did not read that table; executorch's bundled loader follows it unchecked),
+    and a test case with an empty inputs vector (executorch's bundled check executed the method with its input
+    unset). `run` (bundled check and --random), `inspect`, `run_pte` and `verify_bundled`: one line each. The
+    program checked in a child process first: a regression is a failed assertion, not a dead test run."""
+    from mps_backend.runtime import run_pte, verify_bundled
+    from mps_backend.runtime.program_check import ProgramFormatError
+
+    path = HOSTILE / name
+    code = f"import sys; from mps_backend.tools.cli import main; sys.exit(main(['run', {str(path)!r}]))"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert child.returncode == 2 and message in child.stderr, (child.returncode, child.stderr[-2000:])
+    for argv in (["run", str(path)], ["run", str(path), "--random"], ["inspect", str(path)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and message in _error_line(err) and str(path) in _error_line(err), (argv, err)
+    with pytest.raises(ProgramFormatError, match=re.escape(message)):
+        verify_bundled(path)
+    with pytest.raises(ProgramFormatError):
+        run_pte(path, [torch.zeros(1, 3, 32, 32)])  # a bundled program is not a .pte
+    from mps_backend.runtime.bundled_check import read_bundled
+
+    inner = tmp_path / "inner.pte"
+    inner.write_bytes(bytes(read_bundled(path.read_bytes(), ProgramFormatError)[0]))
+    if "constant_segment" in message:
+        with pytest.raises(ProgramFormatError, match=re.escape(message)):
+            run_pte(inner, [torch.zeros(1, 3, 32, 32)])
+    else:  # its program is sound: it runs
+        assert run_pte(inner, [torch.zeros(1, 3, 32, 32)])[0].shape == (1, 10)
+
+
+# ---------------------------------------------------------------- 6. one line, nothing written, no leftovers
+
+
+def test_verify_steps_are_refused_before_anything_is_written(tiny, tmp_path, capsys):
+    """--verify-steps -1 and 10^9 were refused only after the .pte was written: -1 before the checkpoint is
+    read, a count beyond the KV-cache length once that is known; nothing is written either way."""
+    out = tmp_path / "x.pte"
+    assert main(["export", "--model", f"hf:{tiny}", "-o", str(out), "--verify-steps", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "--verify-steps -1: give a count of 0" in err and "[load checkpoint]" not in err, err
+    argv = ["export", "--model", f"hf:{tiny}", "-o", str(out), "--verify-steps", str(10**9), "--max-seq-len", "16"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "--verify-steps 1000000000 exceeds the KV-cache length 16" in err, err
+    assert "[torch.export]" not in err and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_stale_scratch_folders_of_dead_exports_are_removed(tiny, tmp_path):
+    """A SIGKILLed export left its empty .NAME.pte.scratch.* folder and no later export removed it: scratch
+    folders now carry the export's process id, and the next export beside them removes those whose process
+    is gone (a live export's, and any other folder, are left)."""
+    from mps_backend.llm import export_llm
+    from mps_backend.llm.guards import scratch_prefix
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    out = tmp_path / "x.pte"
+    stale = tmp_path / f".x.pte.scratch.{dead_pid}.abc123"
+    live = tmp_path / (scratch_prefix(out) + "def456")
+    other = tmp_path / ".x.pte.scratch.notapid"
+    for d in (stale, live, other):
+        d.mkdir()
+    (stale / "weight.bin").write_bytes(b"x")
+    export_llm(f"hf:{tiny}", out, dtype="fp32", max_seq_len=16)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, "x.pte"])
+
+
+def test_a_full_scratch_disk_is_named_as_such(tmp_path, monkeypatch, capsys):
+    """A full output disk while the converted weights went to the scratch folder was reported as "transformers
+    cannot load this llama checkpoint: No space left": now one line naming the disk as full, exit 2, and
+    nothing left (no .pte, no scratch folder). (A real 64 KiB tmpfs gives the same line.)"""
+    import errno
+
+    from mps_backend import pages
+
+    folder = save_checkpoint(tmp_path / "ck", "llama", dtype=torch.bfloat16, layers=1)
+    real_init = pages.ScratchFile.__init__
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def close(self):
+            self.f.close()
+
+    def full_init(self, folder, name):
+        real_init(self, folder, name)
+        self._file = Full(self._file)
+
+    monkeypatch.setattr(pages.ScratchFile, "__init__", full_init)
+    out = tmp_path / "out" / "x.pte"
+    out.parent.mkdir()
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(out), "--fp16"]) == 2
+    err = capsys.readouterr().err
+    line = _error_line(err)
+    assert _one_line_error(err) and f"the disk of {out.parent}" in line and "is full (No space left on device)" in line, err
+    assert "transformers cannot load" not in err and list(out.parent.iterdir()) == []
+
+
+def test_sigint_is_one_line_and_leaves_nothing(tiny, tmp_path):
+    """SIGINT during an export was a KeyboardInterrupt traceback: one line, exit 130, no .pte, no partial or
+    scratch files."""
+    import signal
+    import time
+
+    out = tmp_path / "out" / "x.pte"
+    out.parent.mkdir()
+    exe = pathlib.Path(sys.executable).parent / "mps-backend"
+    proc = subprocess.Popen(
+        [str(exe), "export", "--model", f"hf:{tiny}", "-o", str(out), "--no-verify"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stderr is not None
+    seen = []
+    deadline = time.monotonic() + 600
+    for line in proc.stderr:  # progress lines: interrupt once the export is past loading
+        seen.append(line)
+        if "[torch.export]" in line or "[lower to MPS]" in line or time.monotonic() > deadline:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.stderr.read()
+    proc.wait(timeout=600)
+    err = "".join(seen) + rest
+    assert proc.returncode == 130 and _one_line_error(err) and "interrupted (SIGINT)" in _error_line(err), err[-3000:]
+    assert list(out.parent.iterdir()) == []
+
+
+def test_generation_config_and_tokenizers_that_broke_are_one_line(tiny, tiny_pte, tmp_path, capfd):
+    """A generation_config.json with an unknown cache_implementation was a traceback in the self-check's
+    reload (it no longer reads transformers' generation config: the export passes); a tokenizer whose empty
+    Replace regex makes the tokenizers library panic (a BaseException) was a traceback in generate, and one
+    executorch's runner cannot load (its C++ tokenizers) a RuntimeError traceback: one line each, exit 2."""
+    import shutil
+
+    folder = tmp_path / "ck"
+    shutil.copytree(tiny, folder)
+    gen = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**gen, "cache_implementation": "kernels-community/evil"}))
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(tmp_path / "g.pte"), "--verify-steps", "1"]) == 0
+    capfd.readouterr()
+
+    tok = json.loads((tiny / "tokenizer.json").read_text())
+    panics = tmp_path / "panic.json"
+    panics.write_text(json.dumps({**tok, "normalizer": {"type": "Replace", "pattern": {"Regex": ""}, "content": "ab"}}))
+    lookbehind = tmp_path / "lookbehind.json"
+    split = {"type": "Split", "pattern": {"Regex": "(?<=a+)b"}, "behavior": "Isolated", "invert": False}
+    lookbehind.write_text(json.dumps({**tok, "pre_tokenizer": split}))
+    cases = [
+        (panics, "python", "the tokenizer panicked when asked to encode (index out of bounds"),
+        (panics, "executorch", "the tokenizer panicked when asked to encode"),
+        (lookbehind, "executorch", "executorch's TextLLMRunner could not start: Failed to load tokenizer"),
+    ]
+    for path, runner, message in cases:
+        argv = ["generate", str(tiny_pte), "--tokenizer", str(path), "--prompt", "hello", "--max-new-tokens", "2"]
+        assert main([*argv, "--runner", runner]) == 2, (path, runner)
+        err = capfd.readouterr().err
+        assert _one_line_error(err) and message in _error_line(err), (runner, err)
+        assert "panicked at" not in err  # Rust's own report of the panic is not passed on

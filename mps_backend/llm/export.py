@@ -210,16 +210,11 @@ def _remove_stale_partials(path: pathlib.Path) -> None:
     """Remove the temporary files an earlier write to ``path`` left when its process was killed (SIGKILL
     runs no cleanup): ``.NAME.PID.*.partial`` whose PID is no longer a running process. A live writer's
     (another export to the same path) is left alone."""
+    from mps_backend.llm.guards import writer_gone  # noqa: PLC0415
+
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
-        pid = tmp.name[len(path.name) + 2 :].split(".", 1)[0]
-        if not pid.isdigit() or len(pid) > 9:
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        if writer_gone(tmp.name[len(path.name) + 2 :].split(".", 1)[0]):
             tmp.unlink(missing_ok=True)
-        except OSError:  # alive, another user's
-            pass
 
 
 def write_atomically(path: pathlib.Path, write) -> int:
@@ -294,8 +289,9 @@ def export_llm(
     # (beside the output: the disk the .pte goes to, not a tmpfs that would count as memory)
     folder = output_target(out).parent
     folder.mkdir(parents=True, exist_ok=True)
+    guards.remove_stale_scratch(out)  # those of exports killed before they could remove theirs
     with (
-        tempfile.TemporaryDirectory(prefix=f".{out.name}.scratch.", dir=folder) as scratch,
+        tempfile.TemporaryDirectory(prefix=guards.scratch_prefix(out), dir=folder) as scratch,
         contextlib.ExitStack() as cleanup,
     ):
         cleanup.callback(release_export_caches)  # first out: the cache keeps the weights mapped
@@ -311,6 +307,7 @@ def export_llm(
             )
         notes = list(lm.notes)
         seq_len, note = resolve_max_seq_len(lm, max_seq_len)
+        guards.check_verify_steps(verify_steps, seq_len)  # before anything is written
         if lm.kind == "hf":
             cfg = lm.model.config
             heads = cfg.num_attention_heads

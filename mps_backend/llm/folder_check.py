@@ -450,7 +450,8 @@ def _check_layers_present(folder: pathlib.Path, shapes: dict[str, list[int]], la
     held = {int(m.group(1)) for m in map(_LAYER.search, shapes) if m}
     if held and len(held) < layers:
         missing = [i for i in range(layers) if i not in held]
-        shown = f"{missing[0]}-{missing[-1]}" if missing == list(range(missing[0], missing[-1] + 1)) else str(missing[:8])[1:-1]
+        run = missing == list(range(missing[0], missing[-1] + 1))
+        shown = str(missing[0]) if len(missing) == 1 else f"{missing[0]}-{missing[-1]}" if run else str(missing[:8])[1:-1]
         raise FolderError(
             f"{folder}: config.json declares {layers} layers, the weights files hold tensors of {len(held)}: "
             f"no weights for layer{'s' if len(missing) > 1 else ''} {shown}"

@@ -49,10 +49,7 @@ class Tokenizer:
         if p.suffix == ".json":
             from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
 
-            try:
-                self._hf = HFTokenizer.from_file(str(p))
-            except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception
-                raise ValueError(f"{p}: not a readable tokenizer ({str(e).splitlines()[0][:160]})") from None
+            self._hf = self._guarded("read", HFTokenizer.from_file, str(p))
             self._pt = None
         else:
             from pytorch_tokenizers import get_tokenizer  # noqa: PLC0415
@@ -61,14 +58,48 @@ class Tokenizer:
             with contextlib.redirect_stdout(io.StringIO()):  # it prints "Using Tiktokenizer": stdout is the text
                 self._pt = get_tokenizer(str(p))
 
+    def _guarded(self, what: str, fn, *args):
+        """``fn(*args)``, a call into the Rust tokenizers library: an error, or a panic (a
+        ``pyo3_runtime.PanicException``, a BaseException: an empty ``Replace`` regex panics in encode),
+        is one ValueError naming the file; the panic's own report, written by Rust to standard error,
+        is dropped (what the call writes there otherwise is passed on)."""
+        import os  # noqa: PLC0415
+        import sys  # noqa: PLC0415
+        import tempfile  # noqa: PLC0415
+
+        sys.stderr.flush()
+        with tempfile.TemporaryFile() as captured:
+            saved = os.dup(2)
+            os.dup2(captured.fileno(), 2)
+            failed = None
+            try:
+                return fn(*args)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception or panics
+                failed = e
+                detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+                if what == "read" and isinstance(e, Exception):
+                    raise ValueError(f"{self.path}: not a readable tokenizer ({detail})") from None
+                how = "panicked" if not isinstance(e, Exception) else "failed"
+                raise ValueError(f"{self.path}: the tokenizer {how} when asked to {what} ({detail})") from None
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                if failed is None:
+                    captured.seek(0)
+                    text = captured.read()
+                    if text:
+                        sys.stderr.write(text.decode(errors="replace"))
+
     def encode(self, text: str) -> list[int]:
         if self._hf is not None:
-            return list(self._hf.encode(text).ids)
+            return list(self._guarded("encode", self._hf.encode, text).ids)
         return list(self._pt.encode(text, bos=False, eos=False))
 
     def decode(self, ids: list[int]) -> str:
         if self._hf is not None:
-            return self._hf.decode(ids, skip_special_tokens=False)
+            return self._guarded("decode", self._hf.decode, ids, False)
         return self._pt.decode(ids)
 
 
@@ -242,7 +273,10 @@ def generate_with_executorch_runner(
     load_emulator()  # registers MPSBackend in the libexecutorch the runner binding links
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner  # noqa: PLC0415
 
-    runner = TextLLMRunner(str(pte), str(tokenizer_file(tokenizer)))
+    try:
+        runner = TextLLMRunner(str(pte), str(tokenizer_file(tokenizer)))
+    except RuntimeError as e:  # its C++ tokenizers read fewer tokenizer.json features than the tokenizers library
+        raise ValueError(f"executorch's TextLLMRunner could not start: {e} (--runner python reads it)") from None
     pieces: list[str] = []
     try:
         runner.generate(
