@@ -49,14 +49,29 @@ def kv_heads(config) -> int:
     return int((declared and getattr(config, "num_key_value_heads", None)) or config.num_attention_heads)
 
 
-def _additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """0 where visible, -inf elsewhere, shaped ``[1, 1, 1, S]`` (added to the attention scores)."""
     zero = torch.zeros((), dtype=dtype)
     return torch.where(visible, zero, torch.full((), float("-inf"), dtype=dtype)).view(1, 1, 1, -1)
 
 
-class _StaticCache:
-    """The object transformers' attention layers see as ``past_key_values`` (one per forward).
+def register_kv_caches(
+    module: torch.nn.Module, n_layers: int, kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype, *, grouped: bool
+) -> None:
+    """Give ``module`` its KV-cache buffers ``k_cache_{i}`` / ``v_cache_{i}`` (what :class:`StaticCache`
+    reads and writes): V ``[1, kv_heads, max_seq_len, head_dim]``, K the same or, ``grouped``,
+    transposed ``[1, kv_heads, head_dim, max_seq_len]``."""
+    shape = (1, kv_heads, max_seq_len, head_dim)
+    k_shape = (1, kv_heads, head_dim, max_seq_len) if grouped else shape
+    for i in range(n_layers):
+        # zero pages the kernel supplies when written: no memory until a step writes rows
+        module.register_buffer(f"k_cache_{i}", untouched_zeros(k_shape, dtype), persistent=False)
+        module.register_buffer(f"v_cache_{i}", untouched_zeros(shape, dtype), persistent=False)
+
+
+class StaticCache:
+    """The object transformers' attention layers see as ``past_key_values`` (one per forward), over the
+    buffers of ``owner`` (:func:`register_kv_caches`; ``owner.grouped``: K transposed).
     Grouped attention: ``update`` returns the old buffers carrying the new rows (read in place, the
     rows attended to separately: mps_backend.llm.attention) and keeps the rows in ``pending``, which
     :meth:`write_pending` writes after the model's forward. Otherwise it writes the new key/value at
@@ -64,7 +79,7 @@ class _StaticCache:
 
     is_compileable = True
 
-    def __init__(self, owner: HFDecoder, input_pos: torch.Tensor):
+    def __init__(self, owner: torch.nn.Module, input_pos: torch.Tensor):
         self.owner, self.input_pos = owner, input_pos
         self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -99,17 +114,12 @@ class HFDecoder(torch.nn.Module):
         self.max_seq_len = int(max_seq_len)
         self.n_layers = int(config.num_hidden_layers)
         kv = kv_heads(config)
-        shape = (1, kv, self.max_seq_len, _head_dim(config))
         dtype = next(model.parameters()).dtype
         # grouped attention (no repeat_kv, K cache transposed) where the modeling code dispatches
         # through transformers' AttentionInterface; RoPE from float32 tables (mps_backend.llm.attention)
         self.grouped = use_grouped_attention(model)
         self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype)
-        k_shape = (1, kv, _head_dim(config), self.max_seq_len) if self.grouped else shape
-        for i in range(self.n_layers):
-            # zero pages the kernel supplies when written: no memory until a step writes rows
-            self.register_buffer(f"k_cache_{i}", untouched_zeros(k_shape, dtype), persistent=False)
-            self.register_buffer(f"v_cache_{i}", untouched_zeros(shape, dtype), persistent=False)
+        register_kv_caches(self, self.n_layers, kv, _head_dim(config), self.max_seq_len, dtype, grouped=self.grouped)
         self.mask_dtype = dtype
         window = getattr(config, "sliding_window", None)
         layer_types = getattr(config, "layer_types", None)
@@ -128,9 +138,9 @@ class HFDecoder(torch.nn.Module):
         k = torch.arange(self.max_seq_len, dtype=input_pos.dtype)
         # grouped attention reads the old cache (the new row joins separately): positions < input_pos
         visible = k < input_pos if self.grouped else k <= input_pos
-        full = _additive_mask(visible, self.mask_dtype)
+        full = additive_mask(visible, self.mask_dtype)
         if self.window is not None:
-            sliding = _additive_mask(visible & (k > input_pos - self.window), self.mask_dtype)
+            sliding = additive_mask(visible & (k > input_pos - self.window), self.mask_dtype)
         if self.mask_kinds is None:
             return sliding if self.window is not None else full
         masks = {}
@@ -144,7 +154,7 @@ class HFDecoder(torch.nn.Module):
         return masks
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        cache = _StaticCache(self, input_pos)
+        cache = StaticCache(self, input_pos)
         out = self.model(
             input_ids=tokens,
             attention_mask=self._masks(input_pos),

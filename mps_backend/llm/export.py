@@ -18,7 +18,7 @@ import pathlib
 import tempfile
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -65,6 +65,10 @@ class LLMExportResult:
     #: the self-check (``verify_steps``): a :class:`mps_backend.llm.verify.LLMVerification`
     verification: Any = None
     quantize_embedding: bool = False
+    #: MPS delegates of each method of the program
+    method_delegates: dict[str, int] = field(default_factory=dict)
+    #: the methods' static signatures, as the summary states them
+    signature: str = "decode step tokens [1, 1], input_pos [1]"
 
     def summary(self) -> str:
         r = self.report
@@ -73,8 +77,13 @@ class LLMExportResult:
             + (f", {self.quantize} weight-only" if self.quantize else "")
             + (", int8 embedding (a scale per row)" if self.quantize_embedding else "")
             + ")",
-            f"max_seq_len      {self.max_seq_len} (static shapes: decode step tokens [1, 1], input_pos [1])",
-            f"MPS delegates    {self.delegates}",
+            f"max_seq_len      {self.max_seq_len} (static shapes: {self.signature})",
+            f"MPS delegates    {self.delegates}"
+            + (
+                " (" + ", ".join(f"{m} {n}" for m, n in self.method_delegates.items()) + ")"
+                if len(self.method_delegates) > 1
+                else ""
+            ),
             f"nodes delegated  {len(r.delegated)}/{r.total}",
             f".pte size        {self.pte_bytes:,} bytes (checkpoint weights {self.weight_bytes:,})",
             "seconds          " + ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items()),
@@ -140,7 +149,23 @@ def decoder_for(lm: LoadedLM, max_seq_len: int) -> torch.nn.Module:
     return ExecutorchLlamaDecoder(lm.model).eval()
 
 
+def program_methods(lm: LoadedLM, max_seq_len: int) -> list[tuple[str, Callable[[], tuple[torch.nn.Module, tuple]]]]:
+    """The program's methods in export order: (name, a function building its module and example inputs
+    when called, so that a method may change the model for itself after the previous one was exported).
+    A language model: ``forward``, the static decode step; Whisper: the ASR runner's ``encoder`` and
+    ``text_decoder`` (:mod:`mps_backend.llm.whisper`)."""
+    if lm.model_type == "whisper":
+        from mps_backend.llm.whisper import whisper_methods  # noqa: PLC0415
+
+        return whisper_methods(lm.model, max_seq_len)
+    return [("forward", lambda: (decoder_for(lm, max_seq_len), example_inputs()))]
+
+
 def metadata(lm: LoadedLM, max_seq_len: int) -> dict[str, Any]:
+    if lm.model_type == "whisper":
+        from mps_backend.llm.whisper import whisper_metadata  # noqa: PLC0415
+
+        return whisper_metadata(lm, max_seq_len)
     meta: dict[str, Any] = {
         "get_max_seq_len": max_seq_len,
         "get_max_context_len": max_seq_len,
@@ -313,7 +338,7 @@ def export_llm(
             cfg = lm.model.config
             heads = cfg.num_attention_heads
             head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-            check_kv_cache_size(cfg.num_hidden_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
+            check_kv_cache_size(lm.n_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
         if note:
             notes.append(note)
         if quantize:
@@ -326,25 +351,35 @@ def export_llm(
 
             with prog.stage("quantize embedding int8"):
                 quantize_embeddings(lm.model)
-        decoder = decoder_for(lm, seq_len)
+        methods = program_methods(lm, seq_len)
         meta = metadata(lm, seq_len)
         model_type, weight_bytes = lm.model_type, lm.weight_bytes
-        del lm  # the decoder holds the model; nothing else may keep the weights alive past lowering
+        del lm  # the methods hold the model; nothing else may keep the weights alive past lowering
         partitioner = MPSPartitioner(use_fp16=dtype == "fp16")
         with torch.no_grad():
+            eps = {}
             with prog.stage("torch.export"):
-                try:
-                    ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
-                except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
-                    raise _refusal(model_type, e) from None
-            del decoder
+                for name, build in methods:
+                    try:
+                        module, inputs = build()
+                        eps[name] = drop_unused_constants(torch.export.export(module, inputs, strict=False))
+                    except CheckpointError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
+                        raise _refusal(model_type, e) from None
+                    del module
+            del methods
             _check_checkpoint_unchanged(weights, "before its weights were copied into the program")
             with prog.stage("lower to MPS"):
                 edge = to_edge_transform_and_lower(
-                    ep, partitioner=[partitioner], constant_methods=meta, compile_config=edge_compile_config()
+                    eps if len(eps) > 1 else eps["forward"],
+                    partitioner=[partitioner],
+                    constant_methods=meta,
+                    compile_config=edge_compile_config(),
                 )
-            del ep
-            delegates = _count_mps_delegates(edge)
+            del eps
+            method_delegates = {name: _count_mps_delegates(edge, name) for name in sorted(edge.methods)}
+            delegates = sum(method_delegates.values())
             with prog.stage("to_executorch"), warnings.catch_warnings():
                 # executorch warns that a mutated buffer's initial contents are not serialized: the KV
                 # caches' are never read (positions after input_pos are masked; docs/llm.md, The program)
@@ -374,8 +409,19 @@ def export_llm(
         quantize_embedding=quantize_embedding,
         seconds=dict(prog.seconds),
         notes=notes,
+        method_delegates=method_delegates,
     )
-    if verify_steps:
+    if model_type == "whisper":
+        from mps_backend.llm.whisper import WHISPER_SIGNATURE  # noqa: PLC0415
+
+        result.signature = WHISPER_SIGNATURE
+    if verify_steps and model_type == "whisper":
+        from mps_backend.llm.whisper import verify_whisper  # noqa: PLC0415
+
+        with prog.stage(f"verify {verify_steps} steps"):
+            result.verification = verify_whisper(result, model, steps=verify_steps, group_size=group_size)
+        result.seconds = dict(prog.seconds)
+    elif verify_steps:
         from mps_backend.llm.verify import verify_export  # noqa: PLC0415
 
         def export_truncated(spec: str, path: pathlib.Path, truncated_params: str | None) -> None:
@@ -412,9 +458,11 @@ def _refusal(model_type: str, error: BaseException) -> CheckpointError:
     return CheckpointError(f"model type {model_type!r}: the static decode step cannot be exported{where}: {detail}")
 
 
-def _count_mps_delegates(edge) -> int:
+def _count_mps_delegates(edge, method: str = "forward") -> int:
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
 
     return sum(
-        1 for _, lowered, _ in get_lowered_submodules(edge.exported_program().graph_module) if lowered.backend_id == "MPSBackend"
+        1
+        for _, lowered, _ in get_lowered_submodules(edge.exported_program(method).graph_module)
+        if lowered.backend_id == "MPSBackend"
     )

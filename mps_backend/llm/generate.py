@@ -66,9 +66,9 @@ class Tokenizer:
             return list(self._hf.encode(text).ids)
         return list(self._pt.encode(text, bos=False, eos=False))
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
         if self._hf is not None:
-            return self._hf.decode(ids, skip_special_tokens=False)
+            return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
         return self._pt.decode(ids)
 
 
