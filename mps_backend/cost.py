@@ -30,7 +30,7 @@ and caches is unknown to it. Its assumptions:
   and writes only the rows (never the whole destination; the out variants write it whole).
 - The **floor**: every constant read once (one read only by gathers: the rows they take), every state
   buffer read once, the rows written into state
-  (an index_put's values) and the method's outputs written once. The ratios are naive / floor and
+  (an index_put's values), the method's inputs read once and its outputs written once. The ratios are naive / floor and
   fused / floor.
 """
 
@@ -512,10 +512,12 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
     naive.merge(cpu)
     fused.merge(cpu)
     out_bytes = sum(tbytes(t) for t in map(tensor, outputs) if t is not None)
+    in_bytes = sum(tbytes(t) for t in map(tensor, sorted(inputs)) if t is not None)
     parts = {
         "constants": constants + sum(cpu_constants.values()),
         "state": sum(state.values()),
         "rows written": rows,
+        "inputs": in_bytes,
         "outputs": out_bytes,
     }
     worst = sorted(nodes, key=lambda n: -n.naive)[:top]

@@ -156,11 +156,14 @@ def cache_writes(ep: ExportedProgram) -> frozenset[Node]:
     return frozenset(found)
 
 
-def backend_config(edge) -> ExecutorchBackendConfig:
+def backend_config(edge, unplanned_inputs: Sequence[str] = ()) -> ExecutorchBackendConfig:
     """The ``ExecutorchBackendConfig`` for ``edge.to_executorch``: executorch's reinplace pass on
     (index_put -> index_put_ on mutable buffers: the KV-cache writes of :func:`cache_writes` write
     their rows, and no ``aten::copy_`` writes a whole buffer back) when every index_put left outside
-    the delegates is one the portable ``index_put_`` computes (:func:`is_row_write`)."""
+    the delegates is one the portable ``index_put_`` computes (:func:`is_row_write`).
+    ``unplanned_inputs``: methods whose inputs get no memory in the program's plan, so that
+    executorch's ``Method::set_input`` points them at the caller's tensor instead of copying it in
+    (Whisper's ``text_decoder``: the encoder's output, every step)."""
     names = edge.methods if hasattr(edge, "methods") else ["forward"]
     safe = all(
         is_row_write(n)
@@ -168,7 +171,12 @@ def backend_config(edge) -> ExecutorchBackendConfig:
         for n in edge.exported_program(name).graph.nodes
         if n.op == "call_function" and _target_name(n.target) == "aten::index_put"
     )
-    return ExecutorchBackendConfig(run_reinplace_pass=safe)
+    if not unplanned_inputs:
+        return ExecutorchBackendConfig(run_reinplace_pass=safe)
+    from executorch.exir.passes import MemoryPlanningPass  # noqa: PLC0415
+
+    planning = {name: MemoryPlanningPass(alloc_graph_input=name not in unplanned_inputs) for name in names}
+    return ExecutorchBackendConfig(run_reinplace_pass=safe, memory_planning_pass=planning)
 
 
 def _absorb_unread_constants(ep: ExportedProgram, tag: str) -> None:

@@ -161,6 +161,16 @@ def program_methods(lm: LoadedLM, max_seq_len: int) -> list[tuple[str, Callable[
     return [("forward", lambda: (decoder_for(lm, max_seq_len), example_inputs()))]
 
 
+def unplanned_inputs(model_type: str) -> tuple[str, ...]:
+    """Methods whose inputs the caller's tensors are used for in place, not copied into the program's
+    memory: Whisper's ``text_decoder``, handed the encoder's cross-attention K/V every step."""
+    if model_type == "whisper":
+        from mps_backend.llm.whisper import DECODER_METHOD  # noqa: PLC0415
+
+        return (DECODER_METHOD,)
+    return ()
+
+
 def metadata(lm: LoadedLM, max_seq_len: int) -> dict[str, Any]:
     if lm.model_type == "whisper":
         from mps_backend.llm.whisper import whisper_metadata  # noqa: PLC0415
@@ -386,7 +396,7 @@ def export_llm(
                 warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected", category=UserWarning)
                 # the KV-cache writes (index_put on CPU, mps_backend.partitioner.CACHE_WRITE_REASON) made in
                 # place: index_put_ writes the rows, no aten::copy_ of a whole cache back into its buffer
-                program = edge.to_executorch(backend_config(edge))
+                program = edge.to_executorch(backend_config(edge, unplanned_inputs(model_type)))
             del edge
             check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
         _check_checkpoint_unchanged(weights, "while its weights were copied into the program")

@@ -1,4 +1,4 @@
-"""The ``mps-backend`` command: export | inspect | cost | run | generate | ops | zoo."""
+"""The ``mps-backend`` command: export | inspect | cost | run | generate | transcribe | ops | zoo."""
 
 from __future__ import annotations
 
@@ -123,6 +123,26 @@ def cmd_generate(args) -> int:
         return 2
     print()
     _say(str(stats))
+    return 0
+
+
+def cmd_transcribe(args) -> int:
+    from mps_backend.llm.transcribe import transcribe  # noqa: PLC0415
+
+    pte = pathlib.Path(args.file)
+    for path, what in ((pte, "program"), (pathlib.Path(args.audio), "audio file")):
+        if not path.is_file():
+            print(f"error: {path}: no such {what}", file=sys.stderr)
+            return 2
+    try:
+        result = transcribe(pte, args.audio, args.tokenizer, args.max_new_tokens)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for note in result.notes:
+        _say(f"note: {note}")
+    print(result.text)
+    _say(result.stats())
     return 0
 
 
@@ -619,6 +639,21 @@ def main(argv: list[str] | None = None) -> int:
         "executorch: executorch's C++ TextLLMRunner binding",
     )
     p.set_defaults(fn=cmd_generate)
+    p = sub.add_parser(
+        "transcribe",
+        help="speech to text with a Whisper .pte on the emulated runtime (executorch's ASR runner's loop, greedy)",
+    )
+    p.add_argument("file", help="the .pte (mps-backend export --model hf:WHISPER_FOLDER)")
+    p.add_argument("--audio", required=True, help="a PCM .wav (its first 30 seconds; resampled to 16 kHz if need be)")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        help="the checkpoint folder (tokenizer.json; its preprocessor_config.json for the features) or a tokenizer.json",
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=None, help="tokens to generate at most (default: the decoder's get_max_seq_len)"
+    )
+    p.set_defaults(fn=cmd_transcribe)
     p = sub.add_parser(
         "debug", help="per-op float16-vs-float32 gap table of a model on the device model (which layer loses precision)"
     )
