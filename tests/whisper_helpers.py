@@ -71,7 +71,7 @@ def save_whisper(
     tokenizer files, preprocessor_config.json) into ``folder``."""
     import transformers
 
-    cfg = transformers.WhisperConfig(vocab_size=tokenizer.get_vocab_size(), **(CONFIG | (config or {})))
+    cfg = transformers.WhisperConfig(**({"vocab_size": tokenizer.get_vocab_size()} | CONFIG | (config or {})))
     torch.manual_seed(seed)
     model = transformers.WhisperForConditionalGeneration(cfg).eval()
     with torch.no_grad():

@@ -367,8 +367,6 @@ def load_hf(
             MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
         )
 
-        if getattr(config, "is_encoder_decoder", False) and model_type not in ENCODER_DECODER_TYPES:
-            raise CheckpointError(encoder_decoder_refusal(folder, model_type, type(config) in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING))
         mapping = MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING if model_type in ENCODER_DECODER_TYPES else MODEL_FOR_CAUSAL_LM_MAPPING
         if type(config) not in mapping:
             raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
@@ -440,6 +438,23 @@ def load_hf(
         tokenizer_path=tok if tok.is_file() else None,
         notes=notes,
     )
+
+
+def refuse_unsupported_kind(folder: pathlib.Path, config: dict) -> None:
+    """Refuse, from ``config.json`` alone (before its sizes are checked, as each family names them its own
+    way), a model of a kind the export has no program for, naming what is missing: an encoder-decoder
+    other than Whisper, an audio-language model."""
+    model_type = str(config.get("model_type", "?"))[:80]
+    if config.get("is_encoder_decoder") is True and model_type not in ENCODER_DECODER_TYPES:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES  # noqa: PLC0415
+
+        raise CheckpointError(encoder_decoder_refusal(folder, model_type, model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES))
+    if isinstance(config.get("audio_config"), dict) and model_type not in ENCODER_DECODER_TYPES:
+        raise CheckpointError(
+            f"{folder}: model type {model_type!r} is an audio-language model (an audio encoder feeding a language "
+            "model); mps-backend does not export it. Missing: the MultimodalRunner's audio_encoder, token_embedding "
+            "and text_decoder methods for it (issue #37 exports Whisper to the ASR runner only)"
+        )
 
 
 def encoder_decoder_refusal(folder: pathlib.Path, model_type: str, speech: bool) -> str:

@@ -370,11 +370,9 @@ def export_llm(
             eps = {}
             with prog.stage("torch.export"):
                 for name, build in methods:
+                    module, inputs = build()
                     try:
-                        module, inputs = build()
                         eps[name] = drop_unused_constants(torch.export.export(module, inputs, strict=False))
-                    except CheckpointError:
-                        raise
                     except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
                         raise _refusal(model_type, e) from None
                     del module

@@ -35,7 +35,7 @@ import stat
 from typing import Any
 
 from mps_backend.errors import MPSBackendError
-from mps_backend.llm.checkpoint import CheckpointError
+from mps_backend.llm.checkpoint import CheckpointError, refuse_unsupported_kind
 
 #: config key -> (smallest, largest) accepted value. Largest released values today: 126 layers
 #: (Llama 3.1 405B), hidden 16384, vocabulary 262144 (Gemma 3), context 10M (Llama 4 Scout).
@@ -291,6 +291,7 @@ def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
         raise FolderError(f"{folder}: not a checkpoint folder")
     config = _json_object(folder, "config.json", required=True)
     assert config is not None
+    refuse_unsupported_kind(folder, config)
     sizes = check_config(config, f"{folder / 'config.json'}")
     files = {p.name: p for p in folder.glob("*.safetensors")}
     index = _json_object(folder, "model.safetensors.index.json")

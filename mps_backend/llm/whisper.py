@@ -116,7 +116,12 @@ class WhisperDecoderStep(torch.nn.Module):
         self.head_dim = int(config.d_model) // self.heads
         self.grouped = use_grouped_attention(model)
         if not self.grouped:
-            raise ValueError(f"{type(model).__name__}: its attention does not dispatch through AttentionInterface")
+            from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
+
+            raise CheckpointError(
+                f"{type(model).__name__}: its attention does not dispatch through transformers' AttentionInterface "
+                "(the decode step's grouped attention over the cache and the cross-attention K/V needs it)"
+            )
         dtype = next(model.parameters()).dtype
         register_kv_caches(self, int(config.decoder_layers), self.heads, self.head_dim, self.max_seq_len, dtype, grouped=True)
         self.mask_dtype = dtype
