@@ -426,13 +426,7 @@ def export_llm(
         from mps_backend.llm.whisper import WHISPER_SIGNATURE  # noqa: PLC0415
 
         result.signature = WHISPER_SIGNATURE
-    if verify_steps and model_type == "whisper":
-        from mps_backend.llm.whisper import verify_whisper  # noqa: PLC0415
-
-        with prog.stage(f"verify {verify_steps} steps"):
-            result.verification = verify_whisper(result, model, steps=verify_steps, group_size=group_size)
-        result.seconds = dict(prog.seconds)
-    elif verify_steps:
+    if verify_steps:
         from mps_backend.llm.verify import verify_export  # noqa: PLC0415
 
         def export_truncated(spec: str, path: pathlib.Path, truncated_params: str | None) -> None:
@@ -452,9 +446,20 @@ def export_llm(
 
         try:
             with prog.stage(f"verify {verify_steps} steps"):
-                result.verification = verify_export(
-                    result, model, steps=verify_steps, group_size=group_size, params=params, export=export_truncated, pte=written
-                )
+                if model_type == "whisper":
+                    from mps_backend.llm.whisper import verify_whisper  # noqa: PLC0415
+
+                    result.verification = verify_whisper(result, model, steps=verify_steps, group_size=group_size, pte=written)
+                else:
+                    result.verification = verify_export(
+                        result,
+                        model,
+                        steps=verify_steps,
+                        group_size=group_size,
+                        params=params,
+                        export=export_truncated,
+                        pte=written,
+                    )
         except BaseException:
             written.unlink(missing_ok=True)  # an unchecked program is never left, under any name
             raise

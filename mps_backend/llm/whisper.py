@@ -211,10 +211,11 @@ def verification_features(n_mels: int) -> torch.Tensor:
     return fe(audio.astype(np.float32), sampling_rate=rate, return_tensors="pt").input_features
 
 
-def verify_whisper(result, model: str, *, steps: int, group_size: int | None):
+def verify_whisper(result, model: str, *, steps: int, group_size: int | None, pte=None):
     """The export's self-check: ``encoder`` and the first ``steps`` decode steps of the written
     ``.pte`` on the emulated runtime (greedy from the start token) against transformers' eager
-    float32 Whisper on the same features and tokens; the tolerances of the language models."""
+    float32 Whisper on the same features and tokens; the tolerances of the language models. ``pte``: where
+    the program is until it passed (default ``result.path``)."""
     from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
     from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
     from mps_backend.llm.transcribe import transcribe_ids  # noqa: PLC0415
@@ -226,7 +227,7 @@ def verify_whisper(result, model: str, *, steps: int, group_size: int | None):
     dtype = "fp16" if result.precision == "float16" else "fp32"
     logits: list[torch.Tensor] = []
     features = verification_features(int(_read_config(folder)["num_mel_bins"]))
-    tokens = transcribe_ids(result.path, features, steps, stop_at_eos=False, logits=logits)
+    tokens = transcribe_ids(pte or result.path, features, steps, stop_at_eos=False, logits=logits)
     ref, reference = eager_logits(folder, features, tokens[:-1], result.quantize, group_size, dtype)
     dev = torch.stack(logits).float()
     agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
