@@ -493,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         default="demo",
         help="demo | torchvision:NAME | executorch:NAME | "
         "torch:transformer_encoder | path/file.py:factory | legacy PyTorch Mobile flatbuffer path.ff/.ptl | "
-        "hf:FOLDER (Hugging Face checkpoint: a language model) | llama:CHECKPOINT.pth (with --params)",
+        "hf:FOLDER (Hugging Face checkpoint: a language model, or Whisper for the ASR runner) | "
+        "llama:CHECKPOINT.pth (with --params)",
     )
     p.add_argument(
         "--input-shape",
