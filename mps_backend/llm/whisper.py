@@ -57,10 +57,9 @@ class WhisperEncoderStep(torch.nn.Module):
         rows = []
         for attn in self.cross:
             heads, d = attn.num_heads, attn.head_dim
-            # K^T = W_k @ h^T: [d_model, frames] is [heads, head_dim, frames] (k_proj has no bias)
-            k_t = torch.matmul(attn.k_proj.weight, h.transpose(0, 1))
-            if attn.k_proj.bias is not None:
-                k_t = k_t + attn.k_proj.bias.view(-1, 1)
+            # K^T [d_model, frames] is [heads, head_dim, frames]; the projections as the model's own
+            # modules compute them (a quantized one's too); the transposes once per utterance
+            k_t = attn.k_proj(h).transpose(0, 1)
             v = attn.v_proj(h).view(frames, heads, d).transpose(0, 1)  # [heads, frames, head_dim]
             rows += [k_t.reshape(heads, d * frames), v.reshape(heads, frames * d)]
         return torch.stack(rows)
