@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
-from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs, kv_heads
+from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, check_chunk, dynamic_shapes, example_inputs, kv_heads
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_kernels import DEFAULT_TARGET
@@ -47,6 +47,25 @@ DEFAULT_MAX_SEQ_LEN = 2048
 
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 
+#: the rows one delegate call computes, by weight precision (``--prefill-chunk`` overrides): the most
+#: that keep a decode step's FLOPs within half its memory time on every device of
+#: mps_backend.cost.DEVICES at the Llama-3.2-1B shape (docs/llm.md, The chunk)
+PREFILL_CHUNK = {"fp32": 16, "fp16": 16, "int8": 8, "int4": 4}
+
+
+def default_chunk(dtype: str, quantize: str | None, lm: LoadedLM | None = None) -> int:
+    """The default prefill chunk of an export: :data:`PREFILL_CHUNK` of its weights' precision; 1 for a
+    mixture of experts (each row gathers its own experts' weights: a chunk would read C times the
+    experts a decode step needs)."""
+    if lm is not None and _is_moe(lm.model):
+        return 1
+    return PREFILL_CHUNK[quantize or dtype]
+
+
+def _is_moe(model: torch.nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return any(getattr(config, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"))
+
 
 @dataclass
 class LLMExportResult:
@@ -65,6 +84,8 @@ class LLMExportResult:
     #: the self-check (``verify_steps``): a :class:`mps_backend.llm.verify.LLMVerification`
     verification: Any = None
     quantize_embedding: bool = False
+    #: rows one delegate call computes (1: the static decode step, prompts prefilled token by token)
+    prefill_chunk: int = 1
 
     def summary(self) -> str:
         r = self.report
@@ -73,7 +94,12 @@ class LLMExportResult:
             + (f", {self.quantize} weight-only" if self.quantize else "")
             + (", int8 embedding (a scale per row)" if self.quantize_embedding else "")
             + ")",
-            f"max_seq_len      {self.max_seq_len} (static shapes: decode step tokens [1, 1], input_pos [1])",
+            (
+                f"max_seq_len      {self.max_seq_len} (static shapes: decode step tokens [1, 1], input_pos [1])"
+                if self.prefill_chunk == 1
+                else f"max_seq_len      {self.max_seq_len} (KV cache; forward tokens [1, n], 1 <= n <= "
+                f"{self.prefill_chunk}, input_pos [1]: the device computes {self.prefill_chunk} rows per call)"
+            ),
             f"MPS delegates    {self.delegates}",
             f"nodes delegated  {len(r.delegated)}/{r.total}",
             f".pte size        {self.pte_bytes:,} bytes (checkpoint weights {self.weight_bytes:,})",
@@ -133,22 +159,26 @@ def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str |
     return DEFAULT_MAX_SEQ_LEN, None
 
 
-def decoder_for(lm: LoadedLM, max_seq_len: int) -> torch.nn.Module:
-    """The static decode-step module of a loaded model."""
+def decoder_for(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> torch.nn.Module:
+    """The forward module of a loaded model: the static decode step (``chunk`` 1) or the chunked
+    prefill-and-decode step (:mod:`mps_backend.llm.decoder`)."""
     if lm.kind == "hf":
-        return HFDecoder(lm.model, max_seq_len).eval()
-    return ExecutorchLlamaDecoder(lm.model).eval()
+        return HFDecoder(lm.model, max_seq_len, chunk).eval()
+    return ExecutorchLlamaDecoder(lm.model, max_seq_len, chunk).eval()
 
 
-def metadata(lm: LoadedLM, max_seq_len: int) -> dict[str, Any]:
+def metadata(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> dict[str, Any]:
+    """The runner's metadata: with a chunk, ``get_max_seq_len`` is the rows one call takes (executorch's
+    runner prefills that many per call) and ``get_max_context_len`` the cache length, as executorch's
+    own llama export writes them."""
     meta: dict[str, Any] = {
-        "get_max_seq_len": max_seq_len,
+        "get_max_seq_len": chunk if chunk > 1 else max_seq_len,
         "get_max_context_len": max_seq_len,
         "get_vocab_size": lm.vocab_size,
         "get_n_layers": lm.n_layers,
         "use_kv_cache": True,
         "use_sdpa_with_kv_cache": False,
-        "enable_dynamic_shape": False,
+        "enable_dynamic_shape": chunk > 1,
     }
     if lm.bos_id is not None:
         meta["get_bos_id"] = lm.bos_id
@@ -262,6 +292,7 @@ def export_llm(
     allow_missing_kernels: bool = False,
     verify_steps: int = 0,
     quantize_embedding: bool = False,
+    prefill_chunk: int | None = None,
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` with ``params``)
     to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
@@ -326,15 +357,25 @@ def export_llm(
 
             with prog.stage("quantize embedding int8"):
                 quantize_embeddings(lm.model)
-        decoder = decoder_for(lm, seq_len)
-        meta = metadata(lm, seq_len)
+        try:
+            wanted = min(default_chunk(dtype, quantize, lm), seq_len) if prefill_chunk is None else prefill_chunk
+            chunk = check_chunk(wanted, seq_len)
+        except ValueError as e:
+            raise CheckpointError(f"--prefill-chunk: {e}") from None
+        decoder = decoder_for(lm, seq_len, chunk)
+        meta = metadata(lm, seq_len, chunk)
         model_type, weight_bytes = lm.model_type, lm.weight_bytes
         del lm  # the decoder holds the model; nothing else may keep the weights alive past lowering
-        partitioner = MPSPartitioner(use_fp16=dtype == "fp16")
+        # a chunk's padding, positions and row slices have the prompt's length: on CPU by design
+        partitioner = MPSPartitioner(use_fp16=dtype == "fp16", dynamic_ok=chunk > 1)
         with torch.no_grad():
             with prog.stage("torch.export"):
                 try:
-                    ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
+                    ep = drop_unused_constants(
+                        torch.export.export(
+                            decoder, example_inputs(chunk=chunk), dynamic_shapes=dynamic_shapes(chunk), strict=False
+                        )
+                    )
                 except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
                     raise _refusal(model_type, e) from None
             del decoder
@@ -372,6 +413,7 @@ def export_llm(
         metadata=meta,
         quantize=quantize,
         quantize_embedding=quantize_embedding,
+        prefill_chunk=chunk,
         seconds=dict(prog.seconds),
         notes=notes,
     )
@@ -391,6 +433,7 @@ def export_llm(
                 target_runtime=target_runtime,
                 allow_missing_kernels=allow_missing_kernels,
                 quantize_embedding=quantize_embedding,
+                prefill_chunk=chunk,
             )
 
         with prog.stage(f"verify {verify_steps} steps"):

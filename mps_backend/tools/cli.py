@@ -81,6 +81,7 @@ def cmd_export_llm(args) -> int:
             allow_missing_kernels=args.allow_missing_kernels,
             verify_steps=0 if args.no_verify else args.verify_steps,
             quantize_embedding=args.quantize_embedding,
+            prefill_chunk=args.prefill_chunk,
         )
     except (CheckpointError, FileNotFoundError, RuntimeCompatError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -132,7 +133,7 @@ def cmd_export(args) -> int:
 
     if args.model.split(":", 1)[0] in ("hf", "llama"):
         return cmd_export_llm(args)
-    for flag in ("max_seq_len", "params"):
+    for flag in ("max_seq_len", "params", "prefill_chunk"):
         if getattr(args, flag) is not None:
             raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model hf:... or llama:...)")
     if args.quantize_embedding or args.no_verify:
@@ -490,6 +491,15 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="language models: static KV-cache length (default 2048, capped by the model's positions)",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        metavar="C",
+        help="language models: prompt tokens one forward call takes and rows the device computes per call "
+        "(default by weight precision: fp16/fp32 16, int8 8, int4 4; 1 for a mixture of experts); "
+        "1: the static one-token step, prompts prefilled token by token",
     )
     p.add_argument("--params", default=None, help="llama:CHECKPOINT.pth: its params.json (default: beside it)")
     p.add_argument(
