@@ -90,7 +90,7 @@ class _StaticCache:
             self.pending[layer_idx] = (k_t, value)
             return with_new_rows(k_cache, k_t, value), v_cache
         if self.owner.chunk > 1:  # eager attention over the old cache then the chunk's own rows
-            self.pending[layer_idx] = (key.transpose(2, 3), value)
+            self.pending[layer_idx] = (key, value)
             return torch.cat([k_cache, key], dim=2), torch.cat([v_cache, value], dim=2)
         k_cache[:, :, self.input_pos] = key
         v_cache[:, :, self.input_pos] = value
@@ -100,14 +100,14 @@ class _StaticCache:
         """Write the rows kept by :meth:`update` at ``positions`` (default: ``input_pos``); a chunk
         writes its first ``n`` rows only (the rest are padding, never written)."""
         positions = self.input_pos if positions is None else positions
-        for i, (k_t, value) in self.pending.items():
-            if n is not None:
-                k_t, value = k_t[..., :n], value[:, :, :n]
+        for i, (k_rows, value) in self.pending.items():  # grouped: K transposed, [1, KV, d, T]
             k_cache, v_cache = getattr(self.owner, f"k_cache_{i}"), getattr(self.owner, f"v_cache_{i}")
+            if n is not None:
+                k_rows, value = k_rows[..., :n] if self.owner.grouped else k_rows[:, :, :n], value[:, :, :n]
             if self.owner.grouped:
-                write_kv_rows(k_cache, v_cache, positions, k_t, value)
+                write_kv_rows(k_cache, v_cache, positions, k_rows, value)
             else:  # K as V's layout
-                write_rows(k_cache, 2, positions, k_t.transpose(2, 3).contiguous())
+                write_rows(k_cache, 2, positions, k_rows)
                 write_rows(v_cache, 2, positions, value)
         self.pending = {}
 

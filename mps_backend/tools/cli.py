@@ -497,9 +497,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         metavar="C",
-        help="language models: prompt tokens one forward call takes and rows the device computes per call "
-        "(default by weight precision: fp16/fp32 16, int8 8, int4 4; 1 for a mixture of experts); "
-        "1: the static one-token step, prompts prefilled token by token",
+        help="language models: prompt tokens one forward call takes, the rows the device computes per call "
+        "(default 1: the static one-token step, prompts prefilled token by token; C > 1: forward(tokens "
+        "[1, n <= C]), prompts prefilled C tokens per call, every step computing C rows: docs/llm.md)",
     )
     p.add_argument("--params", default=None, help="llama:CHECKPOINT.pth: its params.json (default: beside it)")
     p.add_argument(
