@@ -10,8 +10,8 @@ decode steps after a longer prompt. Then: float16 within 1e-2; the last position
 (a chunk ending there: its padding rows would fall past the cache if they were written) and a
 position past it is an error of executorch's runtime, before the delegate runs; every node the
 delegate does not take has a dynamic shape (the CPU's padding, positions and row slices) or is a
-cache-row write; no symbolic size reaches the delegate; executorch's own C++ runner gives the text
-the Python runner gives.
+cache-row write; no symbolic size reaches the delegate; executorch's own C++ runner gives the text it
+gives with the token-by-token program.
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def test_every_prompt_length_equals_eager(tmp_path, tokenizer, case):
 @pytest.mark.parametrize("case", ["llama", "gemma3"])
 def test_fp16_chunks_within_the_self_check_tolerance(tmp_path, tokenizer, case):
     result, reference, chunk, _ = _export(tmp_path, case, "fp16", tokenizer=tokenizer)
-    ids = torch.randint(2, 150, (2 * chunk + 1,), generator=torch.Generator().manual_seed(4)).tolist()
+    vocab = int(constant_method_values(result.path)["get_vocab_size"])
+    ids = torch.randint(2, vocab, (2 * chunk + 1,), generator=torch.Generator().manual_seed(4)).tolist()
     ref = reference(ids)
     step = LoadedMethod(result.path, "forward")
     gaps = [_gap(_prefill(step, ids[:n], chunk), ref[n - 1]) for n in range(1, 2 * chunk + 2)]
@@ -157,7 +158,8 @@ def test_last_positions_work_and_past_the_cache_is_an_error(tmp_path, tokenizer)
     is refused by executorch's portable index_select on CPU before the delegate reads anything, also
     when the runner skips its own capacity check (executorch 1.3/1.4 with max_seq_len < max_context_len)."""
     result, reference, chunk, cache = _export(tmp_path, "llama", tokenizer=tokenizer, chunk=4)
-    ids = torch.randint(2, 150, (cache,), generator=torch.Generator().manual_seed(5)).tolist()
+    vocab = int(constant_method_values(result.path)["get_vocab_size"])
+    ids = torch.randint(2, vocab, (cache,), generator=torch.Generator().manual_seed(5)).tolist()
     ref = reference(ids)
     step = LoadedMethod(result.path, "forward")
     head = cache - 2  # the last call: 2 tokens at the cache's last 2 positions, 2 padding rows past it
@@ -174,16 +176,19 @@ def test_last_positions_work_and_past_the_cache_is_an_error(tmp_path, tokenizer)
 
 def test_executorch_runner_crosses_call_boundaries(tmp_path, tokenizer):
     """executorch's own C++ TextLLMRunner (1.5.1 binding, MPS emulated) prefills a prompt longer than
-    get_max_seq_len in pieces and decodes through the same method: the Python runner's text."""
+    get_max_seq_len in pieces and decodes through the same method: the text it gives with the
+    token-by-token program of the same checkpoint; the Python runner agrees between the two too."""
     from mps_backend.llm.generate import Tokenizer, generate, generate_with_executorch_runner
 
     folder = save_checkpoint(tmp_path / "ckpt", "llama", tokenizer=tokenizer)
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=48, prefill_chunk=4)
     prompt = "once upon a time there was a tiny language model"
-    assert len(Tokenizer(folder).encode(prompt)) + 1 > 2 * 4  # with its BOS: more than two calls
-    pieces = generate_with_executorch_runner(result.path, folder / "tokenizer.json", prompt, 10)
-    python = "".join(generate(result.path, folder, prompt, 10, bos=True))
-    assert "".join(pieces) == python
+    assert len(Tokenizer(folder).encode(prompt)) > 2 * 4  # more than two calls of 4
+    texts = []
+    for chunk in (4, 1):
+        pte = export_llm(f"hf:{folder}", tmp_path / f"m{chunk}.pte", dtype="fp32", max_seq_len=48, prefill_chunk=chunk).path
+        runner = "".join(generate_with_executorch_runner(pte, folder / "tokenizer.json", prompt, 10))
+        texts.append((runner, "".join(generate(pte, folder, prompt, 10, bos=True))))
+    assert texts[0] == texts[1] and texts[0][0]
 
 
 def test_prefill_chunk_one_is_the_token_step(tmp_path, tokenizer):
@@ -199,3 +204,30 @@ def test_prefill_chunk_one_is_the_token_step(tmp_path, tokenizer):
     with pytest.raises(CheckpointError, match="--prefill-chunk"):
         export_llm(f"hf:{folder}", tmp_path / "x.pte", dtype="fp32", max_seq_len=24, prefill_chunk=25)
     assert not (tmp_path / "x.pte").exists()
+
+
+def test_a_symbolic_size_never_reaches_a_delegate():
+    """A node reading a symbolic size as a scalar (``x * n``, ``n`` a dynamic dimension) stays on CPU
+    with the reason, rather than being lowered with its example value frozen; the program computes
+    with every ``n`` of its range. Lowering such a node whole is an export-time error naming it."""
+    from executorch.exir import to_edge, to_edge_transform_and_lower
+    from executorch.exir.backend.backend_api import to_backend
+
+    from mps_backend import MPSPartitioner
+    from mps_backend.runtime import run_pte
+
+    class Scale(torch.nn.Module):
+        def forward(self, x, tokens):
+            return torch.relu(x) * tokens.shape[1]
+
+    x, dims = torch.randn(4), {"x": None, "tokens": {1: torch.export.Dim("n", min=1, max=8)}}
+    ep = torch.export.export(Scale(), (x, torch.zeros(1, 3, dtype=torch.long)), dynamic_shapes=dims)
+    part = MPSPartitioner(use_fp16=False, dynamic_ok=True)
+    pte = to_edge_transform_and_lower(ep, partitioner=[part]).to_executorch().buffer
+    report = part.report()
+    assert report.partitions == 1 and any("symbolic size" in n.reason for n in report.cpu_dynamic), report
+    for n in (1, 5, 8):
+        (out,) = run_pte(pte, [x, torch.zeros(1, n, dtype=torch.long)])
+        torch.testing.assert_close(out, torch.relu(x) * n)
+    with pytest.raises(Exception, match="symbolic size"):
+        to_backend("MPSBackend", to_edge(ep).exported_program(), [])
