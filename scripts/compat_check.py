@@ -17,7 +17,8 @@ tests/test_runtime_matrix.py with executorch 1.5.1):
   or ``{"method": NAME, "inputs": [...]}`` where an input ``{"output_of": K}`` is output 0 of step K,
   as executorch's ASR runner hands the encoder's output to every decoder step), the number of steps
   run through the runtime's own module (``_load_for_executorch_from_buffer``, state such as a KV cache
-  kept between steps); the outputs are saved to ``CASE.out-<version>.pt`` for the caller.
+  kept between steps); the outputs are saved to ``CASE.out-<version>.pt`` for the caller;
+- ``refused``: with ``CASE.refused.pt`` (steps run after those), each step's error, or ``ran``.
 Only torch, executorch, the standard library and (for the emulator) ``mps_backend.runtime`` are used.
 """
 
@@ -99,7 +100,19 @@ def check(pte: Path, version: str, registered: set[str]) -> dict:
             outputs.append(list(module.run_method(method, tuple(args))))
         torch.save(outputs, pte.with_name(f"{pte.stem}.out-{version}.pt"))
         result["outputs"] = len(outputs)
+        refused = pte.with_name(pte.stem + ".refused.pt")
+        if refused.exists():  # steps the program must refuse (after the steps above, on their state)
+            result["refused"] = [_refusal(module, step) for step in torch.load(refused)]
     return result
+
+
+def _refusal(module, step) -> str:
+    """The runtime's error for a step that must fail, or ``ran`` when it did not fail."""
+    try:
+        module.run_method("forward", tuple(step))
+    except Exception as e:  # noqa: BLE001 - reported, not raised
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return "ran"
 
 
 def _emulate() -> str:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
-from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs, kv_heads
+from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, check_chunk, dynamic_shapes, example_inputs, kv_heads
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_kernels import DEFAULT_TARGET
@@ -47,6 +47,13 @@ DEFAULT_MAX_SEQ_LEN = 2048
 
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 
+#: the rows one delegate call computes when the export does not say (``--prefill-chunk``): 1, the static
+#: one-token step. A chunk C > 1 cuts the prompt's calls C-fold, but its attention scores over the
+#: whole cache (C rows x the cache length, per head) are written and read by every step, decode too:
+#: at the Llama-3.2-1B shape with a 2048-row cache, C = 16 makes a float16 decode step 1.160x the
+#: memory floor (1.010x at C = 1), above the 1.03x decode bound (docs/llm.md, The chunk)
+DEFAULT_PREFILL_CHUNK = 1
+
 
 @dataclass
 class LLMExportResult:
@@ -69,6 +76,8 @@ class LLMExportResult:
     method_delegates: dict[str, int] = field(default_factory=dict)
     #: the methods' static signatures, as the summary states them
     signature: str = "decode step tokens [1, 1], input_pos [1]"
+    #: rows one delegate call computes (1: the static decode step, prompts prefilled token by token)
+    prefill_chunk: int = 1
 
     def summary(self) -> str:
         r = self.report
@@ -77,7 +86,12 @@ class LLMExportResult:
             + (f", {self.quantize} weight-only" if self.quantize else "")
             + (", int8 embedding (a scale per row)" if self.quantize_embedding else "")
             + ")",
-            f"max_seq_len      {self.max_seq_len} (static shapes: {self.signature})",
+            (
+                f"max_seq_len      {self.max_seq_len} (static shapes: {self.signature})"
+                if self.prefill_chunk == 1
+                else f"max_seq_len      {self.max_seq_len} (KV cache; forward tokens [1, n], 1 <= n <= "
+                f"{self.prefill_chunk}, input_pos [1]: the device computes {self.prefill_chunk} rows per call)"
+            ),
             f"MPS delegates    {self.delegates}"
             + (
                 " (" + ", ".join(f"{m} {n}" for m, n in self.method_delegates.items()) + ")"
@@ -142,23 +156,25 @@ def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str |
     return DEFAULT_MAX_SEQ_LEN, None
 
 
-def decoder_for(lm: LoadedLM, max_seq_len: int) -> torch.nn.Module:
-    """The static decode-step module of a loaded model."""
+def decoder_for(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> torch.nn.Module:
+    """The forward module of a loaded model: the static decode step (``chunk`` 1) or the chunked
+    prefill-and-decode step (:mod:`mps_backend.llm.decoder`)."""
     if lm.kind == "hf":
-        return HFDecoder(lm.model, max_seq_len).eval()
-    return ExecutorchLlamaDecoder(lm.model).eval()
+        return HFDecoder(lm.model, max_seq_len, chunk).eval()
+    return ExecutorchLlamaDecoder(lm.model, max_seq_len, chunk).eval()
 
 
-def program_methods(lm: LoadedLM, max_seq_len: int) -> list[tuple[str, Callable[[], tuple[torch.nn.Module, tuple]]]]:
+def program_methods(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> list[tuple[str, Callable[[], tuple]]]:
     """The program's methods in export order: (name, a function building its module and example inputs
     when called, so that a method may change the model for itself after the previous one was exported).
-    A language model: ``forward``, the static decode step; Whisper: the ASR runner's ``encoder`` and
-    ``text_decoder`` (:mod:`mps_backend.llm.whisper`)."""
+    A language model: ``forward``, the static decode step or the chunked prefill-and-decode step
+    (``chunk`` rows a call, with its dynamic shapes: the builder returns them third); Whisper: the ASR
+    runner's ``encoder`` and ``text_decoder`` (:mod:`mps_backend.llm.whisper`)."""
     if lm.model_type == "whisper":
         from mps_backend.llm.whisper import whisper_methods  # noqa: PLC0415
 
         return whisper_methods(lm.model, max_seq_len)
-    return [("forward", lambda: (decoder_for(lm, max_seq_len), example_inputs()))]
+    return [("forward", lambda: (decoder_for(lm, max_seq_len, chunk), example_inputs(chunk=chunk), dynamic_shapes(chunk)))]
 
 
 def unplanned_inputs(model_type: str) -> tuple[str, ...]:
@@ -171,19 +187,22 @@ def unplanned_inputs(model_type: str) -> tuple[str, ...]:
     return ()
 
 
-def metadata(lm: LoadedLM, max_seq_len: int) -> dict[str, Any]:
+def metadata(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> dict[str, Any]:
+    """The runner's metadata: with a chunk, ``get_max_seq_len`` is the rows one call takes (executorch's
+    runner prefills that many per call) and ``get_max_context_len`` the cache length, as executorch's
+    own llama export writes them."""
     if lm.model_type == "whisper":
         from mps_backend.llm.whisper import whisper_metadata  # noqa: PLC0415
 
         return whisper_metadata(lm, max_seq_len)
     meta: dict[str, Any] = {
-        "get_max_seq_len": max_seq_len,
+        "get_max_seq_len": chunk if chunk > 1 else max_seq_len,
         "get_max_context_len": max_seq_len,
         "get_vocab_size": lm.vocab_size,
         "get_n_layers": lm.n_layers,
         "use_kv_cache": True,
         "use_sdpa_with_kv_cache": False,
-        "enable_dynamic_shape": False,
+        "enable_dynamic_shape": chunk > 1,
     }
     if lm.bos_id is not None:
         meta["get_bos_id"] = lm.bos_id
@@ -297,6 +316,7 @@ def export_llm(
     allow_missing_kernels: bool = False,
     verify_steps: int = 0,
     quantize_embedding: bool = False,
+    prefill_chunk: int | None = None,
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` with ``params``)
     to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
@@ -361,18 +381,27 @@ def export_llm(
 
             with prog.stage("quantize embedding int8"):
                 quantize_embeddings(lm.model)
-        methods = program_methods(lm, seq_len)
-        meta = metadata(lm, seq_len)
+        try:
+            chunk = check_chunk(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, seq_len)
+        except ValueError as e:
+            raise CheckpointError(f"--prefill-chunk: {e}") from None
+        if chunk > 1 and lm.model_type == "whisper":
+            raise CheckpointError("--prefill-chunk: Whisper's text_decoder reads one token a call (the ASR runner's contract)")
+        methods = program_methods(lm, seq_len, chunk)
+        meta = metadata(lm, seq_len, chunk)
         model_type, weight_bytes = lm.model_type, lm.weight_bytes
         del lm  # the methods hold the model; nothing else may keep the weights alive past lowering
-        partitioner = MPSPartitioner(use_fp16=dtype == "fp16")
+        # a chunk's padding, positions and row slices have the prompt's length: on CPU by design
+        partitioner = MPSPartitioner(use_fp16=dtype == "fp16", dynamic_ok=chunk > 1)
         with torch.no_grad():
             eps = {}
             with prog.stage("torch.export"):
                 for name, build in methods:
-                    module, inputs = build()
+                    module, inputs, *dynamic = build()
                     try:
-                        eps[name] = drop_unused_constants(torch.export.export(module, inputs, strict=False))
+                        eps[name] = drop_unused_constants(
+                            torch.export.export(module, inputs, dynamic_shapes=dynamic[0] if dynamic else None, strict=False)
+                        )
                     except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
                         raise _refusal(model_type, e) from None
                     del module
@@ -418,6 +447,7 @@ def export_llm(
         metadata=meta,
         quantize=quantize,
         quantize_embedding=quantize_embedding,
+        prefill_chunk=chunk,
         seconds=dict(prog.seconds),
         notes=notes,
         method_delegates=method_delegates,
@@ -442,6 +472,7 @@ def export_llm(
                 target_runtime=target_runtime,
                 allow_missing_kernels=allow_missing_kernels,
                 quantize_embedding=quantize_embedding,
+                prefill_chunk=chunk,
             )
 
         try:

@@ -81,6 +81,7 @@ def cmd_export_llm(args) -> int:
             allow_missing_kernels=args.allow_missing_kernels,
             verify_steps=0 if args.no_verify else args.verify_steps,
             quantize_embedding=args.quantize_embedding,
+            prefill_chunk=args.prefill_chunk,
         )
     except (CheckpointError, FileNotFoundError, RuntimeCompatError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -159,7 +160,7 @@ def cmd_export(args) -> int:
 
     if args.model.split(":", 1)[0] in ("hf", "llama"):
         return cmd_export_llm(args)
-    for flag in ("max_seq_len", "params"):
+    for flag in ("max_seq_len", "params", "prefill_chunk"):
         if getattr(args, flag) is not None:
             raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model hf:... or llama:...)")
     if args.quantize_embedding or args.no_verify:
@@ -518,6 +519,15 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="language models: static KV-cache length (default 2048, capped by the model's positions)",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        metavar="C",
+        help="language models: prompt tokens one forward call takes, the rows the device computes per call "
+        "(default 1: the static one-token step, prompts prefilled token by token; C > 1: forward(tokens "
+        "[1, n <= C]), prompts prefilled C tokens per call, every step computing C rows: docs/llm.md)",
     )
     p.add_argument("--params", default=None, help="llama:CHECKPOINT.pth: its params.json (default: beside it)")
     p.add_argument(
