@@ -344,7 +344,7 @@ def export_llm(
     # (beside the output: the disk the .pte goes to, not a tmpfs that would count as memory)
     folder = output_target(out).parent
     folder.mkdir(parents=True, exist_ok=True)
-    guards.remove_stale_scratch(out)  # those of exports killed before they could remove theirs
+    guards.remove_stale_scratch(folder / out.name)  # those of exports killed before they could remove theirs
     with (
         tempfile.TemporaryDirectory(prefix=guards.scratch_prefix(out), dir=folder) as scratch,
         contextlib.ExitStack() as cleanup,
