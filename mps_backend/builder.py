@@ -166,9 +166,11 @@ class ConstantTable(MutableMapping):
 
 
 class GraphBuilder:
-    def __init__(self, precision: Precision | bool):
-        #: the precision policy (a bool is the old ``use_fp16``: True is Precision.FP16)
-        self.precision = Precision.of(precision)
+    def __init__(self, precision: Precision | bool | None = None, *, use_fp16: bool | None = None):
+        #: the precision policy (``use_fp16``, the old boolean: True is Precision.FP16)
+        if (precision is None) == (use_fp16 is None):
+            raise TypeError("GraphBuilder takes a precision (or the old use_fp16 boolean), exactly one")
+        self.precision = Precision.of(precision if precision is not None else use_fp16)
         self.graph = Graph()
         self.constants = ConstantTable()  # vid -> data (read with b.constants.get(vid))
         self.ids: dict[FxNode, Any] = {}  # fx node -> value id, or tuple of ids for multi-output nodes

@@ -46,7 +46,7 @@ class Precision:
     #: float16 values a float32 computation reads are computed in float32 (the residual stream)
     float32_residual: bool = True
     #: a float16 matmul read in float32 computes ``(x * 2**-k) @ W`` then ``* 2**k`` in float32; 0: off
-    rescale_exponent: int = 2
+    rescale_exponent: int = 5
 
     FP32: ClassVar[Precision]
     FP16: ClassVar[Precision]

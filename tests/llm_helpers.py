@@ -192,7 +192,7 @@ _MLP_IN = (
     "dense_h_to_4h.weight",
 )
 _MLP_OUT = ("down_proj.weight", "down_proj", "fc2.weight", "mlp.c_proj.weight", "dense_4h_to_h.weight")
-_POST_MLP_NORM = ("post_feedforward_layernorm.weight",)
+_POST_MLP_NORM = ("post_feedforward_layernorm.weight", "post_mlp_layernorm.weight")
 
 
 def _decoder_layers(model) -> torch.nn.ModuleList:
@@ -211,9 +211,24 @@ def _set_hidden(p: torch.Tensor, axis: int, index: int, value: float) -> None:
     p.select(p.dim() + axis, index).fill_(value)
 
 
+def layer_outputs(model, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each decoder layer's output (the residual stream after it, before any final norm) and the logits."""
+    outs: list[torch.Tensor] = []
+    hooks = [
+        layer.register_forward_hook(lambda m, i, o: outs.append((o[0] if isinstance(o, tuple) else o).detach()))
+        for layer in _decoder_layers(model)
+    ]
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits
+    finally:
+        for h in hooks:
+            h.remove()
+    return outs, logits
+
+
 def _layer0_output(model, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[1][0, 0]
+    return layer_outputs(model, ids)[0][0][0, 0]
 
 
 def _attention_sink(layer, hidden: int, heads: int, kv_heads: int, head_dim: int, key_channel: int, strength: float) -> bool:
@@ -330,12 +345,11 @@ def planted_figures(folder: pathlib.Path, pte: pathlib.Path, tokens=PLANTED_TOKE
     dev = torch.stack([step([torch.tensor([[t]]), torch.tensor([pos])])[0].reshape(-1).float() for pos, t in enumerate(tokens)])
     figures, ref = {}, None
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        with torch.no_grad():
-            out = eager_model(folder, dtype)(input_ids=torch.tensor([tokens]), output_hidden_states=True)
-        logits = out.logits[0].float()
+        hidden, logits = layer_outputs(eager_model(folder, dtype), tokens)
+        logits = logits[0].float()
         if ref is None:
             ref = logits
-            figures["peak"] = max(float(h.abs().max()) for h in out.hidden_states)
+            figures["peak"] = max(float(h.abs().max()) for h in hidden)
         else:
             figures[str(dtype).removeprefix("torch.")] = closeness(logits, ref)
     figures["pte"] = closeness(dev, ref)

@@ -21,12 +21,14 @@ In float16 mode (``Precision.FP16``), in this order:
 3. **Constants and inputs**: a float32 constant or user input whose every reader computes in float32
    stays float32 (a norm's weight, ``eps``); any other float32 one is stored (or boundary-cast) float16;
    float16 ones stay float16.
-4. **Casts**: where a node reads a float value of another device dtype than the one it computes in, a
+4. **Casts** (after step 5's scaling): where a node reads a float value of another device dtype than the one it computes in, a
    cast node (``aten._to_copy``, its device dtype the reader's) is inserted, one per value and dtype.
-5. **Rescaled matmuls** (``rescale_exponent = k > 0``): a float16 ``mm``/``bmm``/``addmm``/``linear``
-   whose result is only read through a float16 -> float32 cast (through views) reads its activation
-   (and bias) times ``2**-k``, and the float32 cast's result is multiplied by ``2**k``: exact in
-   float16's normal range, and results up to ``65504 * 2**k`` no longer overflow.
+5. **Rescaled matmuls** (``rescale_exponent = k > 0``, before the casts): a float16
+   ``mm``/``bmm``/``addmm``/``linear`` whose result is only read in float32 (through views) reads its
+   activation (and bias) times ``2**-k``, the activation's elementwise producers computed in float32
+   first (``silu(gate) * up`` is scaled before it is rounded to float16); after the casts, the float32
+   cast of its result is multiplied by ``2**k``. Exact (powers of two) in float16's normal range;
+   activations and results up to ``65504 * 2**k`` no longer overflow.
 
 In float32 mode nothing is recorded: every value keeps its traced dtype. ``Precision.FP16_UNIFORM``
 records nothing either: every float32 value defaults to float16.
@@ -244,7 +246,9 @@ class _Assignment:
 
     # ---- 2. residual, backward ------------------------------------------------------------------
     def widen(self) -> None:
-        work = [n for n, d in self.dtype.items() if d == _f32 and n.op == "call_function"]
+        self._widen([n for n, d in self.dtype.items() if d == _f32 and n.op == "call_function"])
+
+    def _widen(self, work: list[Node]) -> None:
         while work:
             node = work.pop()
             for a in self._reads(node):
@@ -312,54 +316,83 @@ class _Assignment:
         return next(n for n in self.graph.nodes if n.op == "call_function")
 
     # ---- 5. rescaled matmuls --------------------------------------------------------------------
-    def rescale(self) -> None:
+    def _read_in_float32(self, mm: Node) -> bool:
+        """Every reader of ``mm``'s result (through float16 views) computes in float32."""
+        work = list(mm.users)
+        while work:
+            user = work.pop()
+            if user.op != "call_function":
+                return False
+            if self.dtype.get(user) == _f32:
+                continue
+            if target_of(user) in _VIEWS and self.dtype.get(user) == _f16:
+                work.extend(user.users)
+                continue
+            return False
+        return bool(mm.users)
+
+    def prescale(self) -> None:
+        """Before the casts: each float16 matmul read only in float32 reads its activation (and bias)
+        times ``2**-k``; the activation's elementwise producers are computed in float32 first (so a
+        large product such as ``silu(gate) * up`` is scaled before it is rounded to float16)."""
         k = self.p.rescale_exponent
+        self.rescaled: list[Node] = []
         if not k:
             return
-        for cast in list(self.graph.nodes):
-            if cast.op != "call_function" or target_of(cast) not in CASTS or self.dtype.get(cast) != _f32:
+        for mm in list(self.graph.nodes):
+            if mm.op != "call_function" or target_of(mm) not in MATMULS or self.dtype.get(mm) != _f16:
                 continue
-            src = cast.args[0]
-            while isinstance(src, Node) and src.op == "call_function" and target_of(src) in _VIEWS and len(src.users) == 1:
-                src = src.args[0]
-            if not (
-                isinstance(src, Node)
-                and src.op == "call_function"
-                and target_of(src) in MATMULS
-                and self.dtype.get(src) == _f16
-                and len(src.users) == 1
-            ):
+            if not self._read_in_float32(mm):
                 continue
-            self._rescale(src, cast, k)
+            target = target_of(mm)
+            if target is aten.addmm.default:  # addmm(bias, m1, m2): the bias and the activation
+                scaled = [0, self._activation(mm.args[1], mm.args[2], 1)]
+            elif target is aten.linear.default:  # linear(x, w, bias?)
+                scaled = [0] + ([2] if len(mm.args) > 2 and isinstance(mm.args[2], Node) else [])
+            else:
+                scaled = [self._activation(mm.args[0], mm.args[1], 0)]
+            args = list(mm.args)
+            if not all(isinstance(args[i], Node) for i in scaled):
+                continue
+            for i in scaled:
+                a = args[i]
+                if self.p.float32_residual and not self._from_constant(a):
+                    self._widen_from(a)
+                with self.graph.inserting_before(mm):
+                    s = self.graph.call_function(edge_op(mm, aten.mul.Scalar), (a, 2.0**-k))
+                s.meta = {"val": a.meta["val"]}
+                self.dtype[s] = self.dtype.get(a, self.p.default_dtype(a.meta["val"].dtype))
+                args[i] = s
+            mm.args = tuple(args)
+            self.rescaled.append(mm)
 
-    def _rescale(self, mm: Node, cast: Node, k: int) -> None:
-        target = target_of(mm)
-        if target is aten.addmm.default:  # addmm(bias, m1, m2): the bias and the activation
-            scaled = [0, self._activation(mm.args[1], mm.args[2], 1)]
-        elif target is aten.linear.default:  # linear(x, w, bias?)
-            scaled = [0] + ([2] if len(mm.args) > 2 and isinstance(mm.args[2], Node) else [])
-        else:
-            scaled = [self._activation(mm.args[0], mm.args[1], 0)]
-        args = list(mm.args)
-        if not all(isinstance(args[i], Node) for i in scaled):
-            return
-        for i in scaled:
-            a = args[i]
-            with self.graph.inserting_before(mm):
-                s = self.graph.call_function(edge_op(mm, aten.mul.Scalar), (a, 2.0**-k))
-            s.meta = {"val": a.meta["val"], DEVICE_DTYPE: self.dtype.get(a, _f16)}
-            self.dtype[s] = s.meta[DEVICE_DTYPE]
-            args[i] = s
-        mm.args = tuple(args)
-        with self.graph.inserting_after(cast):
-            u = self.graph.call_function(edge_op(mm, aten.mul.Scalar), (cast, 2.0**k))
-        # the matmul's debug handle goes to the product that holds its (unscaled) result
-        u.meta = {"val": cast.meta["val"], DEVICE_DTYPE: _f32}
-        if "debug_handle" in mm.meta:
-            u.meta["debug_handle"] = mm.meta["debug_handle"]
-        self.dtype[u] = _f32
-        cast.replace_all_uses_with(u, delete_user_cb=lambda user: user is not u)
-        self.counts["rescaled matmuls"] += 1
+    def _widen_from(self, a: Node) -> None:
+        if self.dtype.get(a) == _f16 and a.op == "call_function" and target_of(a) in WIDENABLE:
+            self.dtype[a] = _f32
+            self.counts["widened"] += 1
+            self._widen([a])
+
+    def rescale(self) -> None:
+        """After the casts: the float32 cast of each rescaled matmul's result is multiplied by ``2**k``."""
+        k = self.p.rescale_exponent
+        for mm in getattr(self, "rescaled", []):
+            casts, work = [], list(mm.users)
+            while work:
+                user = work.pop()
+                if target_of(user) in CASTS and self.dtype.get(user) == _f32:
+                    casts.append(user)
+                elif target_of(user) in _VIEWS and self.dtype.get(user) == _f16:
+                    work.extend(user.users)
+            for cast in casts:
+                with self.graph.inserting_after(cast):
+                    u = self.graph.call_function(edge_op(mm, aten.mul.Scalar), (cast, 2.0**k))
+                # the matmul's debug handle goes to the product that holds its (unscaled) result
+                u.meta = {"val": cast.meta["val"]}
+                if "debug_handle" in mm.meta:
+                    u.meta["debug_handle"] = mm.meta["debug_handle"]
+                self.dtype[u] = _f32
+                cast.replace_all_uses_with(u, delete_user_cb=lambda user, u=u: user is not u)
+            self.counts["rescaled matmuls"] += 1
 
     def _activation(self, a: Any, b: Any, first: int) -> int:
         """Index (``first`` or ``first + 1``) of the operand to scale: one not computed from constants
@@ -401,6 +434,7 @@ def assign_device_dtypes(ep: ExportedProgram, precision: Precision) -> dict[str,
     a.forward()
     if precision.float32_residual:
         a.widen()
+    a.prescale()
     a.constants_and_inputs()
     a.insert_casts()
     a.rescale()
