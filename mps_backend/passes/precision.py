@@ -25,9 +25,10 @@ In float16 mode (``Precision.FP16``), in this order:
    cast node (``aten._to_copy``, its device dtype the reader's) is inserted, one per value and dtype.
 5. **Rescaled matmuls** (``rescale_exponent = k > 0``, before the casts): a float16
    ``mm``/``bmm``/``addmm``/``linear`` whose result is only read in float32 (through views) reads its
-   activation (and bias) times ``2**-k``, the activation's elementwise producers computed in float32
-   first (``silu(gate) * up`` is scaled before it is rounded to float16); after the casts, the float32
-   cast of its result is multiplied by ``2**k``. Exact (powers of two) in float16's normal range;
+   activation (and bias) times ``2**-k`` (both operands when neither is a weight: attention's
+   ``q @ k^T``), the activation's elementwise producers computed in float32 first (``silu(gate) * up``
+   is scaled before it is rounded to float16); after the casts, the float32 cast of its result is
+   multiplied back (``2**k``, ``2**2k``). Exact (powers of two) in float16's normal range;
    activations and results up to ``65504 * 2**k`` no longer overflow.
 
 In float32 mode nothing is recorded: every value keeps its traced dtype. ``Precision.FP16_UNIFORM``
@@ -336,7 +337,7 @@ class _Assignment:
         times ``2**-k``; the activation's elementwise producers are computed in float32 first (so a
         large product such as ``silu(gate) * up`` is scaled before it is rounded to float16)."""
         k = self.p.rescale_exponent
-        self.rescaled: list[Node] = []
+        self.rescaled: list[tuple[Node, int]] = []
         if not k:
             return
         for mm in list(self.graph.nodes):
@@ -349,8 +350,10 @@ class _Assignment:
                 scaled = [0, self._activation(mm.args[1], mm.args[2], 1)]
             elif target is aten.linear.default:  # linear(x, w, bias?)
                 scaled = [0] + ([2] if len(mm.args) > 2 and isinstance(mm.args[2], Node) else [])
-            else:
+            elif self._from_constant(mm.args[0]) or self._from_constant(mm.args[1]):
                 scaled = [self._activation(mm.args[0], mm.args[1], 0)]
+            else:  # two activations (attention's q @ k^T): both scaled, the result by 2**-2k
+                scaled = [0, 1]
             args = list(mm.args)
             if not all(isinstance(args[i], Node) for i in scaled):
                 continue
@@ -364,7 +367,8 @@ class _Assignment:
                 self.dtype[s] = self.dtype.get(a, self.p.default_dtype(a.meta["val"].dtype))
                 args[i] = s
             mm.args = tuple(args)
-            self.rescaled.append(mm)
+            # the result carries 2**-k per scaled factor of the product (a bias is a summand)
+            self.rescaled.append((mm, k * (2 if scaled == [0, 1] else 1)))
 
     def _widen_from(self, a: Node) -> None:
         if self.dtype.get(a) == _f16 and a.op == "call_function" and target_of(a) in WIDENABLE:
@@ -374,8 +378,7 @@ class _Assignment:
 
     def rescale(self) -> None:
         """After the casts: the float32 cast of each rescaled matmul's result is multiplied by ``2**k``."""
-        k = self.p.rescale_exponent
-        for mm in getattr(self, "rescaled", []):
+        for mm, k in getattr(self, "rescaled", []):
             casts, work = [], list(mm.users)
             while work:
                 user = work.pop()
