@@ -66,9 +66,8 @@ def test_export_model_fp16_on_high_norm_tokens(norm_first):
     result = export_model(model, [x])
     assert result.report.on_cpu == [], str(result.report)
     gap = _gap(run_pte(result.pte, [x])[0], ref)
-    print(
-        f"\n{'pre' if norm_first else 'post'}-norm encoder, high-norm tokens: .pte fp16 gap {gap:.3g}, eager bf16 {yard[torch.bfloat16]:.3g}, eager fp16 {yard[torch.float16]:.3g}"
-    )
+    kind, bf16, fp16 = "pre" if norm_first else "post", yard[torch.bfloat16], yard[torch.float16]
+    print(f"\n{kind}-norm encoder, high-norm tokens: .pte fp16 gap {gap:.3g}, eager bf16 {bf16:.3g}, eager fp16 {fp16:.3g}")
     assert gap <= yard[torch.bfloat16], f".pte gap {gap:.3g} > eager bfloat16's {yard[torch.bfloat16]:.3g}"
     import unittest.mock
 
