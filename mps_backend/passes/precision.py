@@ -25,8 +25,8 @@ In float16 mode (``Precision.FP16``), in this order:
    cast node (``aten._to_copy``, its device dtype the reader's) is inserted, one per value and dtype.
 5. **Rescaled matmuls** (``rescale_exponent = k > 0``, before the casts): a float16
    ``mm``/``bmm``/``addmm``/``linear`` whose result is only read in float32 (through views) reads its
-   activation (and bias) times ``2**-k`` (both operands when neither is a weight: attention's
-   ``q @ k^T``), the activation's elementwise producers computed in float32 first (``silu(gate) * up``
+   activation (and bias) times ``2**-k`` (both operands when both are computed, neither a weight nor a
+   state buffer such as a KV cache: attention's ``q @ k^T`` in an encoder), the activation's elementwise producers computed in float32 first (``silu(gate) * up``
    is scaled before it is rounded to float16); after the casts, the float32 cast of its result is
    multiplied back (``2**k``, ``2**2k``). Exact (powers of two) in float16's normal range;
    activations and results up to ``65504 * 2**k`` no longer overflow.
@@ -126,6 +126,8 @@ _VIEWS = frozenset(
         aten.alias_copy.default,
     }
 )
+#: ops that take part of their first argument or repeat it (a KV cache read through them stays a cache)
+_TAKES = frozenset({aten.expand_copy.default, aten.slice_copy.Tensor, aten.select_copy.int, aten.clone.default})
 #: ops whose first tensor argument gives only a shape (its data is never read: no cast for it)
 _SHAPE_ONLY_FIRST = frozenset(
     {aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.copy.default}
@@ -350,10 +352,9 @@ class _Assignment:
                 scaled = [0, self._activation(mm.args[1], mm.args[2], 1)]
             elif target is aten.linear.default:  # linear(x, w, bias?)
                 scaled = [0] + ([2] if len(mm.args) > 2 and isinstance(mm.args[2], Node) else [])
-            elif self._from_constant(mm.args[0]) or self._from_constant(mm.args[1]):
-                scaled = [self._activation(mm.args[0], mm.args[1], 0)]
-            else:  # two activations (attention's q @ k^T): both scaled, the result by 2**-2k
-                scaled = [0, 1]
+            else:  # scale the computed operands: never a weight or a state buffer (a KV cache) read whole
+                computed = [i for i in (0, 1) if not self._from_constant(mm.args[i]) and not self._stored(mm.args[i])]
+                scaled = computed if len(computed) == 2 else [self._activation(mm.args[0], mm.args[1], 0)]
             args = list(mm.args)
             if not all(isinstance(args[i], Node) for i in scaled):
                 continue
@@ -405,6 +406,12 @@ class _Assignment:
             return first + 1 if const_a else first
         na, nb = _numel(a) or 0, _numel(b) or 0
         return first + 1 if nb < na else first
+
+    def _stored(self, a: Any) -> bool:
+        """``a`` is a placeholder (a state buffer, an input) seen through views and slices."""
+        while isinstance(a, Node) and a.op == "call_function" and target_of(a) in _VIEWS | _TAKES:
+            a = a.args[0]
+        return isinstance(a, Node) and a.op == "placeholder"
 
     def _from_constant(self, a: Any) -> bool:
         seen = 0
