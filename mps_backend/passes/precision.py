@@ -21,15 +21,17 @@ In float16 mode (``Precision.FP16``), in this order:
 3. **Constants and inputs**: a float32 constant or user input whose every reader computes in float32
    stays float32 (a norm's weight, ``eps``); any other float32 one is stored (or boundary-cast) float16;
    float16 ones stay float16.
-4. **Casts** (after step 5's scaling): where a node reads a float value of another device dtype than the one it computes in, a
-   cast node (``aten._to_copy``, its device dtype the reader's) is inserted, one per value and dtype.
+4. **Casts** (after step 5's scaling): where a node reads a float value of another device dtype than
+   the one it computes in, a cast node (``aten._to_copy``, its device dtype the reader's) is inserted,
+   one per value and dtype.
 5. **Rescaled matmuls** (``rescale_exponent = k > 0``, before the casts): a float16
    ``mm``/``bmm``/``addmm``/``linear`` whose result is only read in float32 (through views) reads its
-   activation (and bias) times ``2**-k`` (both operands when both are computed, neither a weight nor a
-   state buffer such as a KV cache: attention's ``q @ k^T`` in an encoder), the activation's elementwise producers computed in float32 first (``silu(gate) * up``
-   is scaled before it is rounded to float16); after the casts, the float32 cast of its result is
-   multiplied back (``2**k``, ``2**2k``). Exact (powers of two) in float16's normal range;
-   activations and results up to ``65504 * 2**k`` no longer overflow.
+   activation (and bias) times ``2**-k`` (both operands when both are computed, neither a weight nor
+   a state buffer such as a KV cache: attention's ``q @ k^T`` in an encoder), the activation's
+   elementwise producers computed in float32 first (``silu(gate) * up`` is scaled before it is
+   rounded to float16); after the casts, the float32 cast of its result is multiplied back
+   (``2**k``, ``2**2k``). Exact (powers of two) in float16's normal range; activations and results
+   up to ``65504 * 2**k`` no longer overflow.
 
 In float32 mode nothing is recorded: every value keeps its traced dtype. ``Precision.FP16_UNIFORM``
 records nothing either: every float32 value defaults to float16.
