@@ -29,7 +29,9 @@ from __future__ import annotations
 import torch
 
 from mps_backend.llm.attention import (
+    LatentAttention,
     group_llama_attention,
+    latent_attention_layers,
     tabulate_rope,
     use_grouped_attention,
     with_new_rows,
@@ -56,6 +58,17 @@ def kv_heads(config) -> int:
     return int((declared and getattr(config, "num_key_value_heads", None)) or config.num_attention_heads)
 
 
+def cache_layout(model: torch.nn.Module, config) -> tuple[int, int, int]:
+    """(KV heads, K columns, V columns) of a layer's cache rows: for multi-head latent attention one
+    head of ``kv_lora_rank + qk_rope_head_dim`` K and ``kv_lora_rank`` V columns (the compressed KV,
+    :class:`mps_backend.llm.attention.LatentAttention`), else :func:`kv_heads` of ``head_dim``."""
+    rank, rope = getattr(config, "kv_lora_rank", None), getattr(config, "qk_rope_head_dim", None)
+    if rank and rope and any(hasattr(m, "kv_b_proj") for m in model.modules()):
+        return 1, int(rank) + int(rope), int(rank)
+    d = _head_dim(config)
+    return kv_heads(config), d, d
+
+
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype, rows: int = 1) -> torch.Tensor:
     """0 where visible, -inf elsewhere, shaped ``[1, 1, rows, S]`` (added to the attention scores)."""
     zero = torch.zeros((), dtype=dtype)
@@ -70,13 +83,21 @@ def check_chunk(chunk: int, max_seq_len: int) -> int:
 
 
 def register_kv_caches(
-    module: torch.nn.Module, n_layers: int, kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype, *, grouped: bool
+    module: torch.nn.Module,
+    n_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    max_seq_len: int,
+    dtype: torch.dtype,
+    *,
+    grouped: bool,
+    v_head_dim: int | None = None,
 ) -> None:
     """Give ``module`` its KV-cache buffers ``k_cache_{i}`` / ``v_cache_{i}`` (what :class:`StaticCache`
-    reads and writes): V ``[1, kv_heads, max_seq_len, head_dim]``, K the same or, ``grouped``,
-    transposed ``[1, kv_heads, head_dim, max_seq_len]``."""
-    shape = (1, kv_heads, max_seq_len, head_dim)
-    k_shape = (1, kv_heads, head_dim, max_seq_len) if grouped else shape
+    reads and writes): V ``[1, kv_heads, max_seq_len, v_head_dim]`` (default ``head_dim``), K
+    ``[1, kv_heads, max_seq_len, head_dim]`` or, ``grouped``, transposed ``[1, kv_heads, head_dim, max_seq_len]``."""
+    shape = (1, kv_heads, max_seq_len, v_head_dim or head_dim)
+    k_shape = (1, kv_heads, head_dim, max_seq_len) if grouped else (1, kv_heads, max_seq_len, head_dim)
     for i in range(n_layers):
         # zero pages the kernel supplies when written: no memory until a step writes rows
         module.register_buffer(f"k_cache_{i}", untouched_zeros(k_shape, dtype), persistent=False)
@@ -98,6 +119,8 @@ class StaticCache:
         self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if layer_idx in getattr(self.owner, "latent", ()):  # latent attention: (c, k_rot) -> K rows [c, k_rot], V rows c
+            key, value = LatentAttention.cache_rows(key, value)
         k_cache = getattr(self.owner, f"k_cache_{layer_idx}")
         v_cache = getattr(self.owner, f"v_cache_{layer_idx}")
         if self.owner.grouped:  # K stored transposed, [1, KV, d, S]: the new keys are columns
@@ -150,13 +173,15 @@ class HFDecoder(torch.nn.Module):
                 raise ValueError(f"{type(model).__name__}: no output embeddings (lm_head) to read one row of a chunk")
             head.register_forward_pre_hook(self._last_row)
         self.n_layers = int(config.num_hidden_layers)
-        kv = kv_heads(config)
         dtype = next(model.parameters()).dtype
         # grouped attention (no repeat_kv, K cache transposed) where the modeling code dispatches
         # through transformers' AttentionInterface; RoPE from float32 tables (mps_backend.llm.attention)
         self.grouped = use_grouped_attention(model)
         self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype)
-        register_kv_caches(self, self.n_layers, kv, _head_dim(config), self.max_seq_len, dtype, grouped=self.grouped)
+        # multi-head latent attention: the compressed latent and rotary key cached, attention absorbed
+        self.latent = latent_attention_layers(model) if self.grouped else {}
+        kv, head_dim, v_dim = cache_layout(model, config)
+        register_kv_caches(self, self.n_layers, kv, head_dim, self.max_seq_len, dtype, grouped=self.grouped, v_head_dim=v_dim)
         self.mask_dtype = dtype
         window = getattr(config, "sliding_window", None)
         layer_types = getattr(config, "layer_types", None)

@@ -23,7 +23,15 @@ from typing import Any, Callable
 import torch
 
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
-from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, check_chunk, dynamic_shapes, example_inputs, kv_heads
+from mps_backend.llm.decoder import (
+    ExecutorchLlamaDecoder,
+    HFDecoder,
+    cache_layout,
+    check_chunk,
+    dynamic_shapes,
+    example_inputs,
+)
+from mps_backend.llm.routers import sort_unsorted_topk
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_kernels import DEFAULT_TARGET
@@ -365,10 +373,8 @@ def export_llm(
         notes = list(lm.notes)
         seq_len, note = resolve_max_seq_len(lm, max_seq_len)
         if lm.kind == "hf":
-            cfg = lm.model.config
-            heads = cfg.num_attention_heads
-            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-            check_kv_cache_size(lm.n_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
+            kv, k_cols, v_cols = cache_layout(lm.model, lm.model.config)
+            check_kv_cache_size(lm.n_layers, kv, (k_cols + v_cols) / 2, seq_len, lm.dtype)
         if note:
             notes.append(note)
         if quantize:
@@ -397,11 +403,12 @@ def export_llm(
             eps = {}
             with prog.stage("torch.export"):
                 for name, build in methods:
-                    module, inputs, *dynamic = build()
                     try:
+                        module, inputs, *dynamic = build()
                         eps[name] = drop_unused_constants(
                             torch.export.export(module, inputs, dynamic_shapes=dynamic[0] if dynamic else None, strict=False)
                         )
+                        sort_unsorted_topk(eps[name])  # MoE routers: order-free top-k, on the device
                     except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
                         raise _refusal(model_type, e) from None
                     del module
