@@ -21,6 +21,25 @@ STEPS = 32
 MAX_SEQ_LEN = 48
 MOE = {"num_local_experts": 4, "num_experts_per_tok": 2}
 QWEN_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+#: DeepSeek-style routing: 8 routed experts (top 2) and a shared one, sigmoid scores with bias correction
+DEEPSEEK_MOE = {
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 0,
+}
+#: multi-head latent attention: a 16-column latent and 8 rotary columns cached per token (4 heads of 16 + 8 / 16)
+MLA = {
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "num_key_value_heads": 4,
+}
+#: greedy steps of the self-check every export here runs (a failed check leaves no .pte at the output path)
+VERIFY_STEPS = 4
 
 #: test id -> (transformers model_type, config overrides, layers, None to export or what the one-line
 #: refusal must say)
@@ -60,6 +79,25 @@ TABLE = {
     "codegen": ("codegen", {}, 1, "modeling_codegen.apply_rotary_pos_emb"),
     "bloom": ("bloom", {}, 1, "modeling_bloom.build_alibi_tensor"),  # ALiBi
     "opt": ("opt", {"ffn_dim": 128, "word_embed_proj_dim": 64}, 1, None),
+    # issue #39: multi-head latent attention (the compressed KV cached) and MoE routers on the device
+    "deepseek_v3": ("deepseek_v3", MLA | DEEPSEEK_MOE | {"n_group": 2, "topk_group": 1}, 1, None),  # grouped sigmoid routing
+    "glm4_moe": ("glm4_moe", DEEPSEEK_MOE | {"head_dim": 16, "n_group": 2, "topk_group": 1}, 1, None),
+    "glm4_moe_lite": ("glm4_moe_lite", MLA | DEEPSEEK_MOE | {"mlp_layer_types": ["sparse"]}, 1, None),
+    "minicpm3": ("minicpm3", MLA, 1, None),
+    "mpt": ("mpt", {"d_model": 64, "n_heads": 4}, 1, None),  # sizes under the config's own names
+    "jetmoe": (
+        "jetmoe",
+        MOE | {"kv_channels": 16, "num_key_value_heads": 4},
+        1,
+        "modeling_jetmoe.forward: a tensor size computed",
+    ),
+    "deepseek_v2": ("deepseek_v2", MLA | DEEPSEEK_MOE, 1, "DeepseekV2RotaryEmbedding computes RoPE as complex numbers"),
+    "llama4_text": (
+        "llama4_text",
+        MOE | {"num_experts_per_tok": 1, "intermediate_size_mlp": 128, "head_dim": 16},
+        1,
+        "Llama4TextRotaryEmbedding computes RoPE as complex numbers",
+    ),
 }
 
 
@@ -70,11 +108,12 @@ def test_model_type_exports_or_is_refused(tmp_path, tokenizer, case):
     out = tmp_path / "m.pte"
     if refusal is not None:
         with pytest.raises(CheckpointError) as e:
-            export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+            export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN, verify_steps=VERIFY_STEPS)
         message = str(e.value)
         assert "\n" not in message and model_type in message and refusal in message, message
         assert not out.exists() and not list(tmp_path.glob(".m.pte.*"))
         return
-    result = export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+    result = export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN, verify_steps=VERIFY_STEPS)
+    assert result.verification.ok and result.path == out, result.summary()
     assert result.delegates == 1 and result.report.partitions == 1 and not result.report.cpu_except_cache_writes, result.summary()
     assert generate_ids(result.path, PROMPT, STEPS) == eager_greedy(folder, PROMPT, STEPS)

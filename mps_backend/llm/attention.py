@@ -208,6 +208,12 @@ class NotCosSin(ValueError):
 
 def cos_sin(out, rotary: torch.nn.Module, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``out`` of a rotary embedding as its ``(cos, sin)`` rows, or :class:`NotCosSin`."""
+    if isinstance(out, torch.Tensor) and out.is_complex():
+        raise ValueError(
+            f"{type(rotary).__name__} computes RoPE as complex numbers (freqs_cis, applied with "
+            "view_as_complex): the device has no complex dtype and torch.polar is not core ATen; missing: RoPE "
+            "in real arithmetic for this model type"
+        )
     if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(isinstance(t, torch.Tensor) for t in out):
         raise NotCosSin(f"{type(rotary).__name__} returns {type(out).__name__}, not (cos, sin)")
     cos, sin = out
@@ -223,6 +229,11 @@ class RopeTable(torch.nn.Module):
     def __init__(self, rotary: torch.nn.Module, max_seq_len: int, dtype: torch.dtype, layer_types=()):
         super().__init__()
         params = inspect.signature(rotary.forward).parameters
+        # what modeling code reads off its rotary module besides calling it (GraniteMoE SWA keys its
+        # rotary embeddings by config.rope_parameters["rope_theta"])
+        for attr in ("config", "rope_type", "attention_scaling"):
+            if hasattr(rotary, attr):
+                setattr(self, attr, getattr(rotary, attr))
         self.keys = tuple(sorted(set(layer_types))) if "layer_type" in params and layer_types else (None,)
         x = torch.zeros(1, dtype=torch.float32)
         pos = torch.arange(max_seq_len, dtype=torch.long).view(1, -1)

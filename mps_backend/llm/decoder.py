@@ -195,6 +195,17 @@ class HFDecoder(torch.nn.Module):
             self.window = int(window) if window else None
         if self.mask_kinds and "sliding_attention" in self.mask_kinds and not self.window:
             raise ValueError(f"{type(model).__name__}: sliding_attention layers but no sliding_window in the config")
+        self.attention_chunk = None
+        if self.mask_kinds and "chunked_attention" in self.mask_kinds:
+            size = getattr(config, "attention_chunk_size", None)
+            if not size:
+                raise ValueError(f"{type(model).__name__}: chunked_attention layers but no attention_chunk_size in the config")
+            # Llama 4's chunked layers: position p sees k <= p of its own chunk of `size` positions
+            # (k >= the chunk's first position): a table of each position's chunk start, gathered by
+            # position (no integer division on the device)
+            self.attention_chunk = int(size)
+            starts = torch.arange(self.max_seq_len, dtype=torch.long) // self.attention_chunk * self.attention_chunk
+            self.register_buffer("chunk_starts", starts, persistent=False)
 
     def _masks(self, input_pos: torch.Tensor):
         k = torch.arange(self.max_seq_len, dtype=input_pos.dtype)
@@ -203,16 +214,20 @@ class HFDecoder(torch.nn.Module):
         full = additive_mask(visible, self.mask_dtype)
         if self.window is not None:
             sliding = additive_mask(visible & (k > input_pos - self.window), self.mask_dtype)
-        return self._by_kind(full, sliding if self.window is not None else None)
+        chunked = None
+        if self.attention_chunk is not None:
+            chunked = additive_mask(visible & (k >= torch.index_select(self.chunk_starts, 0, input_pos)), self.mask_dtype)
+        return self._by_kind(full, sliding if self.window is not None else None, chunked)
 
-    def _by_kind(self, full: torch.Tensor, sliding: torch.Tensor | None):
+    def _by_kind(self, full: torch.Tensor, sliding: torch.Tensor | None, chunked: torch.Tensor | None = None):
         """The mask(s) the model takes: one (sliding where the config sets a window) or one per layer type."""
         if self.mask_kinds is None:
             return sliding if sliding is not None else full
+        masks = {"full_attention": full, "sliding_attention": sliding, "chunked_attention": chunked}
         for kind in self.mask_kinds:
-            if kind not in ("full_attention", "sliding_attention"):
+            if masks.get(kind) is None:
                 raise ValueError(f"layer type {kind!r} is not supported by the static decode step")
-        return {kind: full if kind == "full_attention" else sliding for kind in self.mask_kinds}
+        return {kind: masks[kind] for kind in self.mask_kinds}
 
     def _last_row(self, module: torch.nn.Module, args: tuple):
         """lm_head's forward pre-hook: in a chunk, only the last prompt row's logits are computed."""
@@ -235,7 +250,13 @@ class HFDecoder(torch.nn.Module):
         if self.window is not None:
             old_w = old & (input_pos + i - k < self.window)
             sliding = additive_mask(torch.cat([old_w, new & (i - j < self.window)], dim=1), self.mask_dtype, c)
-        return self._by_kind(full, sliding)
+        chunked = None
+        if self.attention_chunk is not None:  # row i's chunk starts at starts[i] (positions clamped to the cache)
+            rows = (input_pos + torch.arange(c, dtype=input_pos.dtype)).clamp(max=s - 1)
+            starts = torch.index_select(self.chunk_starts, 0, rows).view(c, 1)
+            in_chunk = torch.cat([old & (k >= starts), new & (input_pos + j >= starts)], dim=1)
+            chunked = additive_mask(in_chunk, self.mask_dtype, c)
+        return self._by_kind(full, sliding, chunked)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """A decode step (``chunk`` 1: ``tokens [1, 1]``), or ``tokens [1, n]``, ``1 <= n <= C``: the CPU

@@ -15,6 +15,7 @@ import contextlib
 import glob
 import os
 import pathlib
+import re
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from mps_backend.errors import MPSBackendError
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
 from mps_backend.llm.decoder import (
     ExecutorchLlamaDecoder,
@@ -415,12 +417,17 @@ def export_llm(
             del methods
             _check_checkpoint_unchanged(weights, "before its weights were copied into the program")
             with prog.stage("lower to MPS"):
-                edge = to_edge_transform_and_lower(
-                    eps if len(eps) > 1 else eps["forward"],
-                    partitioner=[partitioner],
-                    constant_methods=meta,
-                    compile_config=edge_compile_config(),
-                )
+                try:
+                    edge = to_edge_transform_and_lower(
+                        eps if len(eps) > 1 else eps["forward"],
+                        partitioner=[partitioner],
+                        constant_methods=meta,
+                        compile_config=edge_compile_config(),
+                    )
+                except MPSBackendError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - executorch's edge verifier on the model's graph (data-dependent sizes)
+                    raise _refusal(model_type, e) from e
             del eps
             method_delegates = {name: _count_mps_delegates(edge, name) for name in sorted(edge.methods)}
             delegates = sum(method_delegates.values())
@@ -536,7 +543,12 @@ def _refusal(model_type: str, error: BaseException) -> CheckpointError:
 
     frames = [f for f in traceback.extract_tb(error.__traceback__) if "/transformers/models/" in f.filename.replace(os.sep, "/")]
     where = f" in {pathlib.Path(frames[-1].filename).stem}.{frames[-1].name}" if frames else ""
+    if not frames:  # raised on the traced graph (executorch's verifier): its message quotes the model's code
+        quoted = re.findall(r'File "[^"]*/transformers/models/[^"/]+/([^"/]+)\.py", line \d+, in (\w+)', str(error))
+        where = f" in {quoted[-1][0]}.{quoted[-1][1]}" if quoted else ""
     detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    if "data-dependent" in detail:  # e.g. JetMoE's experts, split by the router's counts
+        detail = f"a tensor size computed from the values (the device compiles static shapes): {detail}"
     return CheckpointError(f"model type {model_type!r}: the static decode step cannot be exported{where}: {detail}")
 
 
