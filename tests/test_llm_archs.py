@@ -84,7 +84,8 @@ TABLE = {
     "glm4_moe": ("glm4_moe", DEEPSEEK_MOE | {"head_dim": 16, "n_group": 2, "topk_group": 1}, 1, None),
     "glm4_moe_lite": ("glm4_moe_lite", MLA | DEEPSEEK_MOE | {"mlp_layer_types": ["sparse"]}, 1, None),
     "minicpm3": ("minicpm3", MLA, 1, None),
-    "mpt": ("mpt", {"d_model": 64, "n_heads": 4}, 1, None),  # sizes under the config's own names
+    # sizes under the config's own names (n_heads, d_model: read through its attribute_map), then ALiBi
+    "mpt": ("mpt", {"d_model": 64, "n_heads": 4}, 1, "modeling_mpt.forward: a tensor size computed from the values"),
     "jetmoe": (
         "jetmoe",
         MOE | {"kv_channels": 16, "num_key_value_heads": 4},

@@ -139,7 +139,10 @@ class LatentAttention(torch.nn.Module):
     def __init__(self, attention: torch.nn.Module):
         super().__init__()
         proj = attention.kv_b_proj
-        weight = proj.weight.dequantize() if hasattr(proj.weight, "dequantize") else proj.weight
+        weight = proj.weight
+        if type(weight) not in (torch.Tensor, torch.nn.Parameter):  # a quantized weight (torchao): its values
+            weight = weight.dequantize()
+        weight = weight.to(attention.kv_a_layernorm.weight.dtype)  # the model's precision
         self.nope, self.v = int(attention.qk_nope_head_dim), int(attention.v_head_dim)
         self.rank, self.rope = int(attention.kv_lora_rank), int(attention.qk_rope_head_dim)
         if getattr(proj, "bias", None) is not None:
