@@ -12,6 +12,7 @@ NoPE and rope), hidden 64, float32 only.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mps_backend.llm import CheckpointError, export_llm, generate_ids
 from tests.llm_helpers import eager_greedy, save_checkpoint
@@ -118,3 +119,31 @@ def test_model_type_exports_or_is_refused(tmp_path, tokenizer, case):
     assert result.verification.ok and result.path == out, result.summary()
     assert result.delegates == 1 and result.report.partitions == 1 and not result.report.cpu_except_cache_writes, result.summary()
     assert generate_ids(result.path, PROMPT, STEPS) == eager_greedy(folder, PROMPT, STEPS)
+
+
+def test_latent_attention_caches_the_compressed_kv(tmp_path, tokenizer):
+    """Multi-head latent attention caches what DeepSeek caches: per token and layer the latent (16) and the
+    rotary key (8) as K^T rows and the latent as V, one KV head, never the 4 heads' expanded keys/values."""
+    from mps_backend.llm.checkpoint import load_hf
+    from mps_backend.llm.decoder import HFDecoder
+
+    folder = save_checkpoint(tmp_path / "ckpt", "minicpm3", tokenizer=tokenizer, layers=1, config=MLA)
+    decoder = HFDecoder(load_hf(folder, torch.float32).model, MAX_SEQ_LEN)
+    assert list(decoder.latent) == [0]
+    assert decoder.k_cache_0.shape == (1, 1, 16 + 8, MAX_SEQ_LEN) and decoder.v_cache_0.shape == (1, 1, MAX_SEQ_LEN, 16)
+
+
+def test_unsorted_router_topk_is_made_sorted():
+    """``topk(sorted=False)`` (an unspecified order) becomes ``sorted=True`` (one of its orders), other topk untouched."""
+    from mps_backend.llm.routers import sort_unsorted_topk
+
+    class Router(torch.nn.Module):
+        def forward(self, x):
+            return torch.topk(x, 2, sorted=False).indices + torch.topk(x, 2).indices
+
+    ep = torch.export.export(Router(), (torch.randn(3, 8),))
+    assert sort_unsorted_topk(ep) == 1
+    flags = [n.args[4] if len(n.args) > 4 else True for n in ep.graph.nodes if n.target == torch.ops.aten.topk.default]
+    assert flags == [True, True]
+    x = torch.randn(3, 8)
+    assert torch.equal(ep.module()(x), 2 * torch.topk(x, 2).indices)
