@@ -82,7 +82,6 @@ TABLE = {
     "opt": ("opt", {"ffn_dim": 128, "word_embed_proj_dim": 64}, 1, None),
     # issue #39: multi-head latent attention (the compressed KV cached) and MoE routers on the device
     "deepseek_v3": ("deepseek_v3", MLA | DEEPSEEK_MOE | {"n_group": 2, "topk_group": 1}, 1, None),  # grouped sigmoid routing
-    "glm4_moe": ("glm4_moe", DEEPSEEK_MOE | {"head_dim": 16, "n_group": 2, "topk_group": 1}, 1, None),
     "glm4_moe_lite": ("glm4_moe_lite", MLA | DEEPSEEK_MOE | {"mlp_layer_types": ["sparse"]}, 1, None),
     "minicpm3": ("minicpm3", MLA, 1, None),
     # sizes under the config's own names (n_heads, d_model: read through its attribute_map), then ALiBi
