@@ -12,6 +12,7 @@ NoPE and rope), hidden 64, float32 only.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mps_backend.llm import CheckpointError, export_llm, generate_ids
 from tests.llm_helpers import (
@@ -27,6 +28,25 @@ STEPS = 32
 MAX_SEQ_LEN = 48
 MOE = {"num_local_experts": 4, "num_experts_per_tok": 2}
 QWEN_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+#: DeepSeek-style routing: 8 routed experts (top 2) and a shared one, sigmoid scores with bias correction
+DEEPSEEK_MOE = {
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 0,
+}
+#: multi-head latent attention: a 16-column latent and 8 rotary columns cached per token (4 heads of 16 + 8 / 16)
+MLA = {
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "num_key_value_heads": 4,
+}
+#: greedy steps of the self-check every export here runs (a failed check leaves no .pte at the output path)
+VERIFY_STEPS = 4
 
 #: test id -> (transformers model_type, config overrides, layers, None to export or what the one-line
 #: refusal must say)
@@ -66,6 +86,25 @@ TABLE = {
     "codegen": ("codegen", {}, 1, "modeling_codegen.apply_rotary_pos_emb"),
     "bloom": ("bloom", {}, 1, "modeling_bloom.build_alibi_tensor"),  # ALiBi
     "opt": ("opt", {"ffn_dim": 128, "word_embed_proj_dim": 64}, 1, None),
+    # issue #39: multi-head latent attention (the compressed KV cached) and MoE routers on the device
+    "deepseek_v3": ("deepseek_v3", MLA | DEEPSEEK_MOE | {"n_group": 2, "topk_group": 1}, 1, None),  # grouped sigmoid routing
+    "glm4_moe_lite": ("glm4_moe_lite", MLA | DEEPSEEK_MOE | {"mlp_layer_types": ["sparse"]}, 1, None),
+    "minicpm3": ("minicpm3", MLA, 1, None),
+    # sizes under the config's own names (n_heads, d_model: read through its attribute_map), then ALiBi
+    "mpt": ("mpt", {"d_model": 64, "n_heads": 4}, 1, "modeling_mpt.forward: a tensor size computed from the values"),
+    "jetmoe": (
+        "jetmoe",
+        MOE | {"kv_channels": 16, "num_key_value_heads": 4},
+        1,
+        "modeling_jetmoe.forward: a tensor size computed",
+    ),
+    "deepseek_v2": ("deepseek_v2", MLA | DEEPSEEK_MOE, 1, "DeepseekV2RotaryEmbedding computes RoPE as complex numbers"),
+    "llama4_text": (
+        "llama4_text",
+        MOE | {"num_experts_per_tok": 1, "intermediate_size_mlp": 128, "head_dim": 16},
+        1,
+        "Llama4TextRotaryEmbedding computes RoPE as complex numbers",
+    ),
 }
 
 
@@ -76,12 +115,13 @@ def test_model_type_exports_or_is_refused(tmp_path, tokenizer, case):
     out = tmp_path / "m.pte"
     if refusal is not None:
         with pytest.raises(CheckpointError) as e:
-            export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+            export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN, verify_steps=VERIFY_STEPS)
         message = str(e.value)
         assert "\n" not in message and model_type in message and refusal in message, message
         assert not out.exists() and not list(tmp_path.glob(".m.pte.*"))
         return
-    result = export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+    result = export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN, verify_steps=VERIFY_STEPS)
+    assert result.verification.ok and result.path == out, result.summary()
     assert result.delegates == 1 and result.report.partitions == 1 and not result.report.cpu_except_cache_writes, result.summary()
     assert generate_ids(result.path, PROMPT, STEPS) == eager_greedy(folder, PROMPT, STEPS)
 
@@ -108,3 +148,31 @@ def test_fp16_on_trained_like_statistics(tmp_path, tokenizer, case):
     result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
     assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     assert_as_close_as_bfloat16(planted_figures(folder, result.path), peak)
+
+
+def test_latent_attention_caches_the_compressed_kv(tmp_path, tokenizer):
+    """Multi-head latent attention caches what DeepSeek caches: per token and layer the latent (16) and the
+    rotary key (8) as K^T rows and the latent as V, one KV head, never the 4 heads' expanded keys/values."""
+    from mps_backend.llm.checkpoint import load_hf
+    from mps_backend.llm.decoder import HFDecoder
+
+    folder = save_checkpoint(tmp_path / "ckpt", "minicpm3", tokenizer=tokenizer, layers=1, config=MLA)
+    decoder = HFDecoder(load_hf(folder, torch.float32).model, MAX_SEQ_LEN)
+    assert list(decoder.latent) == [0]
+    assert decoder.k_cache_0.shape == (1, 1, 16 + 8, MAX_SEQ_LEN) and decoder.v_cache_0.shape == (1, 1, MAX_SEQ_LEN, 16)
+
+
+def test_unsorted_router_topk_is_made_sorted():
+    """``topk(sorted=False)`` (an unspecified order) becomes ``sorted=True`` (one of its orders), other topk untouched."""
+    from mps_backend.llm.routers import sort_unsorted_topk
+
+    class Router(torch.nn.Module):
+        def forward(self, x):
+            return torch.topk(x, 2, sorted=False).indices + torch.topk(x, 2).indices
+
+    ep = torch.export.export(Router(), (torch.randn(3, 8),))
+    assert sort_unsorted_topk(ep) == 1
+    flags = [n.args[4] if len(n.args) > 4 else True for n in ep.graph.nodes if n.target == torch.ops.aten.topk.default]
+    assert flags == [True, True]
+    x = torch.randn(3, 8)
+    assert torch.equal(ep.module()(x), 2 * torch.topk(x, 2).indices)

@@ -73,6 +73,9 @@ def grouped_attention(
     -> ``(out [B, T, H, d], None)``, transformers' attention-function contract."""
     if dropout and module.training:
         raise ValueError("grouped_attention is the inference decode step: dropout must be 0")
+    mla = getattr(module, MLA, None)
+    if mla is not None:  # multi-head latent attention: the query against the compressed cache
+        query = mla.latent_query(query)
     b, h, t, d = query.shape
     kv, s = key_t.shape[1], key_t.shape[-1]
     g = h // kv
@@ -110,8 +113,78 @@ def grouped_attention(
     elif new_rows is not None:  # a chunk: p_old @ V_old + p_new @ V_new
         out = torch.matmul(probs[..., :s], value) + torch.matmul(probs[..., s:], new_rows[1])
     else:
-        out = torch.matmul(probs, value)  # [B, KV, G*T, d]
-    return out.view(b, h, t, d).transpose(1, 2).contiguous(), None
+        out = torch.matmul(probs, value)  # [B, KV, G*T, d_v]
+    out = out.view(b, h, t, value.shape[-1])
+    if mla is not None:
+        out = mla.heads_out(out)
+    return out.transpose(1, 2).contiguous(), None
+
+
+#: the attribute of an attention module exported as multi-head latent attention (:class:`LatentAttention`)
+MLA = "mps_backend_latent"
+
+
+class LatentAttention(torch.nn.Module):
+    """Multi-head latent attention (DeepSeek V2/V3, MiniCPM3, GLM-4 MoE lite, ...) over the compressed
+    cache, in the absorbed form DeepSeek decodes with: the cache holds what the layer's
+    ``kv_a_proj_with_mqa`` computes per token, the latent ``c`` (``kv_lora_rank``, normalized) and the
+    shared rotary key ``k_rot`` (``qk_rope_head_dim``), never the heads' keys and values that
+    ``kv_b_proj`` expands them to. ``kv_b_proj``'s weight ``[H, nope + v, r]`` is split at export into
+    ``W_UK [H, nope, r]`` and ``W_UV^T [H, r, v]``; head ``h``'s score of position ``s`` is
+    ``(q_nope W_UK) . c_s + q_rot . k_rot_s`` (= ``q_nope . k_nope_s + q_rot . k_rot_s``) and its output
+    ``(sum_s p_s c_s) W_UV^T`` (= ``sum_s p_s v_s``): one KV head of ``r + rope`` key and ``r`` value
+    columns for every query head, which :func:`grouped_attention` computes over the cache read in place
+    (K transposed: ``[c; k_rot]^T``, V: ``c``)."""
+
+    def __init__(self, attention: torch.nn.Module):
+        super().__init__()
+        proj = attention.kv_b_proj
+        weight = proj.weight
+        if type(weight) not in (torch.Tensor, torch.nn.Parameter):  # a quantized weight (torchao): its values
+            weight = weight.dequantize()
+        weight = weight.to(attention.kv_a_layernorm.weight.dtype)  # the model's precision
+        self.nope, self.v = int(attention.qk_nope_head_dim), int(attention.v_head_dim)
+        self.rank, self.rope = int(attention.kv_lora_rank), int(attention.qk_rope_head_dim)
+        if getattr(proj, "bias", None) is not None:
+            raise ValueError(f"{type(attention).__name__}: kv_b_proj with a bias is not absorbed")
+        w = weight.detach().reshape(-1, self.nope + self.v, self.rank)  # [H, nope + v, r]
+        self.register_buffer("w_uk", w[:, : self.nope].contiguous(), persistent=False)  # [H, nope, r]
+        self.register_buffer("w_uv_t", w[:, self.nope :].transpose(1, 2).contiguous(), persistent=False)  # [H, r, v]
+
+    def latent_query(self, query: torch.Tensor) -> torch.Tensor:
+        """``[B, H, T, nope + rope]`` -> ``[B, H, T, r + rope]``: the nope part through ``W_UK``."""
+        q_nope, q_rot = query.split([self.nope, self.rope], dim=-1)
+        return torch.cat([torch.matmul(q_nope, self.w_uk), q_rot], dim=-1)
+
+    def heads_out(self, out: torch.Tensor) -> torch.Tensor:
+        """``[B, H, T, r]`` (the heads' weighted latents) -> ``[B, H, T, v]`` through ``W_UV^T``."""
+        return torch.matmul(out, self.w_uv_t)
+
+    @staticmethod
+    def cache_rows(kv_nope: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the layer hands its cache (``[B, 1, T, r]``, ``[B, 1, T, rope]``) -> the rows of the K cache
+        (``[c, k_rot]``, ``r + rope`` columns) and of the V cache (``c``)."""
+        return torch.cat([kv_nope, k_rot], dim=-1), kv_nope
+
+
+def latent_attention_layers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
+    """The multi-head latent attention layers of ``model`` by layer index (modules with
+    ``kv_a_proj_with_mqa``, ``kv_b_proj`` and ``expand_kv``), each given its :class:`LatentAttention`
+    (attribute :data:`MLA`) and an ``expand_kv`` that hands the cache's tensors through unexpanded."""
+    found = {}
+    for mod in model.modules():
+        if not all(hasattr(mod, a) for a in ("kv_a_proj_with_mqa", "kv_b_proj", "expand_kv", "layer_idx")):
+            continue
+        setattr(mod, MLA, LatentAttention(mod))
+        mod.expand_kv = _unexpanded
+        found[int(mod.layer_idx)] = mod
+    return found
+
+
+def _unexpanded(kv_nope: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``expand_kv`` of an exported latent-attention layer: the cache's K (transposed, with the step's
+    rows) and V, as the cache returned them (:class:`LatentAttention`)."""
+    return kv_nope, k_rot
 
 
 def use_grouped_attention(model: torch.nn.Module) -> bool:
@@ -131,6 +204,27 @@ def use_grouped_attention(model: torch.nn.Module) -> bool:
     return model.config._attn_implementation == ATTENTION
 
 
+class NotCosSin(ValueError):
+    """A rotary embedding that does not return float32 ``(cos, sin)`` rows per position (DeepSeek V2's
+    complex ``freqs_cis``): it is left as the model computes it."""
+
+
+def cos_sin(out, rotary: torch.nn.Module, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out`` of a rotary embedding as its ``(cos, sin)`` rows, or :class:`NotCosSin`."""
+    if isinstance(out, torch.Tensor) and out.is_complex():
+        raise ValueError(
+            f"{type(rotary).__name__} computes RoPE as complex numbers (freqs_cis, applied with "
+            "view_as_complex): the device has no complex dtype and torch.polar is not core ATen; missing: RoPE "
+            "in real arithmetic for this model type"
+        )
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(isinstance(t, torch.Tensor) for t in out):
+        raise NotCosSin(f"{type(rotary).__name__} returns {type(out).__name__}, not (cos, sin)")
+    cos, sin = out
+    if cos.dtype != torch.float32 or cos.shape[:2] != (1, max_seq_len) or sin.shape != cos.shape:
+        raise NotCosSin(f"{type(rotary).__name__}: cos/sin of shape {tuple(cos.shape)}, {cos.dtype}")
+    return cos, sin
+
+
 class RopeTable(torch.nn.Module):
     """A rotary embedding's ``(cos, sin)`` for positions ``0 .. max_seq_len-1``, computed once by the
     module itself in float32, stored in ``dtype`` and gathered by ``position_ids`` (one row each)."""
@@ -138,14 +232,17 @@ class RopeTable(torch.nn.Module):
     def __init__(self, rotary: torch.nn.Module, max_seq_len: int, dtype: torch.dtype, layer_types=()):
         super().__init__()
         params = inspect.signature(rotary.forward).parameters
+        # what modeling code reads off its rotary module besides calling it (GraniteMoE SWA keys its
+        # rotary embeddings by config.rope_parameters["rope_theta"])
+        for attr in ("config", "rope_type", "attention_scaling"):
+            if hasattr(rotary, attr):
+                setattr(self, attr, getattr(rotary, attr))
         self.keys = tuple(sorted(set(layer_types))) if "layer_type" in params and layer_types else (None,)
         x = torch.zeros(1, dtype=torch.float32)
         pos = torch.arange(max_seq_len, dtype=torch.long).view(1, -1)
         with torch.no_grad():
             for i, key in enumerate(self.keys):
-                cos, sin = rotary(x, pos) if key is None else rotary(x, pos, key)
-                if cos.dtype != torch.float32 or cos.shape[:2] != (1, max_seq_len):
-                    raise ValueError(f"{type(rotary).__name__}: cos/sin of shape {tuple(cos.shape)}, {cos.dtype}")
+                cos, sin = cos_sin(rotary(x, pos) if key is None else rotary(x, pos, key), rotary, max_seq_len)
                 self.register_buffer(f"cos_{i}", cos.to(dtype), persistent=False)
                 self.register_buffer(f"sin_{i}", sin.to(dtype), persistent=False)
 
@@ -175,7 +272,11 @@ def tabulate_rope(model: torch.nn.Module, max_seq_len: int, dtype: torch.dtype) 
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, RopeTable(mod, max_seq_len, dtype, getattr(mod, "layer_types", ())))
+        try:
+            table = RopeTable(mod, max_seq_len, dtype, getattr(mod, "layer_types", ()))
+        except NotCosSin:
+            continue  # e.g. complex freqs_cis: the model computes it (and the export says if it cannot)
+        setattr(parent, attr, table)
         replaced += 1
     return replaced
 

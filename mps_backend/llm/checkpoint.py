@@ -485,12 +485,12 @@ def encoder_decoder_refusal(folder: pathlib.Path, model_type: str, speech: bool)
     )
 
 
-def check_kv_cache_size(n_layers: int, kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype) -> None:
+def check_kv_cache_size(n_layers: int, kv_heads: int, head_dim: float, max_seq_len: int, dtype: torch.dtype) -> None:
     """Refuse, before anything is allocated, a KV cache the runtime could never plan: the K and V buffers
     of every layer beyond the program check's memory-plan budget (``MPS_BACKEND_MAX_PLAN_BYTES``, 4 GiB)."""
     from mps_backend.runtime.program_check import max_plan_bytes  # noqa: PLC0415
 
-    per_token = 2 * int(n_layers) * int(kv_heads) * int(head_dim) * torch.empty((), dtype=dtype).element_size()
+    per_token = round(2 * int(n_layers) * int(kv_heads) * float(head_dim) * torch.empty((), dtype=dtype).element_size())
     need, budget = per_token * int(max_seq_len), max_plan_bytes()
     if need >= budget:
         raise CheckpointError(

@@ -29,7 +29,9 @@ from __future__ import annotations
 import torch
 
 from mps_backend.llm.attention import (
+    LatentAttention,
     group_llama_attention,
+    latent_attention_layers,
     tabulate_rope,
     use_grouped_attention,
     with_new_rows,
@@ -56,6 +58,17 @@ def kv_heads(config) -> int:
     return int((declared and getattr(config, "num_key_value_heads", None)) or config.num_attention_heads)
 
 
+def cache_layout(model: torch.nn.Module, config) -> tuple[int, int, int]:
+    """(KV heads, K columns, V columns) of a layer's cache rows: for multi-head latent attention one
+    head of ``kv_lora_rank + qk_rope_head_dim`` K and ``kv_lora_rank`` V columns (the compressed KV,
+    :class:`mps_backend.llm.attention.LatentAttention`), else :func:`kv_heads` of ``head_dim``."""
+    rank, rope = getattr(config, "kv_lora_rank", None), getattr(config, "qk_rope_head_dim", None)
+    if rank and rope and any(hasattr(m, "kv_b_proj") for m in model.modules()):
+        return 1, int(rank) + int(rope), int(rank)
+    d = _head_dim(config)
+    return kv_heads(config), d, d
+
+
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype, rows: int = 1) -> torch.Tensor:
     """0 where visible, -inf elsewhere, shaped ``[1, 1, rows, S]`` (added to the attention scores)."""
     zero = torch.zeros((), dtype=dtype)
@@ -70,13 +83,21 @@ def check_chunk(chunk: int, max_seq_len: int) -> int:
 
 
 def register_kv_caches(
-    module: torch.nn.Module, n_layers: int, kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype, *, grouped: bool
+    module: torch.nn.Module,
+    n_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    max_seq_len: int,
+    dtype: torch.dtype,
+    *,
+    grouped: bool,
+    v_head_dim: int | None = None,
 ) -> None:
     """Give ``module`` its KV-cache buffers ``k_cache_{i}`` / ``v_cache_{i}`` (what :class:`StaticCache`
-    reads and writes): V ``[1, kv_heads, max_seq_len, head_dim]``, K the same or, ``grouped``,
-    transposed ``[1, kv_heads, head_dim, max_seq_len]``."""
-    shape = (1, kv_heads, max_seq_len, head_dim)
-    k_shape = (1, kv_heads, head_dim, max_seq_len) if grouped else shape
+    reads and writes): V ``[1, kv_heads, max_seq_len, v_head_dim]`` (default ``head_dim``), K
+    ``[1, kv_heads, max_seq_len, head_dim]`` or, ``grouped``, transposed ``[1, kv_heads, head_dim, max_seq_len]``."""
+    shape = (1, kv_heads, max_seq_len, v_head_dim or head_dim)
+    k_shape = (1, kv_heads, head_dim, max_seq_len) if grouped else (1, kv_heads, max_seq_len, head_dim)
     for i in range(n_layers):
         # zero pages the kernel supplies when written: no memory until a step writes rows
         module.register_buffer(f"k_cache_{i}", untouched_zeros(k_shape, dtype), persistent=False)
@@ -98,6 +119,8 @@ class StaticCache:
         self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if layer_idx in getattr(self.owner, "latent", ()):  # latent attention: (c, k_rot) -> K rows [c, k_rot], V rows c
+            key, value = LatentAttention.cache_rows(key, value)
         k_cache = getattr(self.owner, f"k_cache_{layer_idx}")
         v_cache = getattr(self.owner, f"v_cache_{layer_idx}")
         if self.owner.grouped:  # K stored transposed, [1, KV, d, S]: the new keys are columns
@@ -150,13 +173,15 @@ class HFDecoder(torch.nn.Module):
                 raise ValueError(f"{type(model).__name__}: no output embeddings (lm_head) to read one row of a chunk")
             head.register_forward_pre_hook(self._last_row)
         self.n_layers = int(config.num_hidden_layers)
-        kv = kv_heads(config)
         dtype = next(model.parameters()).dtype
         # grouped attention (no repeat_kv, K cache transposed) where the modeling code dispatches
         # through transformers' AttentionInterface; RoPE from float32 tables (mps_backend.llm.attention)
         self.grouped = use_grouped_attention(model)
         self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype)
-        register_kv_caches(self, self.n_layers, kv, _head_dim(config), self.max_seq_len, dtype, grouped=self.grouped)
+        # multi-head latent attention: the compressed latent and rotary key cached, attention absorbed
+        self.latent = latent_attention_layers(model) if self.grouped else {}
+        kv, head_dim, v_dim = cache_layout(model, config)
+        register_kv_caches(self, self.n_layers, kv, head_dim, self.max_seq_len, dtype, grouped=self.grouped, v_head_dim=v_dim)
         self.mask_dtype = dtype
         window = getattr(config, "sliding_window", None)
         layer_types = getattr(config, "layer_types", None)
@@ -170,6 +195,17 @@ class HFDecoder(torch.nn.Module):
             self.window = int(window) if window else None
         if self.mask_kinds and "sliding_attention" in self.mask_kinds and not self.window:
             raise ValueError(f"{type(model).__name__}: sliding_attention layers but no sliding_window in the config")
+        self.attention_chunk = None
+        if self.mask_kinds and "chunked_attention" in self.mask_kinds:
+            size = getattr(config, "attention_chunk_size", None)
+            if not size:
+                raise ValueError(f"{type(model).__name__}: chunked_attention layers but no attention_chunk_size in the config")
+            # Llama 4's chunked layers: position p sees k <= p of its own chunk of `size` positions
+            # (k >= the chunk's first position): a table of each position's chunk start, gathered by
+            # position (no integer division on the device)
+            self.attention_chunk = int(size)
+            starts = torch.arange(self.max_seq_len, dtype=torch.long) // self.attention_chunk * self.attention_chunk
+            self.register_buffer("chunk_starts", starts, persistent=False)
 
     def _masks(self, input_pos: torch.Tensor):
         k = torch.arange(self.max_seq_len, dtype=input_pos.dtype)
@@ -178,16 +214,20 @@ class HFDecoder(torch.nn.Module):
         full = additive_mask(visible, self.mask_dtype)
         if self.window is not None:
             sliding = additive_mask(visible & (k > input_pos - self.window), self.mask_dtype)
-        return self._by_kind(full, sliding if self.window is not None else None)
+        chunked = None
+        if self.attention_chunk is not None:
+            chunked = additive_mask(visible & (k >= torch.index_select(self.chunk_starts, 0, input_pos)), self.mask_dtype)
+        return self._by_kind(full, sliding if self.window is not None else None, chunked)
 
-    def _by_kind(self, full: torch.Tensor, sliding: torch.Tensor | None):
+    def _by_kind(self, full: torch.Tensor, sliding: torch.Tensor | None, chunked: torch.Tensor | None = None):
         """The mask(s) the model takes: one (sliding where the config sets a window) or one per layer type."""
         if self.mask_kinds is None:
             return sliding if sliding is not None else full
+        masks = {"full_attention": full, "sliding_attention": sliding, "chunked_attention": chunked}
         for kind in self.mask_kinds:
-            if kind not in ("full_attention", "sliding_attention"):
+            if masks.get(kind) is None:
                 raise ValueError(f"layer type {kind!r} is not supported by the static decode step")
-        return {kind: full if kind == "full_attention" else sliding for kind in self.mask_kinds}
+        return {kind: masks[kind] for kind in self.mask_kinds}
 
     def _last_row(self, module: torch.nn.Module, args: tuple):
         """lm_head's forward pre-hook: in a chunk, only the last prompt row's logits are computed."""
@@ -210,7 +250,13 @@ class HFDecoder(torch.nn.Module):
         if self.window is not None:
             old_w = old & (input_pos + i - k < self.window)
             sliding = additive_mask(torch.cat([old_w, new & (i - j < self.window)], dim=1), self.mask_dtype, c)
-        return self._by_kind(full, sliding)
+        chunked = None
+        if self.attention_chunk is not None:  # row i's chunk starts at starts[i] (positions clamped to the cache)
+            rows = (input_pos + torch.arange(c, dtype=input_pos.dtype)).clamp(max=s - 1)
+            starts = torch.index_select(self.chunk_starts, 0, rows).view(c, 1)
+            in_chunk = torch.cat([old & (k >= starts), new & (input_pos + j >= starts)], dim=1)
+            chunked = additive_mask(in_chunk, self.mask_dtype, c)
+        return self._by_kind(full, sliding, chunked)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """A decode step (``chunk`` 1: ``tokens [1, 1]``), or ``tokens [1, n]``, ``1 <= n <= C``: the CPU

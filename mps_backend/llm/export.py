@@ -15,6 +15,7 @@ import contextlib
 import glob
 import os
 import pathlib
+import re
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -22,8 +23,17 @@ from typing import Any, Callable
 
 import torch
 
+from mps_backend.errors import MPSBackendError
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
-from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, check_chunk, dynamic_shapes, example_inputs, kv_heads
+from mps_backend.llm.decoder import (
+    ExecutorchLlamaDecoder,
+    HFDecoder,
+    cache_layout,
+    check_chunk,
+    dynamic_shapes,
+    example_inputs,
+)
+from mps_backend.llm.routers import sort_unsorted_topk
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_kernels import DEFAULT_TARGET
@@ -364,10 +374,8 @@ def export_llm(
         seq_len, note = resolve_max_seq_len(lm, max_seq_len)
         guards.check_verify_steps(verify_steps, seq_len)  # before anything is written
         if lm.kind == "hf":
-            cfg = lm.model.config
-            heads = cfg.num_attention_heads
-            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-            check_kv_cache_size(lm.n_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
+            kv, k_cols, v_cols = cache_layout(lm.model, lm.model.config)
+            check_kv_cache_size(lm.n_layers, kv, (k_cols + v_cols) / 2, seq_len, lm.dtype)
         if note:
             notes.append(note)
         if quantize:
@@ -398,23 +406,29 @@ def export_llm(
             eps = {}
             with prog.stage("torch.export"):
                 for name, build in methods:
-                    module, inputs, *dynamic = build()
                     try:
+                        module, inputs, *dynamic = build()
                         eps[name] = drop_unused_constants(
                             torch.export.export(module, inputs, dynamic_shapes=dynamic[0] if dynamic else None, strict=False)
                         )
+                        sort_unsorted_topk(eps[name])  # MoE routers: order-free top-k, on the device
                     except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
                         raise _refusal(model_type, e) from None
                     del module
             del methods
             _check_checkpoint_unchanged(weights, "before its weights were copied into the program")
             with prog.stage("lower to MPS"):
-                edge = to_edge_transform_and_lower(
-                    eps if len(eps) > 1 else eps["forward"],
-                    partitioner=[partitioner],
-                    constant_methods=meta,
-                    compile_config=edge_compile_config(),
-                )
+                try:
+                    edge = to_edge_transform_and_lower(
+                        eps if len(eps) > 1 else eps["forward"],
+                        partitioner=[partitioner],
+                        constant_methods=meta,
+                        compile_config=edge_compile_config(),
+                    )
+                except MPSBackendError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - executorch's edge verifier on the model's graph (data-dependent sizes)
+                    raise _refusal(model_type, e) from e
             del eps
             method_delegates = {name: _count_mps_delegates(edge, name) for name in sorted(edge.methods)}
             delegates = sum(method_delegates.values())
@@ -530,7 +544,12 @@ def _refusal(model_type: str, error: BaseException) -> CheckpointError:
 
     frames = [f for f in traceback.extract_tb(error.__traceback__) if "/transformers/models/" in f.filename.replace(os.sep, "/")]
     where = f" in {pathlib.Path(frames[-1].filename).stem}.{frames[-1].name}" if frames else ""
+    if not frames:  # raised on the traced graph (executorch's verifier): its message quotes the model's code
+        quoted = re.findall(r'File "[^"]*/transformers/models/[^"/]+/([^"/]+)\.py", line \d+, in (\w+)', str(error))
+        where = f" in {quoted[-1][0]}.{quoted[-1][1]}" if quoted else ""
     detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    if "data-dependent" in detail:  # e.g. JetMoE's experts, split by the router's counts
+        detail = f"a tensor size computed from the values (the device compiles static shapes): {detail}"
     return CheckpointError(f"model type {model_type!r}: the static decode step cannot be exported{where}: {detail}")
 
 

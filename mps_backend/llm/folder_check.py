@@ -202,6 +202,23 @@ def _bounded_int(config: dict, key: str, where: str, *, required: bool, bounds: 
     return value
 
 
+def config_attribute_map(model_type: Any) -> dict[str, str]:
+    """The names a model type's config class gives the standard sizes (transformers' ``attribute_map``,
+    e.g. MPT's ``{"num_attention_heads": "n_heads"}``); empty for an unknown type or without transformers."""
+    if not isinstance(model_type, str):
+        return {}
+    try:
+        from transformers import CONFIG_MAPPING  # noqa: PLC0415
+    except ImportError:
+        return {}
+    try:
+        cls = CONFIG_MAPPING[model_type]
+    except KeyError:
+        return {}
+    found = getattr(cls, "attribute_map", None)
+    return dict(found) if isinstance(found, dict) else {}
+
+
 def check_config(config: dict, where: str) -> dict[str, int]:
     """The bounded sizes of a config (its text config for a multimodal one); raise :class:`FolderError`."""
     text = config.get("text_config")
@@ -217,8 +234,12 @@ def check_config(config: dict, where: str) -> dict[str, int]:
                     if v and config["d_model"] % v:
                         raise FolderError(f"{where}: d_model {config['d_model']} is not a multiple of {n} {v}")
             config = {**config, key: max(v for v in values if v is not None)}
-    for key, names in ALIASES.items():
+    own = config_attribute_map(config.get("model_type"))
+    for key in CONFIG_BOUNDS:
         if config.get(key) is None:
+            # the model type's own name for the size first (transformers' attribute_map: MPT's n_heads,
+            # XGLM's attention_heads), then the names older configs share
+            names = ((own[key],) if isinstance(own.get(key), str) else ()) + ALIASES.get(key, ())
             alias = next((n for n in names if config.get(n) is not None), None)
             if alias is not None:
                 config = {**config, key: config[alias]}
