@@ -370,8 +370,9 @@ class _Assignment:
                 self.dtype[s] = self.dtype.get(a, self.p.default_dtype(a.meta["val"].dtype))
                 args[i] = s
             mm.args = tuple(args)
-            # the result carries 2**-k per scaled factor of the product (a bias is a summand)
-            self.rescaled.append((mm, k * (2 if scaled == [0, 1] else 1)))
+            # the result carries 2**-k per scaled factor of the product (addmm's and linear's bias is a summand)
+            factors = 2 if target in (aten.mm.default, aten.bmm.default) and len(scaled) == 2 else 1
+            self.rescaled.append((mm, k * factors))
 
     def _widen_from(self, a: Node) -> None:
         if self.dtype.get(a) == _f16 and a.op == "call_function" and target_of(a) in WIDENABLE:
