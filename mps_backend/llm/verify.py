@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mps_backend.llm.spec import parse_model_spec
+
 #: decode steps verified by default (``mps-backend export --verify-steps``)
 DEFAULT_STEPS = 4
 #: max |pte - eager float32| / max |eager float32| of the logits, per export precision. float32:
@@ -112,9 +114,13 @@ def _hf_tensors(folder: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 def parameter_count(kind: str, path: pathlib.Path) -> int:
-    """Parameters in a checkpoint, from its headers (hf) or its mapped tensors (llama)."""
+    """Parameters in a checkpoint, from its headers (hf, gguf) or its mapped tensors (llama)."""
     import math  # noqa: PLC0415
 
+    if kind == "gguf":
+        from mps_backend.llm.gguf import parameter_count as gguf_parameters  # noqa: PLC0415
+
+        return gguf_parameters(path)
     if kind == "hf":
         from safetensors import safe_open  # noqa: PLC0415
 
@@ -151,6 +157,11 @@ def _truncate_config(cfg: dict, layers: int) -> int:
 def truncated_copy(kind: str, path: pathlib.Path, params: pathlib.Path | None, into: pathlib.Path, layers: int) -> tuple:
     """A checkpoint of the first ``layers`` layers of ``path`` written into ``into``: returns
     (spec, params path or None, the original layer count). Only the kept tensors are read."""
+    if kind == "gguf":
+        from mps_backend.llm.gguf import truncated_gguf  # noqa: PLC0415
+
+        file, old = truncated_gguf(path, into, layers)
+        return f"gguf:{file}", None, old
     if kind == "hf":
         from safetensors import safe_open  # noqa: PLC0415
         from safetensors.torch import save_file  # noqa: PLC0415
@@ -200,7 +211,12 @@ def _eager_logits(
     weights as the export did (in the export precision: scales of float16 weights differ from those of
     the float32 ones) and computes in float32 with those weights dequantized."""
     load = torch.float16 if (quantize or embedding) and dtype == "fp16" else torch.float32
-    if kind == "hf":
+    if kind == "gguf":
+        from mps_backend.llm.gguf import load_gguf  # noqa: PLC0415
+
+        model = load_gguf(path, load).model  # transformers' model, the GGUF dequantized as the export does
+        reference = "eager transformers float32"
+    elif kind == "hf":
         import transformers  # noqa: PLC0415
 
         model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -226,7 +242,7 @@ def _eager_logits(
 
     def run() -> torch.Tensor:
         with torch.no_grad():
-            if kind == "hf":
+            if kind != "llama":
                 return model(input_ids=torch.tensor([tokens])).logits[0].float()
             vocab = model.params.vocab_size
             steps = [model(torch.tensor([[t]]), {"input_pos": torch.tensor([pos])}) for pos, t in enumerate(tokens)]
@@ -327,10 +343,9 @@ def verify_llm(
     bos_id: int | None = None,
     quantize_embedding: bool = False,
 ) -> LLMVerification:
-    """Compare the first ``steps`` decode steps of ``pte`` (exported from ``model``, ``hf:``/``llama:``)
+    """Compare the first ``steps`` decode steps of ``pte`` (exported from ``model``, ``hf:``/``gguf:``/``llama:``)
     with the eager float32 model on the same tokens (the module docstring)."""
     from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
-    from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
 
     if steps < 1:
         raise CheckpointError(f"--verify-steps must be at least 1, got {steps}")
@@ -373,7 +388,6 @@ def verify_export(result, model: str, *, steps: int, group_size: int | None, par
     large (:func:`needs_truncation`), on a truncated copy exported by ``export(spec, out, params)``."""
     import gc  # noqa: PLC0415
 
-    from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
     from mps_backend.pages import PageReleaser  # noqa: PLC0415
 
     def release() -> None:  # an export's program and graphs, freed before what comes next is loaded
