@@ -32,8 +32,13 @@ rusage of that child (and, for int4, from its /proc VmHWM when the self-check st
     target < 1;
 (f) 3b and 8b, bfloat16 checkpoint, ``--quantize int4``: the export's peak RSS (before its
     self-check) / the checkpoint's tensor bytes — target <= 0.6 (#24); the 1b int4 run is printed
-    without a target (the process's own ~0.8 GiB is a large part of its 2.8 GiB). The whole
-    process's peak, self-check included, is printed beside it.
+    without a target (the process's own ~0.8 GiB is a large part of its 2.8 GiB);
+(g) the same 3b and 8b int4 commands whole, self-check included: peak RSS / the checkpoint's tensor
+    bytes — target <= 1.0 (#35).
+Every child runs under a memory cap (``--memory-cap``, default 85% of the memory available when the
+benchmark starts): its resident memory (with its own children's) is read every 0.2 s and the child is
+killed above the cap, a failed export (this machine has no swap: a process that outgrows it stalls
+everything).
 The yardsticks (checkpoint bytes, XNNPACK's time, the 24 GiB budget) are fixed or measured in the same
 run. Exit status 1 when a target is missed.
 
@@ -98,6 +103,10 @@ RUNS = {
 TARGET_FP32, TARGET_FP16, TARGET_SIZE, TARGET_TIME = 1.6, 2.0, 1.002, 0.5
 #: (f): an int4 export's peak RSS / its bfloat16 checkpoint's bytes
 TARGET_INT4 = 0.6
+#: (g): the whole int4 command's peak RSS, self-check included / the checkpoint's bytes
+TARGET_INT4_CHECKED = 1.0
+#: seconds between two reads of a child's resident memory (the memory cap)
+CAP_POLL_SECONDS = 0.2
 #: checkpoint shards are cut at about this many bytes (model.safetensors.index.json names them)
 SHARD_BYTES = 2 * 2**30
 #: (e): the 3B shape exports within this machine's memory
@@ -162,13 +171,57 @@ def _high_water(pid: int) -> int:
     return 0
 
 
-def run_measured(cmd: list[str]) -> tuple[int, float, int, int]:
+def _bytes(text: str, parser: argparse.ArgumentParser) -> int:
+    """``18G``, ``512M``, ``4096K`` or a number of bytes."""
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+    number = text[:-1] if scale > 1 else text
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = 0
+    if value <= 0:
+        parser.error(f"--memory-cap {text!r}: not a size (e.g. 18G)")
+    return int(value)
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of a process and its descendants now (VmRSS; 0 for one that is gone)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            pass
+    return total
+
+
+def _cap(proc: subprocess.Popen, limit: int, killed: list[int]) -> None:
+    """(thread) kill ``proc`` when its tree's resident memory passes ``limit`` bytes."""
+    while proc.poll() is None:
+        rss = _tree_rss(proc.pid)
+        if rss > limit:
+            killed.append(rss)
+            proc.kill()
+            return
+        time.sleep(CAP_POLL_SECONDS)
+
+
+def run_measured(cmd: list[str], memory_cap: int) -> tuple[int, float, int, int]:
     """(exit status, seconds, peak RSS in bytes, peak RSS before the self-check began) of a child
     process: the export CLI prints each stage's start on stderr (``[verify 4 steps] ...``); the
-    peak so far is read from /proc when the self-check starts (0 when the child has none)."""
+    peak so far is read from /proc when the self-check starts (0 when the child has none). The child
+    is killed when its resident memory passes ``memory_cap`` bytes (reported, exit status -9)."""
+    import threading
+
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
+    killed: list[int] = []
+    threading.Thread(target=_cap, args=(proc, memory_cap, killed), daemon=True).start()
     err, before_verify = [], 0
     for line in proc.stderr:
         if line.startswith("[verify") and line.rstrip().endswith("..."):
@@ -177,7 +230,14 @@ def run_measured(cmd: list[str]) -> tuple[int, float, int, int]:
             print(f"    {line.strip()}: peak RSS so far {_high_water(proc.pid) / 2**30:.2f} GiB", flush=True)
         err.append(line)
     _, status, usage = os.wait4(proc.pid, 0)
-    if status:
+    proc.returncode = os.waitstatus_to_exitcode(status)  # (reaped here: the cap thread's poll sees it)
+    if killed:
+        print(
+            f"    killed at the memory cap: resident {killed[0] / 2**30:.2f} GiB > {memory_cap / 2**30:.2f} GiB",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif status:
         print("".join(err)[-3000:], file=sys.stderr)
     return os.waitstatus_to_exitcode(status), time.perf_counter() - t0, usage.ru_maxrss * 1024, before_verify
 
@@ -241,6 +301,11 @@ def main() -> int:
         default="",
         help="keep the checkpoints in this folder and reuse them in later runs (default: a temporary folder, removed)",
     )
+    parser.add_argument(
+        "--memory-cap",
+        default="",
+        help="kill an export whose resident memory passes this (e.g. 18G; default: 85%% of the memory available now)",
+    )
     parser.add_argument("--child", nargs=3, metavar=("KIND", "FOLDER", "ARG"))
     args = parser.parse_args()
     if args.child:
@@ -257,6 +322,10 @@ def main() -> int:
         parser.error(f"unknown size {', '.join(unknown)} (known: {', '.join(SHAPES)})")
     missed = []
     cli = [sys.executable, "-m", "mps_backend.tools.cli"]
+    from mps_backend.llm.verify import available_memory
+
+    memory_cap = _bytes(args.memory_cap, parser) if args.memory_cap else int(0.85 * available_memory())
+    print(f"memory cap per export: {memory_cap / 2**30:.2f} GiB", flush=True)
     with contextlib.ExitStack() as stack:
         if args.workdir:
             tmp = pathlib.Path(args.workdir)
@@ -277,9 +346,14 @@ def main() -> int:
                 total, fp16_bytes = weight_bytes(ckpt)
                 out = tmp / f"{size}-{label}.pte"
                 cmd = [*cli, "export", "--model", f"hf:{ckpt}", "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(out)]
-                status, seconds, peak, before_verify = run_measured(cmd + (["--quantize", quantize] if quantize else []))
+                status, seconds, peak, before_verify = run_measured(
+                    cmd + (["--quantize", quantize] if quantize else []), memory_cap
+                )
                 if status:
-                    print(f"{size} {label} checkpoint: export FAILED (exit {status})")
+                    print(
+                        f"{size} {label} checkpoint: export FAILED (exit {status}"
+                        + (", killed at the memory cap)" if status == -9 else ")")
+                    )
                     missed.append(f"{size}-{label} export")
                     continue
                 ratio = peak / total
@@ -291,12 +365,15 @@ def main() -> int:
                         f"{head} --quantize {quantize}: export + self-check {seconds:.0f}s; peak RSS "
                         f"{export_peak / 2**30:.2f} GiB = {export_peak / total:.2f}x the checkpoint before the self-check"
                         + (f" (target <= {TARGET_INT4})" if size in ("3b", "8b") else "")
-                        + f", {peak / 2**30:.2f} GiB = {ratio:.2f}x with it; "
-                        f".pte {out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights",
+                        + f", {peak / 2**30:.2f} GiB = {ratio:.2f}x with it"
+                        + (f" (target <= {TARGET_INT4_CHECKED})" if size in ("3b", "8b") else "")
+                        + f"; .pte {out.stat().st_size / 2**30:.3f} GiB = {size_ratio:.4f}x the float16 weights",
                         flush=True,
                     )
                     if size in ("3b", "8b") and export_peak / total > TARGET_INT4:
                         missed.append(f"{size}-{label} peak RSS {export_peak / total:.2f}")
+                    if size in ("3b", "8b") and ratio > TARGET_INT4_CHECKED:
+                        missed.append(f"{size}-{label} peak RSS with the self-check {ratio:.2f}")
                 else:
                     target = TARGET_FP32 if dtype == "float32" else TARGET_FP16
                     print(

@@ -40,16 +40,24 @@ def test_export_verifies_itself_and_fails_on_a_wrong_program(tmp_path, folder, c
     assert _export(folder, tmp_path / "ok.pte") == 0
     out = capsys.readouterr().out
     assert "4 decode steps on the emulated runtime vs eager transformers float32" in out
+    # the checkpoint's tokenizer reads a real English prompt first (--max-seq-len 16 leaves 12 tokens for it)
+    assert "after a 12-token English prompt (tokenizer.json), teacher-forced: top tokens agree 12/12" in out, out
     assert "greedy tokens agree 4/4: ok" in out and "(tolerance 1e-05)" in out
-    # a program that computes 1% off: exit 1, the gap printed (tokens still agree: argmax is scale-free)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.pte"]
+    # a program that computes 1% off: exit 1, the gap printed (tokens still agree: argmax is scale-free);
+    # the output path keeps what was there, the program is kept beside it as NAME.failed.pte
+    (tmp_path / "bad.pte").write_bytes(b"an earlier program")
     real = llm_export.decoder_for
     monkeypatch.setattr(llm_export, "decoder_for", lambda lm, n: _OnePercentOff(real(lm, n)))
     assert _export(folder, tmp_path / "bad.pte", "--verify-steps", "2") == 1
-    out = capsys.readouterr().out
-    line = next(x for x in out.splitlines() if "max |logit diff|" in x)
+    captured = capsys.readouterr()
+    line = next(x for x in captured.out.splitlines() if "max |logit diff|" in x)
     rel = float(line.split(" = ")[1].split(" of")[0])
     assert 0.009 < rel < 0.011 and "FAILED" in line and "greedy tokens agree 2/2" in line, line
-    assert (tmp_path / "bad.pte").is_file()  # written: the check runs the file the user gets
+    assert (tmp_path / "bad.pte").read_bytes() == b"an earlier program"
+    assert f"{tmp_path / 'bad.pte'} was not written" in captured.err and "bad.failed.pte" in captured.err, captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.failed.pte", "bad.pte", "ok.pte"]
+    assert (tmp_path / "bad.failed.pte").read_bytes()[4:8] == b"ET12"  # the failed program, for inspection
     # --no-verify: the same wrong program exports without the check
     assert _export(folder, tmp_path / "unchecked.pte", "--no-verify") == 0
     assert "verify" not in capsys.readouterr().out
@@ -62,6 +70,28 @@ def test_too_large_model_verified_on_a_truncated_copy(tmp_path, folder, capsys, 
     assert "on a copy truncated to the first 2 of 3 layers, exported separately" in out, out
     assert "above the bound 0.00 MiB" in out and "greedy tokens agree 3/3: ok" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pte"]  # the copy and its .pte are gone
+
+
+def test_check_reads_from_bos_alone_without_a_tokenizer(tmp_path):
+    """No tokenizer in the folder: the check starts from BOS and says so; a tokenizer whose ids pass
+    the model's vocabulary is not used either."""
+    bare = save_checkpoint(tmp_path / "bare", "llama", layers=1)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / name).unlink()
+    out = tmp_path / "bare.pte"
+    result = llm_export.export_llm(f"hf:{bare}", out, dtype="fp32", max_seq_len=8, verify_steps=2)
+    v = result.verification
+    assert v.ok and v.prompt_tokens == 0 and "no tokenizer.json or tokenizer.model" in v.prompt_source, v
+    assert "from BOS alone: no tokenizer.json" in str(v) and result.path == out and out.is_file()
+    tokens, source = verify.prompt_tokens("hf", folder_with_tokenizer(tmp_path), vocab=3, room=8)
+    assert tokens == [] and "beyond the model's vocabulary of 3" in source, source
+
+
+def folder_with_tokenizer(tmp_path):
+    d = tmp_path / "tok"
+    d.mkdir()
+    train_tokenizer().save(str(d / "tokenizer.json"))
+    return d
 
 
 def test_truncated_llama_copy(tmp_path):

@@ -353,9 +353,12 @@ def export_llm(
             del edge
             check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
         _check_checkpoint_unchanged(weights, "while its weights were copied into the program")
+        # with a self-check, the program is written beside the output under a temporary name and
+        # put in place only once it passed (publish_checked): a wrong program never reaches the path
+        written = _staging_path(out) if verify_steps else out
         with prog.stage(f"write {out.name}", ticker=False):
             bar = prog.bytes_bar("write", 0)
-            size = write_atomically(out, lambda f: program.write_to_file(CountingWriter(f, bar)))
+            size = write_atomically(written, lambda f: program.write_to_file(CountingWriter(f, bar)))
             bar.close()
     program = None  # released before the verification loads the eager model
     result = LLMExportResult(
@@ -391,12 +394,40 @@ def export_llm(
                 quantize_embedding=quantize_embedding,
             )
 
-        with prog.stage(f"verify {verify_steps} steps"):
-            result.verification = verify_export(
-                result, model, steps=verify_steps, group_size=group_size, params=params, export=export_truncated
-            )
+        try:
+            with prog.stage(f"verify {verify_steps} steps"):
+                result.verification = verify_export(
+                    result, model, steps=verify_steps, group_size=group_size, params=params, export=export_truncated, pte=written
+                )
+        except BaseException:
+            written.unlink(missing_ok=True)  # an unchecked program is never left, under any name
+            raise
+        result.path = publish_checked(written, out, result.verification.ok)
         result.seconds = dict(prog.seconds)
     return result
+
+
+def _staging_path(out: pathlib.Path) -> pathlib.Path:
+    """Where an export with a self-check writes its program until the check has passed: a hidden
+    file beside the output, named as :func:`write_atomically`'s temporary files are, so that one left
+    by a killed export is removed by the next write to the output."""
+    target = output_target(out)
+    return target.with_name(f".{target.name}.{os.getpid()}.unverified.partial")
+
+
+def failed_path(out: str | os.PathLike) -> pathlib.Path:
+    """Where a program that failed its self-check is kept, beside the output: ``NAME.failed.pte``."""
+    target = output_target(out)
+    return target.with_name(f"{target.stem}.failed{target.suffix or '.pte'}")
+
+
+def publish_checked(written: pathlib.Path, out: pathlib.Path, ok: bool) -> pathlib.Path:
+    """Put a self-checked program in place: at the output path when the check passed (an atomic
+    rename, replacing what was there); otherwise at :func:`failed_path`, leaving the output path as it
+    was (a file that was there stays). Returns where the program is."""
+    where = output_target(out) if ok else failed_path(out)
+    os.replace(written, where)
+    return where
 
 
 def _refusal(model_type: str, error: BaseException) -> CheckpointError:

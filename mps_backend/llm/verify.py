@@ -6,10 +6,12 @@ runtime against the eager model in float32, on the same tokens.
     print(v)            # the gap, whether greedy tokens agree, ok / FAILED
     assert v.ok
 
-The tokens: the model's BOS id (else 0), then at each step the ``.pte``'s own greedy token; the
-eager model (transformers ``AutoModelForCausalLM`` with eager attention for ``hf:``, executorch's
-example llama for ``llama:``, both float32, quantized the same way when the export was) reads the
-same tokens. The gap is ``max |pte logits - eager logits|`` over every step, and relative to the
+The tokens: the model's BOS id (else 0) and, when the checkpoint has a tokenizer, the tokens of a
+fixed English text (:data:`VERIFY_PROMPT`, teacher-forced: BOS alone hides little of what real text
+makes the activations do), then at each step the ``.pte``'s own greedy token; the eager model
+(transformers ``AutoModelForCausalLM`` with eager attention for ``hf:``, executorch's example llama
+for ``llama:``, both float32, quantized the same way when the export was) reads the same tokens.
+The gap is ``max |pte logits - eager logits|`` over every position, and relative to the
 eager logits' scale ``max |eager logits|`` it must be at most :func:`tolerance` (the bounds the LLM
 tests use, ``tests/test_llm.py``).
 
@@ -46,6 +48,12 @@ INT4_TOLERANCE = 2e-3
 TRUNCATED_LAYERS = 2
 #: environment variable overriding :func:`eager_budget` (bytes)
 BUDGET_ENV = "MPS_BACKEND_VERIFY_MAX_BYTES"
+#: the text the self-check reads before its greedy steps, tokenized with the checkpoint's own tokenizer
+#: (words, digits, punctuation: what real text makes the activations do); cut to fit ``max_seq_len``
+VERIFY_PROMPT = (
+    "The history of the town begins in 1851, when three families crossed the river and built a mill. "
+    "By the spring of 1903 it had a school, two churches and a railway station; today"
+)
 
 
 def tolerance(dtype: str, quantize: str | None = None) -> float:
@@ -63,6 +71,12 @@ class LLMVerification:
     tokens_agree: int
     reference: str
     truncated: str | None = None  # why and how the model was truncated, if it was
+    #: tokens of :data:`VERIFY_PROMPT` read (teacher-forced) after BOS before the greedy steps
+    prompt_tokens: int = 0
+    #: of the prompt's positions but the last, those where the .pte's and the eager model's top token agree
+    prompt_agree: int = 0
+    #: where the prompt's tokens came from (the tokenizer file), or why there are none
+    prompt_source: str = ""
 
     @property
     def relative(self) -> float:
@@ -74,6 +88,13 @@ class LLMVerification:
 
     def __str__(self) -> str:
         head = f"verify           {self.steps} decode steps on the emulated runtime vs {self.reference}"
+        if self.prompt_tokens:
+            head += (
+                f"\nverify           after a {self.prompt_tokens}-token English prompt ({self.prompt_source}), "
+                f"teacher-forced: top tokens agree {self.prompt_agree}/{self.prompt_tokens}"
+            )
+        elif self.prompt_source:
+            head += f"\nverify           from BOS alone: {self.prompt_source}"
         if self.truncated:
             head += f"\nverify           {self.truncated}"
         return (
@@ -191,17 +212,43 @@ def truncated_copy(kind: str, path: pathlib.Path, params: pathlib.Path | None, i
     return f"llama:{into / 'consolidated.pth'}", into / "params.json", old
 
 
-def _pte_logits(pte: pathlib.Path, first: int, steps: int) -> tuple[list[int], torch.Tensor]:
-    """The program's greedy tokens from ``first`` for ``steps`` forward calls, and its logits."""
+def _pte_logits(pte: pathlib.Path, prefix: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    """The program's logits after each token of ``prefix`` (teacher-forced), then its greedy tokens for
+    ``steps`` tokens in all (the first chosen after the prefix's last): ``len(prefix) + steps - 1``
+    forward calls. Returns every token read or chosen, and the logits of each call."""
     from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
 
     step = LoadedMethod(pte, "forward")  # a path: executorch maps the file
-    tokens, logits = [first], []
-    for pos in range(steps):
-        out = step([torch.tensor([[tokens[-1]]], dtype=torch.long), torch.tensor([pos], dtype=torch.long)])[0]
+    tokens, logits = list(prefix), []
+    for pos in range(len(prefix) + steps - 1):
+        out = step([torch.tensor([[tokens[pos]]], dtype=torch.long), torch.tensor([pos], dtype=torch.long)])[0]
         logits.append(out.reshape(-1).float())
-        tokens.append(int(torch.argmax(logits[-1])))
+        if pos >= len(prefix) - 1:
+            tokens.append(int(torch.argmax(logits[-1])))
     return tokens, torch.stack(logits)
+
+
+def prompt_tokens(kind: str, path: pathlib.Path, vocab: int | None, room: int) -> tuple[list[int], str]:
+    """The tokens of :data:`VERIFY_PROMPT` by the checkpoint's own tokenizer (an ``hf:`` folder's
+    ``tokenizer.json`` or ``tokenizer.model``; a ``gguf:`` file's own; for ``llama:`` one beside the checkpoint), at most
+    ``room``, and where they came from; none, and why, when there is no usable tokenizer."""
+    from mps_backend.llm.generate import Tokenizer  # noqa: PLC0415
+
+    folder = path if kind == "hf" else path.parent
+    if room < 1:
+        return [], "no room for a prompt below --max-seq-len"
+    if kind != "gguf" and not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
+        return [], f"no tokenizer.json or tokenizer.model in {folder}"
+    try:
+        tok = Tokenizer(path if kind == "gguf" else folder)  # a GGUF file holds its tokenizer
+        ids = tok.encode(VERIFY_PROMPT)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - a tokenizer that cannot load or panics (a BaseException)
+        return [], f"its tokenizer could not be used ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+    if vocab is not None and any(not 0 <= i < vocab for i in ids):
+        return [], f"{tok.path.name} gives ids beyond the model's vocabulary of {vocab}"
+    return ids[:room], tok.path.name
 
 
 def _eager_logits(
@@ -342,9 +389,11 @@ def verify_llm(
     max_seq_len: int | None = None,
     bos_id: int | None = None,
     quantize_embedding: bool = False,
+    prompt: tuple[list[int], str] | None = None,
 ) -> LLMVerification:
-    """Compare the first ``steps`` decode steps of ``pte`` (exported from ``model``, ``hf:``/``gguf:``/``llama:``)
-    with the eager float32 model on the same tokens (the module docstring)."""
+    """Compare the ``.pte`` (exported from ``model``, ``hf:``/``gguf:``/``llama:``) with the eager float32 model
+    on the same tokens (the module docstring): BOS, the prompt's tokens (``prompt``: tokens and where
+    they came from; default :func:`prompt_tokens` of ``model``'s tokenizer), then ``steps`` greedy steps."""
     from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
 
     if steps < 1:
@@ -354,20 +403,28 @@ def verify_llm(
     pte = pathlib.Path(pte)
     if max_seq_len is not None and steps > max_seq_len:
         raise CheckpointError(f"--verify-steps {steps} exceeds --max-seq-len {max_seq_len}")
-    tokens, dev = _pte_logits(pte, bos_id if bos_id is not None else 0, steps)
+    if prompt is None:
+        prompt = prompt_tokens(kind, path, None, (max_seq_len or steps) - steps)
+    ids, source = prompt
+    prefix = [bos_id if bos_id is not None else 0, *ids]
+    tokens, dev = _pte_logits(pte, prefix, steps)
     ref, reference = _eager_logits(
-        kind, path, params, tokens[:-1], quantize, group_size, max_seq_len or steps + 1, dtype, quantize_embedding
+        kind, path, params, tokens[:-1], quantize, group_size, max_seq_len or len(tokens), dtype, quantize_embedding
     )
     if ref.shape != dev.shape:
         raise CheckpointError(f"the .pte's logits {list(dev.shape)} and the eager model's {list(ref.shape)} differ in shape")
-    agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
+    top_ref, top_dev = ref.argmax(-1).tolist(), dev.argmax(-1).tolist()
+    m = len(prefix)
     return LLMVerification(
         steps=steps,
         max_abs_diff=float((dev - ref).abs().max()),
         scale=float(ref.abs().max()),
         tolerance=tolerance(dtype, quantize),
-        tokens_agree=agree,
+        tokens_agree=sum(int(a) == b for a, b in zip(top_ref[m - 1 :], tokens[m:])),
         reference=reference,
+        prompt_tokens=len(ids),
+        prompt_agree=sum(int(a == b) for a, b in zip(top_ref[: m - 1], top_dev[: m - 1])),
+        prompt_source=source,
     )
 
 
@@ -383,9 +440,12 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
-def verify_export(result, model: str, *, steps: int, group_size: int | None, params: str | None, export) -> LLMVerification:
-    """Verify the export ``result`` (an ``LLMExportResult``) of ``model``; when the eager model is too
-    large (:func:`needs_truncation`), on a truncated copy exported by ``export(spec, out, params)``."""
+def verify_export(
+    result, model: str, *, steps: int, group_size: int | None, params: str | None, export, pte: pathlib.Path | None = None
+) -> LLMVerification:
+    """Verify the export ``result`` (an ``LLMExportResult``) of ``model``, written to ``pte`` (default
+    ``result.path``); when the eager model is too large (:func:`needs_truncation`), on a truncated copy
+    exported by ``export(spec, out, params)``."""
     import gc  # noqa: PLC0415
 
     from mps_backend.pages import PageReleaser  # noqa: PLC0415
@@ -395,6 +455,7 @@ def verify_export(result, model: str, *, steps: int, group_size: int | None, par
         PageReleaser().trim()
 
     release()
+    pte = result.path if pte is None else pte
     kind, path = parse_model_spec(model)
     dtype = "fp16" if result.precision == "float16" else "fp32"
     common = dict(
@@ -405,9 +466,10 @@ def verify_export(result, model: str, *, steps: int, group_size: int | None, par
         quantize_embedding=result.quantize_embedding,
     )
     bos = result.metadata.get("get_bos_id")
+    common["prompt"] = prompt_tokens(kind, pathlib.Path(path), result.metadata.get("get_vocab_size"), result.max_seq_len - steps)
     too_large, need, budget = needs_truncation(kind, pathlib.Path(path), result.pte_bytes)
     if not too_large:
-        return verify_llm(result.path, model, params=params, max_seq_len=result.max_seq_len, bos_id=bos, **common)
+        return verify_llm(pte, model, params=params, max_seq_len=result.max_seq_len, bos_id=bos, **common)
     with tempfile.TemporaryDirectory(prefix="mps-verify-") as tmp:
         tmp = pathlib.Path(tmp)
         spec, tparams, old = truncated_copy(

@@ -86,8 +86,15 @@ def cmd_export_llm(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(result.summary())
+    if result.verification is not None and not result.verification.ok:
+        print(
+            f"error: the self-check failed: {out} was not written (left as it was); the program is kept as "
+            f"{result.path} for inspection",
+            file=sys.stderr,
+        )
+        return 1
     print(f"wrote {result.path}")
-    return 0 if result.verification is None or result.verification.ok else 1
+    return 0
 
 
 def cmd_generate(args) -> int:
