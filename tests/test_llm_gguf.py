@@ -147,10 +147,11 @@ def test_gguf_refusals_are_one_line(tmp_path):
 
 @pytest.mark.parametrize("exported", PARAMS, indirect=True)
 def test_real_greedy_text(exported, gguf, tok, eager32):
-    """The export's own self-check passes, and greedy text on 3 real prompts equals the eager model's for
-    24 tokens (EOS ignored on both sides)."""
+    """The export's own self-check passes (on a prompt tokenized by the GGUF's tokenizer), and greedy text
+    on 3 real prompts equals the eager model's for 24 tokens (EOS ignored on both sides)."""
     name, pte, status, stdout = exported
     assert status == 0 and "greedy tokens agree 4/4: ok" in stdout and "MPS delegates    1" in stdout, stdout
+    assert f"English prompt ({gguf.name})" in stdout, stdout  # the self-check read the file's tokenizer
     model = _reference(name, gguf, eager32)
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
