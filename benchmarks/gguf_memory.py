@@ -29,9 +29,8 @@ SHAPE = dict(dim=2048, heads=32, kv_heads=8, hidden=8192, vocab=128256)
 
 def write_gguf(path: pathlib.Path, layers: int) -> int:
     """A Llama-3-shaped GGUF of Q8_0 tensors (F32 norms) at ``path``; returns its parameter count."""
-    import numpy as np
-
     import gguf
+    import numpy as np
 
     dim, heads, kv, hidden, vocab = (SHAPE[k] for k in ("dim", "heads", "kv_heads", "hidden", "vocab"))
     head_dim = dim // heads
@@ -114,7 +113,9 @@ def main() -> int:
         path = pathlib.Path(tmp) / "synthetic.gguf"
         params = write_gguf(path, args.layers)
         size = path.stat().st_size
-        print(f"synthetic Llama-3-shaped Q8_0 GGUF: {args.layers} layers, {params / 1e9:.2f} B parameters, {size / 2**30:.2f} GiB")
+        print(
+            f"synthetic Llama-3-shaped Q8_0 GGUF: {args.layers} layers, {params / 1e9:.2f} B parameters, {size / 2**30:.2f} GiB"
+        )
         peaks = {}
         for kind in ("transformers", "mps_backend"):
             scratch = pathlib.Path(tmp) / f"scratch-{kind}"
