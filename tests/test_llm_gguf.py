@@ -79,14 +79,15 @@ def eager32(gguf):
 
 @pytest.fixture(scope="module")
 def exported(request, gguf, tmp_path_factory):
-    """(name, .pte path, CLI output): ``mps-backend export --model gguf:FILE`` with the export's options
-    and the default self-check, once per precision."""
+    """(name, .pte path, exit status, CLI output): ``mps-backend export --model gguf:FILE`` with the
+    export's options, once per precision."""
     from mps_backend.tools.cli import main
 
     dtype, quantize, group = EXPORTS[request.param]
     out = tmp_path_factory.mktemp(f"smollm2-{request.param}") / "m.pte"
     argv = ["export", "--model", f"gguf:{gguf}", "--dtype", dtype, "--max-seq-len", str(TEXT_TOKENS), "-o", str(out)]
-    argv += ["--quantize", quantize, "--group-size", str(group or 0)] if quantize else []
+    # the self-check on the unquantized exports (the quantized ones are compared below, with more tokens)
+    argv += ["--quantize", quantize, "--group-size", str(group or 0), "--no-verify"] if quantize else []
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         status = main(argv)
@@ -147,11 +148,13 @@ def test_gguf_refusals_are_one_line(tmp_path):
 
 @pytest.mark.parametrize("exported", PARAMS, indirect=True)
 def test_real_greedy_text(exported, gguf, tok, eager32):
-    """The export's own self-check passes (on a prompt tokenized by the GGUF's tokenizer), and greedy text
-    on 3 real prompts equals the eager model's for 24 tokens (EOS ignored on both sides)."""
+    """The export's own self-check passes (unquantized exports; on a prompt tokenized by the GGUF's
+    tokenizer), and greedy text on 3 real prompts equals the eager model's for 24 tokens (EOS ignored on
+    both sides)."""
     name, pte, status, stdout = exported
-    assert status == 0 and "greedy tokens agree 4/4: ok" in stdout and "MPS delegates    1" in stdout, stdout
-    assert f"English prompt ({gguf.name})" in stdout, stdout  # the self-check read the file's tokenizer
+    assert status == 0 and "MPS delegates    1" in stdout, stdout
+    if not EXPORTS[name][1]:  # the self-check passed, on a prompt tokenized by the file's tokenizer
+        assert "greedy tokens agree 4/4: ok" in stdout and f"English prompt ({gguf.name})" in stdout, stdout
     model = _reference(name, gguf, eager32)
     for prompt in PROMPTS:
         ids = tok.encode(prompt)

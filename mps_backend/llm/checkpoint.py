@@ -5,6 +5,7 @@
   weights come from the safetensors files (:func:`load_hf`); nothing is downloaded.
 - ``llama:CHECKPOINT.pth`` with ``params.json``: a Meta / executorch llama checkpoint, loaded into
   executorch's example llama (``executorch.examples.models.llama``) with its KV cache.
+- ``gguf:FILE.gguf``: :mod:`mps_backend.llm.gguf`, through :func:`load_state_dict_into` as ``hf:``.
 
 The weights are loaded straight into the export precision (float16 for ``fp16``, float32 for
 ``fp32``): the MPS delegate computes in that precision anyway, and loading at it avoids a second copy
@@ -42,7 +43,7 @@ class LoadedLM:
     """An eager language model ready for the static decode step, with what the runner needs."""
 
     model: torch.nn.Module
-    kind: str  # "hf" or "llama"
+    kind: str  # "hf" (a transformers model: hf: and gguf: checkpoints) or "llama" (executorch's llama)
     model_type: str
     n_layers: int
     vocab_size: int
