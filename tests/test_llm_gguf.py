@@ -222,3 +222,22 @@ def test_cli_generate_gguf_tokenizer_and_chat(gguf, tok, tmp_path):
         # (executorch's runner prints the text and its statistics itself before the CLI's line)
         got = r.stdout.rstrip("\n") if runner == "python" else r.stdout.splitlines()[-1]
         assert got == tok.decode(generate_ids(pte, bos + ids, 6)), (runner, r.stdout)
+
+
+def test_chat_template_of_a_folder(tmp_path, tokenizer):
+    """`--chat` with an hf: folder: the template of its tokenizer_config.json; none is one ValueError."""
+    from transformers import PreTrainedTokenizerFast
+
+    template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<bot>{% endif %}"
+    )
+    for folder, chat in ((tmp_path / "chat", template), (tmp_path / "plain", None)):
+        saved = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>")
+        saved.chat_template = chat
+        saved.save_pretrained(folder)
+        tok = Tokenizer(folder / "tokenizer.json")
+        if chat:
+            assert tok.chat("hello world") == "<user>hello world<bot>"
+        else:
+            with pytest.raises(ValueError, match="has no chat template"):
+                tok.chat("hello world")
