@@ -155,7 +155,10 @@ def _row_order(path: pathlib.Path, processor: Any, name: str, shape: tuple, mapp
     rows = int(shape[0]) if len(shape) == 2 else int(math.prod(shape))
     probe = np.arange(rows, dtype=np.float64).reshape(rows, 1) if len(shape) == 2 else np.arange(rows, dtype=np.float64)
     side: dict[str, dict] = {"tensors": {}}
-    result = processor.process(weights=probe, name=name, tensor_key_mapping=mapping, parsed_parameters=side)
+    try:
+        result = processor.process(weights=probe, name=name, tensor_key_mapping=mapping, parsed_parameters=side)
+    except Exception as e:  # noqa: BLE001 - a shape its processor cannot take (a config that disagrees with the file)
+        raise CheckpointError(f"{path}: tensor {name} {list(shape)}: {type(processor).__name__} refused it: {e}") from None
     order = np.asarray(result.weights)
     if result.name != name or side["tensors"] or order.shape != probe.shape:
         raise CheckpointError(
