@@ -133,12 +133,17 @@ def test_gguf_loads_as_transformers_does(gguf, eager32, tmp_path):
     assert all(torch.equal(p, want[name]) for name, p in short.model.named_parameters())
 
 
-def test_gguf_refusals_are_one_line(tmp_path):
+def test_gguf_refusals_are_one_line(tmp_path, gguf):
+    """Not a GGUF, a missing file, a truncated one (its tensor data cut), an unknown spec: one
+    CheckpointError line each, nothing written."""
     from mps_backend.llm import CheckpointError, export_llm
 
-    bad = tmp_path / "bad.gguf"
+    bad, cut = tmp_path / "bad.gguf", tmp_path / "cut.gguf"
     bad.write_bytes(b"GGML" + bytes(64))
-    for spec, match in ((f"gguf:{bad}", "not a GGUF file"), (f"gguf:{tmp_path / 'none.gguf'}", "no such GGUF file")):
+    with open(gguf, "rb") as f:
+        cut.write_bytes(f.read(40 << 20))
+    cases = ((bad, "not a GGUF file"), (tmp_path / "none.gguf", "no such GGUF file"), (cut, "truncated|could not|cannot"))
+    for spec, match in ((f"gguf:{path}", why) for path, why in cases):
         with pytest.raises(CheckpointError, match=match):
             export_llm(spec, tmp_path / "x.pte")
     with pytest.raises(CheckpointError, match="use hf:FOLDER or gguf:FILE.gguf or llama:CHECKPOINT.pth"):
