@@ -22,6 +22,7 @@ import torch
 from torch.fx import Node as FxNode
 
 from mps_backend.dtypes import mps_dtype
+from mps_backend.errors import InternalError
 from mps_backend.pages import PageReleaser
 from mps_backend.serialization.device_facts import NOT_DISPATCHED
 from mps_backend.serialization.generated import nodes as N
@@ -187,6 +188,13 @@ class GraphBuilder:
 
     # ---- values -------------------------------------------------------------------------
     def new_value(self, dtype: torch.dtype, shape: Iterable[int]) -> int:
+        shape = list(shape)
+        if any(isinstance(d, torch.SymInt) for d in shape):  # int() would freeze its example value
+            where = f" (node {self.current.name}, {self.current.target})" if isinstance(self.current, FxNode) else ""
+            raise InternalError(
+                f"a value of symbolic shape {shape} reached the MPS graph{where}: the device compiles static "
+                "shapes only and the partitioner keeps such nodes on CPU"
+            )
         vid = len(self.graph.values)
         self.graph.values.append(Tensor(mps_dtype(dtype), [int(d) for d in shape]))
         return vid

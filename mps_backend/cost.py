@@ -30,7 +30,7 @@ and caches is unknown to it. Its assumptions:
   and writes only the rows (never the whole destination; the out variants write it whole).
 - The **floor**: every constant read once (one read only by gathers: the rows they take), every state
   buffer read once, the rows written into state
-  (an index_put's values) and the method's outputs written once. The ratios are naive / floor and
+  (an index_put's values), the method's inputs read once and its outputs written once. The ratios are naive / floor and
   fused / floor.
 """
 
@@ -68,6 +68,7 @@ ELEMENTWISE = frozenset(
     }
 )
 MATMULS = frozenset({"MPSMatMul", "MPSAddmm"})
+CONVOLUTIONS = frozenset({"MPSConv2D", "MPSDepthwiseConv2D"})
 DEQUANTIZE = "MPSDequantizePerChannelGroup"
 #: data-movement nodes: their result is a copy (of state: a *state copy*)
 MOVES = RESHAPES | FOLDABLE | frozenset({"MPSIndexPut", "MPSCat", "MPSScatter"})
@@ -120,6 +121,80 @@ class NodeCost:
     fused: int
 
 
+#: the prompt length the roofline's time to first token is given for
+PROMPT = 512
+
+
+@dataclass(frozen=True)
+class Device:
+    """An Apple GPU: memory bandwidth (GB/s, 10^9 bytes) and FP16 peak (TFLOPS; Apple GPUs run FP16 at
+    the FP32 rate: cores x 128 ALUs x 2 FLOPs x clock). Sources: docs/device-cost.md, Devices."""
+
+    name: str
+    bandwidth_gbs: float
+    fp16_tflops: float
+
+
+#: the devices of the roofline table (top GPU configuration of each chip; docs/device-cost.md cites them)
+DEVICES = (
+    Device("M1", 68.25, 2.6),
+    Device("M1 Pro", 200.0, 5.2),
+    Device("M1 Max", 400.0, 10.4),
+    Device("M2", 100.0, 3.6),
+    Device("M2 Pro", 200.0, 6.8),
+    Device("M2 Max", 400.0, 13.6),
+    Device("M3", 100.0, 3.58),
+    Device("M3 Pro", 150.0, 6.44),
+    Device("M3 Max", 400.0, 14.31),
+    Device("M4", 120.0, 3.76),
+    Device("M4 Pro", 273.0, 7.53),
+    Device("M4 Max", 546.0, 15.05),
+    Device("A17 Pro", 51.2, 2.15),
+    Device("A18 Pro", 60.0, 2.26),
+)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """One method's execution on one device (a model, not a measurement)."""
+
+    device: str
+    bandwidth_gbs: float
+    fp16_tflops: float
+    call_s: float  # max(memory time, compute time) of one execution
+    flop_share: float  # compute time / memory time of one execution (decode at the memory floor: <= 0.5)
+    decode_tokens_per_s: float
+    prefill_tokens_per_s: float
+    ttft_s: float  # ceil(prompt / tokens_per_call) executions
+    floor_s: float  # the prompt's compute floor: 2 x weight_params x prompt FLOPs at the peak
+    ttft_ratio: float
+
+
+def roofline(cost: ProgramCost, device: Device, prompt: int = PROMPT) -> Roofline:
+    """``cost``'s execution on ``device``: a call takes ``max(fused bytes / bandwidth, FLOPs / peak)``;
+    decode is one call per token, a prompt ``ceil(prompt / tokens_per_call)`` calls; the prompt's compute
+    floor is every prompt token through every matmul weight (``2 x weight_params x prompt`` FLOPs, as an
+    eager forward computes) at the device's peak."""
+    memory = cost.fused.total / (device.bandwidth_gbs * 1e9)
+    compute = cost.flops / (device.fp16_tflops * 1e12)
+    call = max(memory, compute)
+    p = max(cost.tokens_per_call, 1)
+    ttft = math.ceil(prompt / p) * call
+    floor = 2 * cost.weight_params * prompt / (device.fp16_tflops * 1e12)
+    return Roofline(
+        device.name,
+        device.bandwidth_gbs,
+        device.fp16_tflops,
+        call,
+        compute / memory if memory else math.inf,
+        1 / call if call else math.inf,
+        p / call if call else math.inf,
+        ttft,
+        floor,
+        ttft / floor if floor else math.inf,
+    )
+
+
 @dataclass
 class ProgramCost:
     """The cost of one execution of a method (see the module docstring for what is counted)."""
@@ -134,6 +209,13 @@ class ProgramCost:
     floor_parts: dict[str, int]
     worst: list[NodeCost]
     note: str = DISCLAIMER
+    #: FLOPs of one execution (the MPS graphs' matmuls and convolutions)
+    flops: int = 0
+    #: elements of the weights the matmuls read (a token through all of them: 2 FLOPs each)
+    weight_params: int = 0
+    #: prompt tokens one execution takes: ``P`` of a language model's ``forward(tokens [1, P],
+    #: input_pos [1])`` (its upper bound when dynamic), else 1
+    tokens_per_call: int = 1
 
     @property
     def naive_ratio(self) -> float:
@@ -143,8 +225,13 @@ class ProgramCost:
     def fused_ratio(self) -> float:
         return self.fused.total / self.floor if self.floor else math.inf
 
+    def roofline(self, prompt: int = PROMPT) -> list[Roofline]:
+        """The execution on every device of :data:`DEVICES` (:func:`roofline`)."""
+        return [roofline(self, d, prompt) for d in DEVICES]
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["roofline"] = [asdict(r) for r in self.roofline()]
         d["naive_ratio"], d["fused_ratio"] = round(self.naive_ratio, 4), round(self.fused_ratio, 4)
         for k in ("naive", "fused", "cpu"):
             d[k]["total"] = getattr(self, k).total
@@ -170,6 +257,7 @@ class ProgramCost:
                 + "".join(f", {k} x{v}" for k, v in self.cpu_kernels.items()),
                 f"by role {'naive':>22} {'fused':>14}",
                 *(f"  {r:<16} {_b(self.naive.by_role[r]):>14} {_b(self.fused.by_role[r]):>14}" for r in ROLES),
+                *self.format_roofline().splitlines(),
                 "costliest nodes (naive; fused):" if self.worst else "",
                 *(
                     f"  {'cpu' if n.node < 0 else f'd{n.delegate} #{n.node}':>10} {n.kind:<30} {_b(n.naive):>14} {_b(fused):>14}"
@@ -177,6 +265,24 @@ class ProgramCost:
                 ),
             ]
         ).rstrip()
+
+    def format_roofline(self, prompt: int = PROMPT) -> str:
+        """The roofline table: per device, a call's time, decode and prefill tokens/s, the time to the
+        first token of a ``prompt``-token prompt and its ratio to the prompt's compute floor."""
+        gb = self.fused.total / 1e9
+        lines = [
+            f"roofline: a call moves {gb:.3f} GB (fused) and computes {self.flops / 1e9:.2f} GFLOP; "
+            f"{self.tokens_per_call} prompt token(s) per call; time = max(bytes / bandwidth, FLOPs / peak) "
+            f"(devices: docs/device-cost.md)",
+            f"  {'device':<10} {'GB/s':>5} {'TFLOPS':>6} {'FLOP/mem':>8} {'decode tok/s':>12} "
+            f"{'prefill tok/s':>13} {f'TTFT {prompt}':>9} {'x floor':>7}",
+        ]
+        for r in self.roofline(prompt):
+            lines.append(
+                f"  {r.device:<10} {r.bandwidth_gbs:>5.0f} {r.fp16_tflops:>6.2f} {r.flop_share:>8.2f} "
+                f"{r.decode_tokens_per_s:>12.1f} {r.prefill_tokens_per_s:>13.0f} {r.ttft_s:>8.2f}s {r.ttft_ratio:>6.2f}x"
+            )
+        return "\n".join(lines)
 
 
 def _b(n: int) -> str:
@@ -199,6 +305,15 @@ class GraphCost:
     constants: int
     state: int
     rows: int
+    #: multiply-adds x 2 of the matmuls and convolutions (elementwise ops and reductions not counted)
+    flops: int = 0
+    #: elements of the weights (constants and weight-derived values) the matmuls read: a token through
+    #: every one of them costs ``2 * weight_params`` FLOPs
+    weight_params: int = 0
+
+
+def _numel(t: Tensor) -> int:
+    return math.prod(t.device_shape) if t.device_shape else 1
 
 
 def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> GraphCost:
@@ -335,6 +450,28 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
         cs = real_consumers(v)
         gathers = [c for c in cs if graph.nodes[c].op in GATHERS and reads(operands[c][0], False)[0][1] == v]
         floor_constants += sum(size[_out(graph.nodes[c])] for c in gathers) if cs and gathers == cs else size[v]
+    flops = weight_params = 0
+    for i, n in enumerate(graph.nodes):
+        if n.op not in MATMULS and n.op not in CONVOLUTIONS:
+            continue
+        out = _out(n)
+        ins = [v for v in operands[i] if 0 <= v < len(values)]
+        if out < 0 or not ins:
+            continue
+        if n.op in CONVOLUTIONS:  # weight [O, I/groups, kh, kw]: each output element is I/groups*kh*kw MACs
+            w = n.fields.get("input2_id")
+            per = _numel(values[w]) // max(values[w].device_shape[0], 1) if isinstance(w, int) and 0 <= w < len(values) else 0
+            flops += 2 * _numel(values[out]) * per
+            weights = [w] if isinstance(w, int) and role.get(w) in ("weights", "weight-derived") else []
+        else:  # [.., M, K] @ [.., K, N]; MPSAddmm's first operand is the bias
+            a = n.fields.get("input2_id") if n.op == "MPSAddmm" else n.fields.get("input1_id")
+            b = n.fields.get("input3_id") if n.op == "MPSAddmm" else n.fields.get("input2_id")
+            if not all(isinstance(x, int) and 0 <= x < len(values) for x in (a, b)):
+                continue
+            k = values[a].device_shape[-1] if values[a].device_shape else 1
+            flops += 2 * _numel(values[out]) * k
+            weights = [x for x in (a, b) if role.get(x) in ("weights", "weight-derived")]
+        weight_params += sum(_numel(values[w]) for w in weights)
     return GraphCost(
         dict(collections.Counter(n.op for n in graph.nodes)),
         naive,
@@ -343,6 +480,8 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
         floor_constants,
         sum(size[v] for v in state if 0 <= v < len(values)),
         rows,
+        flops,
+        weight_params,
     )
 
 
@@ -443,7 +582,7 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
     kinds: collections.Counter = collections.Counter()
     cpu_kernels: collections.Counter = collections.Counter()
     nodes: list[NodeCost] = []
-    constants = rows = 0
+    constants = rows = flops = weight_params = 0
     cpu_constants: dict[int, int] = {}
     for c, chain_pos in enumerate(plan["chains"] or ()):
         chain = fb.table(chain_pos, "Chain", f"chains[{c}]")
@@ -472,6 +611,8 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
                 nodes.extend(g.nodes)
                 constants += g.constants
                 rows += g.rows
+                flops += g.flops
+                weight_params += g.weight_params
                 written.update(out_args)
             elif tag == 1:  # KernelCall
                 call = fb.table(body, "KernelCall", f"instruction {k}")
@@ -512,15 +653,33 @@ def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | N
     naive.merge(cpu)
     fused.merge(cpu)
     out_bytes = sum(tbytes(t) for t in map(tensor, outputs) if t is not None)
+    in_bytes = sum(tbytes(t) for t in map(tensor, sorted(inputs)) if t is not None)
     parts = {
         "constants": constants + sum(cpu_constants.values()),
         "state": sum(state.values()),
         "rows written": rows,
+        "inputs": in_bytes,
         "outputs": out_bytes,
     }
     worst = sorted(nodes, key=lambda n: -n.naive)[:top]
+    ins = [tensor(v) for v in plan["inputs"] or ()]
+    tokens = 1  # a language model's step: tokens int64 [1, P], input_pos int64 [1]
+    if len(ins) == 2 and all(t is not None and t["scalar_type"] == 4 for t in ins):
+        if len(ins[0]["sizes"] or ()) == 2 and list(ins[1]["sizes"] or ()) == [1]:
+            tokens = int(ins[0]["sizes"][1])
     return ProgramCost(
-        str(method), dict(sorted(kinds.items())), naive, fused, cpu, dict(cpu_kernels), sum(parts.values()), parts, worst
+        str(method),
+        dict(sorted(kinds.items())),
+        naive,
+        fused,
+        cpu,
+        dict(cpu_kernels),
+        sum(parts.values()),
+        parts,
+        worst,
+        flops=flops,
+        weight_params=weight_params,
+        tokens_per_call=tokens,
     )
 
 

@@ -22,7 +22,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from mps_backend import compile_specs as specs
 from mps_backend.backend import MPSBackend  # noqa: F401  (to_backend finds backends among BackendDetails subclasses)
 from mps_backend.errors import MPSBackendWarning
-from mps_backend.operators.registry import Registry, default_registry, op_key
+from mps_backend.operators.registry import DYNAMIC, Registry, default_registry, op_key
 
 BACKEND_ID = "MPSBackend"
 #: why an in-place row write into a mutable buffer stays on CPU (see :func:`cache_writes`)
@@ -79,6 +79,18 @@ class PartitionReport:
         """The CPU nodes other than the KV-cache row writes (:data:`CACHE_WRITE_REASON`)."""
         return [n for n in self.on_cpu if n.reason != CACHE_WRITE_REASON]
 
+    @property
+    def cpu_static(self) -> list[CpuNode]:
+        """The CPU nodes other than the KV-cache row writes and the dynamic-shape nodes
+        (:attr:`cpu_dynamic`): static work the device does not take."""
+        return [n for n in self.cpu_except_cache_writes if DYNAMIC not in n.reason]
+
+    @property
+    def cpu_dynamic(self) -> list[CpuNode]:
+        """The CPU nodes left there because their shapes or values are dynamic (symbolic sizes): in a
+        chunked language model (docs/llm.md), the padding, positions and row slices around the delegate."""
+        return [n for n in self.cpu_except_cache_writes if DYNAMIC in n.reason]
+
     def __str__(self) -> str:
         if self.methods:
             lines = [
@@ -92,7 +104,12 @@ class PartitionReport:
         lines = [f"{len(self.delegated)}/{self.total} operator nodes delegated to MPS in {self.partitions} partition(s)"]
         if self.on_cpu:
             lines.append("left on CPU:")
-            lines += [f"  {n.name} ({n.target}): {n.reason}" for n in self.cpu_except_cache_writes]
+            dynamic = self.cpu_dynamic
+            shown = self.cpu_except_cache_writes if len(dynamic) <= 4 else self.cpu_static + dynamic[:2]
+            lines += [f"  {n.name} ({n.target}): {n.reason}" for n in shown]
+            if len(shown) < len(self.cpu_except_cache_writes):
+                kinds = sorted({n.target.rsplit("::", 1)[-1] for n in dynamic[2:]})
+                lines.append(f"  {len(dynamic) - 2} more with a dynamic shape ({', '.join(kinds)})")
             writes = len(self.on_cpu) - len(self.cpu_except_cache_writes)
             if writes:
                 lines.append(f"  {writes} x index_put: {CACHE_WRITE_REASON}")
@@ -156,11 +173,14 @@ def cache_writes(ep: ExportedProgram) -> frozenset[Node]:
     return frozenset(found)
 
 
-def backend_config(edge) -> ExecutorchBackendConfig:
+def backend_config(edge, unplanned_inputs: Sequence[str] = ()) -> ExecutorchBackendConfig:
     """The ``ExecutorchBackendConfig`` for ``edge.to_executorch``: executorch's reinplace pass on
     (index_put -> index_put_ on mutable buffers: the KV-cache writes of :func:`cache_writes` write
     their rows, and no ``aten::copy_`` writes a whole buffer back) when every index_put left outside
-    the delegates is one the portable ``index_put_`` computes (:func:`is_row_write`)."""
+    the delegates is one the portable ``index_put_`` computes (:func:`is_row_write`).
+    ``unplanned_inputs``: methods whose inputs get no memory in the program's plan, so that
+    executorch's ``Method::set_input`` points them at the caller's tensor instead of copying it in
+    (Whisper's ``text_decoder``: the encoder's output, every step)."""
     names = edge.methods if hasattr(edge, "methods") else ["forward"]
     safe = all(
         is_row_write(n)
@@ -168,7 +188,12 @@ def backend_config(edge) -> ExecutorchBackendConfig:
         for n in edge.exported_program(name).graph.nodes
         if n.op == "call_function" and _target_name(n.target) == "aten::index_put"
     )
-    return ExecutorchBackendConfig(run_reinplace_pass=safe)
+    if not unplanned_inputs:
+        return ExecutorchBackendConfig(run_reinplace_pass=safe)
+    from executorch.exir.passes import MemoryPlanningPass  # noqa: PLC0415
+
+    planning = {name: MemoryPlanningPass(alloc_graph_input=name not in unplanned_inputs) for name in names}
+    return ExecutorchBackendConfig(run_reinplace_pass=safe, memory_planning_pass=planning)
 
 
 def _absorb_unread_constants(ep: ExportedProgram, tag: str) -> None:
@@ -242,13 +267,17 @@ class MPSPartitioner(Partitioner):
     float32; upstream-style ``compile_specs=[CompileSpec("use_fp16", bytes([0|1]))]`` work too.
     """
 
-    def __init__(self, compile_specs: Sequence[CompileSpec] | None = None, *, use_fp16: bool | None = None):
+    def __init__(
+        self, compile_specs: Sequence[CompileSpec] | None = None, *, use_fp16: bool | None = None, dynamic_ok: bool = False
+    ):
         fp16 = specs.parse(compile_specs)
         if use_fp16 is not None:
             if compile_specs and fp16 != use_fp16:
                 raise ValueError("use_fp16 and the use_fp16 compile spec disagree")
             fp16 = use_fp16
         self.use_fp16 = fp16
+        #: the program's dynamic-shape nodes are meant for CPU (a chunked language model): no warning
+        self.dynamic_ok = dynamic_ok
         self.delegation_spec = DelegationSpec(BACKEND_ID, [specs.fp16_spec(fp16)])
         self._reports: list[PartitionReport] = []
         super().__init__()
@@ -292,8 +321,8 @@ class MPSPartitioner(Partitioner):
         if self.use_fp16:
             report.fp16_notes = [note for n in gm.graph.nodes if n in delegated for note in [_fp16_cast_note(n)] if note]
         self._reports.append(report)
-        dynamic = [n for n in report.on_cpu if "dynamic shape" in n.reason]
-        if dynamic:
+        dynamic = report.cpu_dynamic
+        if dynamic and not self.dynamic_ok:
             warnings.warn(
                 DynamicShapeWarning(
                     f"{len(dynamic)} operator node(s) stay on CPU because their shapes are dynamic (first: "

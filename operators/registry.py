@@ -81,12 +81,18 @@ def _tensors(x: Any) -> Iterable[torch.Tensor]:
             yield from _tensors(item)
 
 
+#: the words every reason for a node left on CPU because of a dynamic shape starts or contains
+DYNAMIC = "dynamic shape"
+#: values of symbolic sizes (a dynamic dimension and what is computed from it)
+SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 def tensor_reason(t: torch.Tensor, what: str) -> Reason:
     reason = dtype_reason(t.dtype)
     if reason:
         return f"{what}: {reason}"
     if any(not isinstance(d, int) for d in t.shape):
-        return f"{what} has a dynamic shape {tuple(t.shape)}; the device compiles static shapes only"
+        return f"{what} has a {DYNAMIC} {tuple(t.shape)}; the device compiles static shapes only"
     if t.numel() == 0:
         return f"{what} is empty (shape {tuple(t.shape)}); the device cannot hold zero-size tensors"
     return None
@@ -105,6 +111,8 @@ def generic_reason(node: Node, scope: str = "all") -> Reason:
     if scope != "outputs":
         for i, arg in enumerate(node.args):
             for a in arg if isinstance(arg, (list, tuple)) else [arg]:
+                if isinstance(a, SYMBOLIC) or isinstance(a, Node) and isinstance(a.meta.get("val"), SYMBOLIC):
+                    return f"{DYNAMIC}: input {i} ({getattr(a, 'name', a)}) is a symbolic size, not a value the graph can hold"
                 if isinstance(a, Node):
                     for t in _tensors(a.meta.get("val")):
                         reason = tensor_reason(t, f"input {i} ({a.name})")
@@ -143,6 +151,8 @@ class Registry:
         """None if the node can be lowered, else the reason it stays on CPU."""
         if node.op != "call_function":
             return f"{node.op} nodes are not operators"
+        if isinstance(node.meta.get("val"), SYMBOLIC):  # sym_size and arithmetic on sizes: the CPU's
+            return f"{DYNAMIC}: {_name(node.target)} computes a symbolic size (executorch computes it on CPU)"
         low = self.lowering(node.target)
         if low is None:
             why = self._not_lowered.get(op_key(node.target))

@@ -13,7 +13,9 @@ module, and the outputs must equal those of the 1.5.1 run (bit for bit where no 
 involved: the delegate is the same device model). The language model's decode step writes its KV cache
 after the delegate, on CPU: its only CPU operator is ``aten::index_put_`` (in the 1.0 portable kernels,
 as the export-time kernel check says and each runtime's registry confirms), writing the new rows only
-(no ``aten::copy_`` of a whole cache: :mod:`mps_backend.cost`). With ``MPS_BACKEND_COMPAT_REPORT=FILE``
+(no ``aten::copy_`` of a whole cache: :mod:`mps_backend.cost`). The Whisper program runs as executorch's ASR
+runner calls it: ``encoder`` once, then ``text_decoder`` steps each handed the encoder's output (its inputs
+unplanned: the runtime points them at the caller's tensors). With ``MPS_BACKEND_COMPAT_REPORT=FILE``
 the table is written there (docs/runtime-compat.md).
 """
 
@@ -37,6 +39,7 @@ from mps_backend.runtime_kernels import missing_kernels, program_operators
 ROOT = Path(__file__).resolve().parents[1]
 CHECKER = ROOT / "scripts" / "compat_check.py"
 LLM_LAYERS, LLM_MAX_SEQ_LEN = 2, 32  # the KV-cache case: one K and one V buffer per layer
+LLM_CHUNK = 4  # the chunked-prefill case: forward(tokens [1, n <= 4], input_pos [1]) (docs/llm.md)
 
 
 def _runtimes() -> list[Path]:
@@ -97,8 +100,13 @@ def _cases(folder: Path) -> list[str]:
         "cpu_only": (_cpu_only(_GridSample().eval(), (x, grid)), [[x, grid]]),
         "migrated_ff": (export_model(migrated, list(migrated_in)).pte, [list(migrated_in)]),
         "zoo_ds_cnn": (export_model(zoo, list(zoo_in)).pte, [list(zoo_in)]),
-        "llm_kv_cache": (_llm(folder), [[torch.tensor([[t]]), torch.tensor([p])] for p, t in enumerate((1, 7, 3))]),
+        "llm_kv_cache": (_llm(folder, 1), [[torch.tensor([[t]]), torch.tensor([p])] for p, t in enumerate((1, 7, 3))]),
+        "llm_prefill_chunk": (_llm(folder, LLM_CHUNK), _chunk_steps()),
+        "whisper_asr": _whisper(folder),
     }
+    # past the cache: the runner of 1.3/1.4 skips its capacity check for this program (max_seq_len <
+    # max_context_len); the program itself refuses, on CPU, before the delegate runs
+    torch.save([_step([5, 6], LLM_MAX_SEQ_LEN - 1), _step([5], LLM_MAX_SEQ_LEN)], folder / "llm_prefill_chunk.refused.pt")
     for name, (pte, steps) in exports.items():
         (folder / f"{name}.pte").write_bytes(pte)
         torch.save(steps, folder / f"{name}.inputs.pt")
@@ -112,14 +120,48 @@ def _cpu_only(model: nn.Module, inputs: tuple) -> bytes:
     return to_edge_transform_and_lower(torch.export.export(model, inputs)).to_executorch().buffer
 
 
-def _llm(folder: Path) -> bytes:
+def _llm(folder: Path, chunk: int) -> bytes:
     from mps_backend.llm import export_llm  # noqa: PLC0415
     from tests.llm_helpers import save_checkpoint  # noqa: PLC0415
 
-    ckpt = save_checkpoint(folder / "ckpt", "llama", layers=LLM_LAYERS)
+    ckpt = folder / "ckpt"
+    if not ckpt.is_dir():
+        save_checkpoint(ckpt, "llama", layers=LLM_LAYERS)
     out = folder / "llm.bin"
-    export_llm(f"hf:{ckpt}", out, dtype="fp16", max_seq_len=LLM_MAX_SEQ_LEN)
+    export_llm(f"hf:{ckpt}", out, dtype="fp16", max_seq_len=LLM_MAX_SEQ_LEN, prefill_chunk=chunk)
     return out.read_bytes()
+
+
+def _whisper(folder: Path) -> tuple[bytes, list]:
+    """A tiny Whisper in float16 and the ASR runner's calls: ``encoder`` on the features of a test
+    utterance, then three ``text_decoder`` steps, each handed the encoder's output (step 0's)."""
+    from mps_backend.llm import export_llm  # noqa: PLC0415
+    from tests.llm_helpers import train_tokenizer  # noqa: PLC0415
+    from tests.whisper_helpers import START, features, save_whisper, utterance  # noqa: PLC0415
+
+    ckpt = save_whisper(folder / "whisper", train_tokenizer())
+    out = folder / "whisper.bin"
+    export_llm(f"hf:{ckpt}", out, dtype="fp16", max_seq_len=LLM_MAX_SEQ_LEN)
+    steps: list = [{"method": "encoder", "inputs": [features(ckpt, utterance())]}]
+    for pos, token in enumerate((START, 7, 3)):
+        steps.append({"method": "text_decoder", "inputs": [torch.tensor([[token]]), {"output_of": 0}, torch.tensor([pos])]})
+    return out.read_bytes(), steps
+
+
+def _step(tokens: list[int], pos: int) -> list[torch.Tensor]:
+    return [torch.tensor([tokens]), torch.tensor([pos])]
+
+
+def _chunk_steps() -> list[list[torch.Tensor]]:
+    """A prompt of 2 chunks and 1 token (as the runner cuts 9 tokens at get_max_seq_len 4), 2 decode
+    steps, a second prompt up to the cache's last 2 positions, then a chunk of 2 there (its 2 padding
+    rows would fall past the cache's end)."""
+    prompt = [1, 7, 3, 9, 12, 4, 8, 2, 6]
+    steps = [_step(prompt[p : p + LLM_CHUNK], p) for p in range(0, len(prompt), LLM_CHUNK)]
+    steps += [_step([11], len(prompt)), _step([13], len(prompt) + 1)]
+    more = [(5 * i) % 100 + 2 for i in range(len(prompt) + 2, LLM_MAX_SEQ_LEN - 2)]
+    steps += [_step(more[p : p + LLM_CHUNK], len(prompt) + 2 + p) for p in range(0, len(more), LLM_CHUNK)]
+    return [*steps, _step([3, 5], LLM_MAX_SEQ_LEN - 2)]
 
 
 def _check_cache_writes(pte: bytes) -> None:
@@ -134,6 +176,36 @@ def _check_cache_writes(pte: bytes) -> None:
     assert cost.cpu.written == cost.floor_parts["rows written"] > 0
     # each write is one position of its buffer ([1, kv_heads, 1, head_dim] of [.., LLM_MAX_SEQ_LEN, ..])
     assert cost.cpu.written * LLM_MAX_SEQ_LEN == cost.floor_parts["state"]
+
+
+def _check_prefill_chunk(folder: Path, results: dict[str, dict], outputs) -> None:
+    """The chunked program (#36) in every runtime: its logits are the token-by-token program's at each
+    step's last row (float16: within the self-check's 1e-2 of their scale), and each step past the
+    cache is an error of the runtime, not a run."""
+    steps = torch.load(folder / "llm_prefill_chunk.inputs.pt")
+    one = _token_by_token(folder / "llm_kv_cache.pte", steps)
+    for version, rows in results.items():
+        got = [o[0].reshape(-1) for o in outputs("llm_prefill_chunk", rows["llm_prefill_chunk"])]
+        assert len(got) == len(one)
+        for g, want in zip(got, one):
+            assert float((g - want).abs().max() / want.abs().max()) <= 1e-2, version
+        refused = rows["llm_prefill_chunk"].get("refused")
+        assert refused and all(r != "ran" for r in refused), (version, refused)
+
+
+def _token_by_token(pte: Path, steps) -> list[torch.Tensor]:
+    """The token-by-token program's logits after each step's last token (the steps' tokens fed one per
+    call at their positions, in this venv's runtime)."""
+    from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
+
+    step = LoadedMethod(pte.read_bytes(), "forward")
+    out = []
+    for tokens_t, pos in steps:
+        p0 = int(pos)
+        for i, t in enumerate(tokens_t.reshape(-1).tolist()):
+            logits = step([torch.tensor([[t]]), torch.tensor([p0 + i])])[0]
+        out.append(logits.reshape(-1))
+    return out
 
 
 def _check(runtime: Path | None, folder: Path) -> dict[str, dict]:
@@ -174,10 +246,11 @@ def _write_report(path: Path, results: dict[str, dict[str, dict]], folder: Path)
         "Generated by `make compat` (tests/test_runtime_matrix.py): programs written with executorch 1.5.1, "
         "loaded and run by each runtime with `scripts/compat_check.py`, the MPS delegate emulated by the "
         "device model (its shim built against that runtime's headers and registered in that runtime's "
-        "backend registry). *verifies*: full program verification; *meta*: the forward method reads the "
+        "backend registry). *verifies*: full program verification; *meta*: the forward method (Whisper: each method) reads the "
         "same as in 1.5.1; *kernels*: every operator registered; *load*: the method loads (MPS delegates "
         "initialised); *steps*: calls of forward through the runtime's own module (the language model: "
-        "three decode steps on its KV cache); *outputs*: compared with the 1.5.1 run. *CPU operators*: "
+        "three decode steps on its KV cache; Whisper: `encoder`, then three `text_decoder` steps handed its "
+        "output, as executorch's ASR runner calls them); *outputs*: compared with the 1.5.1 run. *CPU operators*: "
         "the operators the program runs outside the delegate (the language model's KV-cache row writes: "
         "one in-place `aten::index_put_` per cache buffer, no `aten::copy_` of a cache).",
     ]
@@ -259,6 +332,10 @@ def test_programs_run_in_the_runtimes_apps_ship(tmp_path):
     # the decode steps ran (each gives its own logits), they did not repeat one result
     llm = outputs("llm_kv_cache", base["llm_kv_cache"])
     assert not torch.equal(llm[0][0], llm[1][0])
+    asr = outputs("whisper_asr", base["whisper_asr"])
+    assert asr[0][0].dim() == 3 and asr[1][0].shape == asr[2][0].shape and not torch.equal(asr[1][0], asr[2][0])
+    # the chunked program: every step's logits of the token after its last row; past the cache refused
+    _check_prefill_chunk(tmp_path, results, outputs)
     report = os.environ.get("MPS_BACKEND_COMPAT_REPORT")
     if report:
         _write_report(Path(report), results, tmp_path)

@@ -77,21 +77,24 @@ def grouped_attention(
     kv, s = key_t.shape[1], key_t.shape[-1]
     g = h // kv
     new_rows = getattr(key_t, NEW_ROWS, None)  # (k_t, v) of this step: the cache is the old one
-    if new_rows is not None and t != 1:
-        raise ValueError(f"grouped_attention over an old cache plus new rows decodes one token, not {t}")
+    if new_rows is not None and new_rows[0].shape[-1] != t:
+        raise ValueError(f"grouped_attention: {t} query rows but {new_rows[0].shape[-1]} new key rows")
     if scaling is None:
         scaling = float(module.head_dim) ** -0.5
     # query head kv*G + j uses KV head kv (repeat_kv's order): [B, KV, G*T, d], scaled once
     q = (query * scaling).reshape(b, kv, g * t, d)
     scores = torch.matmul(q, key_t)  # [B, KV, G*T, S]
-    if new_rows is not None:  # the new key's score, always visible: one more column
+    if new_rows is not None:  # the new keys' scores: T more columns (one in a decode step, always visible)
         scores = torch.cat([scores, torch.matmul(q, new_rows[0])], dim=-1)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
-        mask = attention_mask[:, :, :, :s]
-        if new_rows is not None:
-            mask = torch.cat([mask, torch.zeros_like(mask[..., :1])], dim=-1)
+        if new_rows is not None and attention_mask.shape[-1] == s + t:
+            mask = attention_mask  # a chunk: the mask covers the old cache and the chunk's own rows
+        else:
+            mask = attention_mask[:, :, :, :s]
+            if new_rows is not None:  # one decode row: its own key always visible
+                mask = torch.cat([mask, torch.zeros_like(mask[..., :1])], dim=-1)
         n = scores.shape[-1]
         scores = (scores.view(b, kv, g, t, n) + mask.unsqueeze(2)).view(b, kv, g * t, n)
     if s_aux is not None:
@@ -102,8 +105,10 @@ def grouped_attention(
         probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
     else:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    if new_rows is not None:  # p_old @ V_old + p_new * v_new
+    if new_rows is not None and t == 1:  # p_old @ V_old + p_new * v_new
         out = torch.matmul(probs[..., :s], value) + probs[..., s:] * new_rows[1]
+    elif new_rows is not None:  # a chunk: p_old @ V_old + p_new @ V_new
+        out = torch.matmul(probs[..., :s], value) + torch.matmul(probs[..., s:], new_rows[1])
     else:
         out = torch.matmul(probs, value)  # [B, KV, G*T, d]
     return out.view(b, h, t, d).transpose(1, 2).contiguous(), None
@@ -194,9 +199,12 @@ class _TransposedKVCache(torch.nn.Module):
         self.pending.append((input_pos, k_t, v_val))
         return with_new_rows(self.k_cache, k_t, v_val), self.v_cache
 
-    def write_pending(self) -> None:
-        """Write the rows ``update`` kept into the buffers (after the model's forward) and forget them."""
+    def write_pending(self, positions: torch.Tensor | None = None, n=None) -> None:
+        """Write the rows ``update`` kept into the buffers (after the model's forward) and forget them;
+        a chunk's first ``n`` rows at ``positions`` (its padding rows are never written)."""
         for input_pos, k_t, v in self.pending or ():
+            if n is not None:
+                input_pos, k_t, v = positions, k_t[..., :n], v[:, :, :n]
             write_kv_rows(self.k_cache, self.v_cache, input_pos, k_t, v)
         self.pending = None
 
@@ -212,9 +220,12 @@ class _GroupedSDPA(torch.nn.Module):
 
     def forward(self, input_pos, q, k_t, v, bsz, seqlen, mask):
         d = q.shape[-1]
-        if getattr(k_t, NEW_ROWS, None) is not None:  # the old cache: positions >= input_pos hidden
-            mask = mask & (torch.arange(mask.shape[-1], dtype=input_pos.dtype) < input_pos.reshape(-1, 1))
-        additive = torch.where(mask, 0.0, float("-inf")).to(q.dtype)  # [T, S]
+        if getattr(k_t, NEW_ROWS, None) is not None:  # the old cache: positions >= input_pos[0] hidden
+            mask = mask & (torch.arange(mask.shape[-1], dtype=input_pos.dtype) < input_pos.reshape(-1)[:1])
+            if seqlen > 1:  # a chunk (input_pos: its rows' positions): row i also sees the chunk's rows j <= i
+                i = torch.arange(seqlen, dtype=input_pos.dtype)
+                mask = torch.cat([mask, i.view(1, -1) <= i.view(-1, 1)], dim=-1)  # [T, S + T]
+        additive = torch.where(mask, 0.0, float("-inf")).to(q.dtype)  # [T, S] or [T, S + T]
         out, _ = grouped_attention(self, q, k_t, v, additive.view(1, 1, *additive.shape), scaling=float(d) ** -0.5)
         return out.reshape(bsz, seqlen, self.dim)
 

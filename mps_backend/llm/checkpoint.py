@@ -31,7 +31,9 @@ from mps_backend.pages import PageReleaser, ScratchFile, map_copy_on_write, mapp
 from mps_backend.passes import FP16_MAX, largest_magnitude
 
 #: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
-TESTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
+TESTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "whisper")
+#: encoder-decoder model types exported (to executorch's ASR runner: mps_backend.llm.whisper)
+ENCODER_DECODER_TYPES = ("whisper",)
 
 
 class CheckpointError(MPSBackendError, ValueError):
@@ -449,12 +451,16 @@ def load_hf(
     # into one tensor, ...) and tied weights to the tensors given as its state dict (mapped or read
     # here, see _checkpoint_tensors); the buffers it computes itself (rotary tables).
     weight_bytes = _hf_weight_bytes(folder)
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # noqa: PLC0415
+    from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
+    )
 
-    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+    mapping = MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING if model_type in ENCODER_DECODER_TYPES else MODEL_FOR_CAUSAL_LM_MAPPING
+    if type(config) not in mapping:
         raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
     model, clamped = load_state_dict_into(
-        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)],
+        mapping[type(config)],
         config,
         lambda progress, overflows: _checkpoint_tensors(
             folder, dtype, clamp_fp16=clamp_fp16, overflows=overflows, bar=progress, scratch=scratch
@@ -476,9 +482,10 @@ def load_hf(
         model=model,
         kind="hf",
         model_type=model_type,
-        n_layers=int(text.num_hidden_layers),
+        # an encoder-decoder's: its decoder's (the layers with a KV cache, the positions it embeds)
+        n_layers=int(getattr(text, "decoder_layers", None) or text.num_hidden_layers),
         vocab_size=int(text.vocab_size),
-        max_positions=int(getattr(text, "max_position_embeddings", 0) or 0),
+        max_positions=int(getattr(text, "max_target_positions", None) or getattr(text, "max_position_embeddings", 0) or 0),
         bos_id=bos[0] if bos else None,
         eos_ids=eos,
         dtype=dtype,
@@ -486,6 +493,41 @@ def load_hf(
         weight_bytes=weight_bytes,
         tokenizer_path=tok if tok.is_file() else None,
         notes=notes,
+    )
+
+
+def refuse_unsupported_kind(folder: pathlib.Path, config: dict) -> None:
+    """Refuse, from ``config.json`` alone (before its sizes are checked, as each family names them its own
+    way), a model of a kind the export has no program for, naming what is missing: an encoder-decoder
+    other than Whisper, an audio-language model."""
+    model_type = str(config.get("model_type", "?"))[:80]
+    if config.get("is_encoder_decoder") is True and model_type not in ENCODER_DECODER_TYPES:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES  # noqa: PLC0415
+
+        raise CheckpointError(encoder_decoder_refusal(folder, model_type, model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES))
+    if isinstance(config.get("audio_config"), dict) and model_type not in ENCODER_DECODER_TYPES:
+        raise CheckpointError(
+            f"{folder}: model type {model_type!r} is an audio-language model (an audio encoder feeding a language "
+            "model); mps-backend does not export it. Missing: the MultimodalRunner's audio_encoder, token_embedding "
+            "and text_decoder methods for it (issue #37 exports Whisper to the ASR runner only)"
+        )
+
+
+def encoder_decoder_refusal(folder: pathlib.Path, model_type: str, speech: bool) -> str:
+    """One line refusing an encoder-decoder checkpoint that is not Whisper, naming what is missing."""
+    if speech:
+        missing = (
+            "its encoder and decoder-step programs for executorch's ASR runner (mps_backend.llm.whisper builds "
+            "them for Whisper's layout: conv front end, cross-attention keys/values per decoder layer)"
+        )
+    else:
+        missing = (
+            "an executorch runner for text encoder-decoder models (the ASR runner takes audio features, the LLM "
+            "runners a decoder-only step)"
+        )
+    return (
+        f"{folder}: model type {model_type!r} is an encoder-decoder model; mps-backend exports only "
+        f"{', '.join(ENCODER_DECODER_TYPES)} among those. Missing: {missing}"
     )
 
 

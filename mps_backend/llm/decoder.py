@@ -28,7 +28,14 @@ from __future__ import annotations
 
 import torch
 
-from mps_backend.llm.attention import group_llama_attention, tabulate_rope, use_grouped_attention, with_new_rows, write_kv_rows
+from mps_backend.llm.attention import (
+    group_llama_attention,
+    tabulate_rope,
+    use_grouped_attention,
+    with_new_rows,
+    write_kv_rows,
+    write_rows,
+)
 from mps_backend.pages import untouched_zeros
 
 
@@ -49,14 +56,36 @@ def kv_heads(config) -> int:
     return int((declared and getattr(config, "num_key_value_heads", None)) or config.num_attention_heads)
 
 
-def _additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """0 where visible, -inf elsewhere, shaped ``[1, 1, 1, S]`` (added to the attention scores)."""
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype, rows: int = 1) -> torch.Tensor:
+    """0 where visible, -inf elsewhere, shaped ``[1, 1, rows, S]`` (added to the attention scores)."""
     zero = torch.zeros((), dtype=dtype)
-    return torch.where(visible, zero, torch.full((), float("-inf"), dtype=dtype)).view(1, 1, 1, -1)
+    return torch.where(visible, zero, torch.full((), float("-inf"), dtype=dtype)).view(1, 1, rows, -1)
 
 
-class _StaticCache:
-    """The object transformers' attention layers see as ``past_key_values`` (one per forward).
+def check_chunk(chunk: int, max_seq_len: int) -> int:
+    """The rows a delegate call computes: ``1 <= chunk <= max_seq_len`` (ValueError otherwise)."""
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or not 1 <= chunk <= max_seq_len:
+        raise ValueError(f"prefill chunk must be an integer from 1 to the cache length {max_seq_len}, got {chunk!r}")
+    return chunk
+
+
+def register_kv_caches(
+    module: torch.nn.Module, n_layers: int, kv_heads: int, head_dim: int, max_seq_len: int, dtype: torch.dtype, *, grouped: bool
+) -> None:
+    """Give ``module`` its KV-cache buffers ``k_cache_{i}`` / ``v_cache_{i}`` (what :class:`StaticCache`
+    reads and writes): V ``[1, kv_heads, max_seq_len, head_dim]``, K the same or, ``grouped``,
+    transposed ``[1, kv_heads, head_dim, max_seq_len]``."""
+    shape = (1, kv_heads, max_seq_len, head_dim)
+    k_shape = (1, kv_heads, head_dim, max_seq_len) if grouped else shape
+    for i in range(n_layers):
+        # zero pages the kernel supplies when written: no memory until a step writes rows
+        module.register_buffer(f"k_cache_{i}", untouched_zeros(k_shape, dtype), persistent=False)
+        module.register_buffer(f"v_cache_{i}", untouched_zeros(shape, dtype), persistent=False)
+
+
+class StaticCache:
+    """The object transformers' attention layers see as ``past_key_values`` (one per forward), over the
+    buffers of ``owner`` (:func:`register_kv_caches`; ``owner.grouped``: K transposed).
     Grouped attention: ``update`` returns the old buffers carrying the new rows (read in place, the
     rows attended to separately: mps_backend.llm.attention) and keeps the rows in ``pending``, which
     :meth:`write_pending` writes after the model's forward. Otherwise it writes the new key/value at
@@ -64,24 +93,37 @@ class _StaticCache:
 
     is_compileable = True
 
-    def __init__(self, owner: HFDecoder, input_pos: torch.Tensor):
+    def __init__(self, owner: torch.nn.Module, input_pos: torch.Tensor):
         self.owner, self.input_pos = owner, input_pos
         self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         k_cache = getattr(self.owner, f"k_cache_{layer_idx}")
         v_cache = getattr(self.owner, f"v_cache_{layer_idx}")
-        if self.owner.grouped:  # K stored transposed, [1, KV, d, S]: the new key is one column
+        if self.owner.grouped:  # K stored transposed, [1, KV, d, S]: the new keys are columns
             k_t = key.transpose(2, 3)
             self.pending[layer_idx] = (k_t, value)
             return with_new_rows(k_cache, k_t, value), v_cache
+        if getattr(self.owner, "chunk", 1) > 1:  # eager attention over the old cache then the chunk's own rows
+            self.pending[layer_idx] = (key, value)
+            return torch.cat([k_cache, key], dim=2), torch.cat([v_cache, value], dim=2)
         k_cache[:, :, self.input_pos] = key
         v_cache[:, :, self.input_pos] = value
         return k_cache, v_cache
 
-    def write_pending(self) -> None:
-        for i, (k_t, value) in self.pending.items():
-            write_kv_rows(getattr(self.owner, f"k_cache_{i}"), getattr(self.owner, f"v_cache_{i}"), self.input_pos, k_t, value)
+    def write_pending(self, positions: torch.Tensor | None = None, n=None) -> None:
+        """Write the rows kept by :meth:`update` at ``positions`` (default: ``input_pos``); a chunk
+        writes its first ``n`` rows only (the rest are padding, never written)."""
+        positions = self.input_pos if positions is None else positions
+        for i, (k_rows, value) in self.pending.items():  # grouped: K transposed, [1, KV, d, T]
+            k_cache, v_cache = getattr(self.owner, f"k_cache_{i}"), getattr(self.owner, f"v_cache_{i}")
+            if n is not None:
+                k_rows, value = k_rows[..., :n] if self.owner.grouped else k_rows[:, :, :n], value[:, :, :n]
+            if self.owner.grouped:
+                write_kv_rows(k_cache, v_cache, positions, k_rows, value)
+            else:  # K as V's layout
+                write_rows(k_cache, 2, positions, k_rows)
+                write_rows(v_cache, 2, positions, value)
         self.pending = {}
 
     def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
@@ -92,24 +134,29 @@ class _StaticCache:
 class HFDecoder(torch.nn.Module):
     """One decode step of a transformers causal LM over a static KV cache (see the module doc)."""
 
-    def __init__(self, model: torch.nn.Module, max_seq_len: int):
+    def __init__(self, model: torch.nn.Module, max_seq_len: int, chunk: int = 1):
         super().__init__()
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.model = model
         self.max_seq_len = int(max_seq_len)
+        self.chunk = check_chunk(chunk, self.max_seq_len)
+        self._row: torch.Tensor | None = None  # during a chunk's forward: the row lm_head reads
+        if self.chunk > 1:
+            # the positions 0 .. max_seq_len-1, gathered on CPU by a chunk's positions: executorch's
+            # portable index_select refuses an index past the cache (a clean error, before the delegate)
+            self.register_buffer("positions", torch.arange(self.max_seq_len, dtype=torch.long), persistent=False)
+            head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+            if head is None:
+                raise ValueError(f"{type(model).__name__}: no output embeddings (lm_head) to read one row of a chunk")
+            head.register_forward_pre_hook(self._last_row)
         self.n_layers = int(config.num_hidden_layers)
         kv = kv_heads(config)
-        shape = (1, kv, self.max_seq_len, _head_dim(config))
         dtype = next(model.parameters()).dtype
         # grouped attention (no repeat_kv, K cache transposed) where the modeling code dispatches
         # through transformers' AttentionInterface; RoPE from float32 tables (mps_backend.llm.attention)
         self.grouped = use_grouped_attention(model)
         self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype)
-        k_shape = (1, kv, _head_dim(config), self.max_seq_len) if self.grouped else shape
-        for i in range(self.n_layers):
-            # zero pages the kernel supplies when written: no memory until a step writes rows
-            self.register_buffer(f"k_cache_{i}", untouched_zeros(k_shape, dtype), persistent=False)
-            self.register_buffer(f"v_cache_{i}", untouched_zeros(shape, dtype), persistent=False)
+        register_kv_caches(self, self.n_layers, kv, _head_dim(config), self.max_seq_len, dtype, grouped=self.grouped)
         self.mask_dtype = dtype
         window = getattr(config, "sliding_window", None)
         layer_types = getattr(config, "layer_types", None)
@@ -128,52 +175,97 @@ class HFDecoder(torch.nn.Module):
         k = torch.arange(self.max_seq_len, dtype=input_pos.dtype)
         # grouped attention reads the old cache (the new row joins separately): positions < input_pos
         visible = k < input_pos if self.grouped else k <= input_pos
-        full = _additive_mask(visible, self.mask_dtype)
+        full = additive_mask(visible, self.mask_dtype)
         if self.window is not None:
-            sliding = _additive_mask(visible & (k > input_pos - self.window), self.mask_dtype)
+            sliding = additive_mask(visible & (k > input_pos - self.window), self.mask_dtype)
+        return self._by_kind(full, sliding if self.window is not None else None)
+
+    def _by_kind(self, full: torch.Tensor, sliding: torch.Tensor | None):
+        """The mask(s) the model takes: one (sliding where the config sets a window) or one per layer type."""
         if self.mask_kinds is None:
-            return sliding if self.window is not None else full
-        masks = {}
+            return sliding if sliding is not None else full
         for kind in self.mask_kinds:
-            if kind == "full_attention":
-                masks[kind] = full
-            elif kind == "sliding_attention":
-                masks[kind] = sliding
-            else:
+            if kind not in ("full_attention", "sliding_attention"):
                 raise ValueError(f"layer type {kind!r} is not supported by the static decode step")
-        return masks
+        return {kind: full if kind == "full_attention" else sliding for kind in self.mask_kinds}
+
+    def _last_row(self, module: torch.nn.Module, args: tuple):
+        """lm_head's forward pre-hook: in a chunk, only the last prompt row's logits are computed."""
+        if self._row is None:
+            return None
+        return (args[0].index_select(1, self._row), *args[1:])
+
+    def _chunk_masks(self, input_pos: torch.Tensor):
+        """Additive masks ``[1, 1, C, S + C]`` of a chunk: query row ``i`` (position ``input_pos + i``) sees
+        the old cache's positions ``< input_pos`` and the chunk's rows ``j <= i``; a sliding layer of width
+        ``w`` only those less than ``w`` positions back. Padding rows come after the prompt's rows, so no
+        prompt row sees one."""
+        c, s = self.chunk, self.max_seq_len
+        i = torch.arange(c, dtype=input_pos.dtype).view(c, 1)
+        j = torch.arange(c, dtype=input_pos.dtype).view(1, c)
+        k = torch.arange(s, dtype=input_pos.dtype).view(1, s)
+        old, new = (k < input_pos).expand(c, s), j <= i
+        full = additive_mask(torch.cat([old, new], dim=1), self.mask_dtype, c)
+        sliding = None
+        if self.window is not None:
+            old_w = old & (input_pos + i - k < self.window)
+            sliding = additive_mask(torch.cat([old_w, new & (i - j < self.window)], dim=1), self.mask_dtype, c)
+        return self._by_kind(full, sliding)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
-        cache = _StaticCache(self, input_pos)
-        out = self.model(
-            input_ids=tokens,
-            attention_mask=self._masks(input_pos),
-            position_ids=input_pos.view(1, -1),
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache.write_pending()  # the cache writes after attention: index_put on CPU, in place
+        """A decode step (``chunk`` 1: ``tokens [1, 1]``), or ``tokens [1, n]``, ``1 <= n <= C``: the CPU
+        pads them to ``C`` rows, the delegate computes the chunk (static shapes), the CPU writes the first
+        ``n`` rows of keys and values into the cache."""
+        cache = StaticCache(self, input_pos)
+        if self.chunk > 1:
+            n, positions, last, tokens, rows = chunk_inputs(tokens, input_pos, self.positions, self.chunk)
+            masks, position_ids, self._row = self._chunk_masks(input_pos), rows.view(1, -1), last - input_pos
+        else:
+            n, positions, masks, position_ids = None, None, self._masks(input_pos), input_pos.view(1, -1)
+        try:
+            out = self.model(
+                input_ids=tokens, attention_mask=masks, position_ids=position_ids, past_key_values=cache, use_cache=True
+            )
+        finally:
+            self._row = None
+        cache.write_pending(positions, n)  # the cache writes after attention: index_put on CPU, in place
         return out.logits[:, -1, :].float()
 
 
 class ExecutorchLlamaDecoder(torch.nn.Module):
     """executorch's example llama built with ``use_kv_cache=True``: ``(tokens, input_pos)`` ->
-    float32 logits of the last token."""
+    float32 logits of the last token; with ``chunk`` > 1, ``tokens [1, n]``, ``n <= chunk``, as
+    :class:`HFDecoder`."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, max_seq_len: int | None = None, chunk: int = 1):
         super().__init__()
         self.model = model
         # grouped attention over a transposed-K cache (mps_backend.llm.attention)
         self.grouped_layers = group_llama_attention(model)
+        self.max_seq_len = int(max_seq_len or model.params.max_context_len)
+        self.chunk = check_chunk(chunk, self.max_seq_len)
+        if self.chunk > 1:
+            if not self.grouped_layers or getattr(model, "generate_full_logits", False):
+                raise ValueError("a prefill chunk needs executorch's llama with its static KV cache and last-token logits")
+            self.register_buffer("positions", torch.arange(self.max_seq_len, dtype=torch.long), persistent=False)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         caches = [m for m in self.model.modules() if hasattr(m, "write_pending")]
         for cache in caches:
             cache.pending = []
         try:
-            logits = self.model(tokens, {"input_pos": input_pos})
-            for cache in caches:  # the cache writes after attention: index_put on CPU, in place
-                cache.write_pending()
+            if self.chunk > 1:
+                n, positions, last, padded, rows = chunk_inputs(tokens, input_pos, self.positions, self.chunk)
+                # the model reads its RoPE rows and causal-mask rows at every row's position; its
+                # attention (_GroupedSDPA) reads the old cache before the chunk's first position
+                options = {"input_pos": rows, "last_valid_token_pos": last - input_pos}
+                logits = self.model(padded, options)
+                for cache in caches:  # the chunk's first n rows, on CPU, in place
+                    cache.write_pending(positions, n)
+            else:
+                logits = self.model(tokens, {"input_pos": input_pos})
+                for cache in caches:  # the cache writes after attention: index_put on CPU, in place
+                    cache.write_pending()
         finally:
             for cache in caches:
                 cache.pending = None
@@ -182,6 +274,30 @@ class ExecutorchLlamaDecoder(torch.nn.Module):
         return logits.reshape(1, -1, logits.shape[-1])[:, -1, :].float()
 
 
-def example_inputs(position: int = 0, token: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tokens [1, 1], input_pos [1])`` for one decode step."""
-    return torch.tensor([[token]], dtype=torch.long), torch.tensor([position], dtype=torch.long)
+def chunk_inputs(tokens: torch.Tensor, input_pos: torch.Tensor, positions_table: torch.Tensor, chunk: int):
+    """The CPU side of a chunk (``tokens [1, n]``, ``1 <= n <= chunk``): ``(n, positions [n], last [1],
+    padded tokens [1, chunk], rows [chunk])``. ``positions`` are the prompt rows' (where their keys and
+    values are written); ``last`` the last one, gathered from ``positions_table`` (``0 .. S-1``) by
+    executorch's portable ``index_select``, which refuses an index past the cache: a clean error before
+    the delegate runs. ``rows`` are the chunk's positions clamped to the cache (padding rows read a
+    valid RoPE row; nothing of theirs is kept)."""
+    n = tokens.shape[1]
+    positions = input_pos + torch.arange(n, dtype=input_pos.dtype)
+    last = torch.index_select(positions_table, 0, positions)[-1:]
+    padded = torch.nn.functional.pad(tokens, (0, chunk - n))
+    rows = (input_pos + torch.arange(chunk, dtype=input_pos.dtype)).clamp(max=positions_table.shape[0] - 1)
+    return n, positions, last, padded, rows
+
+
+def example_inputs(position: int = 0, token: int = 0, chunk: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens [1, 1], input_pos [1])`` for one decode step; ``tokens [1, chunk]`` for a chunk."""
+    return torch.full((1, chunk), token, dtype=torch.long), torch.tensor([position], dtype=torch.long)
+
+
+def dynamic_shapes(chunk: int):
+    """torch.export's ``dynamic_shapes`` of a chunked program: ``tokens [1, n]``, ``1 <= n <= chunk``;
+    None for the static decode step (``chunk == 1``)."""
+    if chunk == 1:
+        return None
+    n = torch.export.Dim("prompt_rows", min=1, max=chunk)
+    return {"tokens": {1: n}, "input_pos": None}

@@ -18,12 +18,12 @@ import pathlib
 import tempfile
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
-from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, example_inputs, kv_heads
+from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, check_chunk, dynamic_shapes, example_inputs, kv_heads
 from mps_backend.llm.spec import parse_model_spec
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
@@ -48,6 +48,13 @@ DEFAULT_MAX_SEQ_LEN = 2048
 
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 
+#: the rows one delegate call computes when the export does not say (``--prefill-chunk``): 1, the static
+#: one-token step. A chunk C > 1 cuts the prompt's calls C-fold, but its attention scores over the
+#: whole cache (C rows x the cache length, per head) are written and read by every step, decode too:
+#: at the Llama-3.2-1B shape with a 2048-row cache, C = 16 makes a float16 decode step 1.160x the
+#: memory floor (1.010x at C = 1), above the 1.03x decode bound (docs/llm.md, The chunk)
+DEFAULT_PREFILL_CHUNK = 1
+
 
 @dataclass
 class LLMExportResult:
@@ -66,6 +73,12 @@ class LLMExportResult:
     #: the self-check (``verify_steps``): a :class:`mps_backend.llm.verify.LLMVerification`
     verification: Any = None
     quantize_embedding: bool = False
+    #: MPS delegates of each method of the program
+    method_delegates: dict[str, int] = field(default_factory=dict)
+    #: the methods' static signatures, as the summary states them
+    signature: str = "decode step tokens [1, 1], input_pos [1]"
+    #: rows one delegate call computes (1: the static decode step, prompts prefilled token by token)
+    prefill_chunk: int = 1
 
     def summary(self) -> str:
         r = self.report
@@ -74,8 +87,18 @@ class LLMExportResult:
             + (f", {self.quantize} weight-only" if self.quantize else "")
             + (", int8 embedding (a scale per row)" if self.quantize_embedding else "")
             + ")",
-            f"max_seq_len      {self.max_seq_len} (static shapes: decode step tokens [1, 1], input_pos [1])",
-            f"MPS delegates    {self.delegates}",
+            (
+                f"max_seq_len      {self.max_seq_len} (static shapes: {self.signature})"
+                if self.prefill_chunk == 1
+                else f"max_seq_len      {self.max_seq_len} (KV cache; forward tokens [1, n], 1 <= n <= "
+                f"{self.prefill_chunk}, input_pos [1]: the device computes {self.prefill_chunk} rows per call)"
+            ),
+            f"MPS delegates    {self.delegates}"
+            + (
+                " (" + ", ".join(f"{m} {n}" for m, n in self.method_delegates.items()) + ")"
+                if len(self.method_delegates) > 1
+                else ""
+            ),
             f"nodes delegated  {len(r.delegated)}/{r.total}",
             f".pte size        {self.pte_bytes:,} bytes (checkpoint weights {self.weight_bytes:,})",
             "seconds          " + ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items()),
@@ -131,22 +154,53 @@ def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str |
     return DEFAULT_MAX_SEQ_LEN, None
 
 
-def decoder_for(lm: LoadedLM, max_seq_len: int) -> torch.nn.Module:
-    """The static decode-step module of a loaded model."""
+def decoder_for(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> torch.nn.Module:
+    """The forward module of a loaded model: the static decode step (``chunk`` 1) or the chunked
+    prefill-and-decode step (:mod:`mps_backend.llm.decoder`)."""
     if lm.kind == "hf":
-        return HFDecoder(lm.model, max_seq_len).eval()
-    return ExecutorchLlamaDecoder(lm.model).eval()
+        return HFDecoder(lm.model, max_seq_len, chunk).eval()
+    return ExecutorchLlamaDecoder(lm.model, max_seq_len, chunk).eval()
 
 
-def metadata(lm: LoadedLM, max_seq_len: int) -> dict[str, Any]:
+def program_methods(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> list[tuple[str, Callable[[], tuple]]]:
+    """The program's methods in export order: (name, a function building its module and example inputs
+    when called, so that a method may change the model for itself after the previous one was exported).
+    A language model: ``forward``, the static decode step or the chunked prefill-and-decode step
+    (``chunk`` rows a call, with its dynamic shapes: the builder returns them third); Whisper: the ASR
+    runner's ``encoder`` and ``text_decoder`` (:mod:`mps_backend.llm.whisper`)."""
+    if lm.model_type == "whisper":
+        from mps_backend.llm.whisper import whisper_methods  # noqa: PLC0415
+
+        return whisper_methods(lm.model, max_seq_len)
+    return [("forward", lambda: (decoder_for(lm, max_seq_len, chunk), example_inputs(chunk=chunk), dynamic_shapes(chunk)))]
+
+
+def unplanned_inputs(model_type: str) -> tuple[str, ...]:
+    """Methods whose inputs the caller's tensors are used for in place, not copied into the program's
+    memory: Whisper's ``text_decoder``, handed the encoder's cross-attention K/V every step."""
+    if model_type == "whisper":
+        from mps_backend.llm.whisper import DECODER_METHOD  # noqa: PLC0415
+
+        return (DECODER_METHOD,)
+    return ()
+
+
+def metadata(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> dict[str, Any]:
+    """The runner's metadata: with a chunk, ``get_max_seq_len`` is the rows one call takes (executorch's
+    runner prefills that many per call) and ``get_max_context_len`` the cache length, as executorch's
+    own llama export writes them."""
+    if lm.model_type == "whisper":
+        from mps_backend.llm.whisper import whisper_metadata  # noqa: PLC0415
+
+        return whisper_metadata(lm, max_seq_len)
     meta: dict[str, Any] = {
-        "get_max_seq_len": max_seq_len,
+        "get_max_seq_len": chunk if chunk > 1 else max_seq_len,
         "get_max_context_len": max_seq_len,
         "get_vocab_size": lm.vocab_size,
         "get_n_layers": lm.n_layers,
         "use_kv_cache": True,
         "use_sdpa_with_kv_cache": False,
-        "enable_dynamic_shape": False,
+        "enable_dynamic_shape": chunk > 1,
     }
     if lm.bos_id is not None:
         meta["get_bos_id"] = lm.bos_id
@@ -260,6 +314,7 @@ def export_llm(
     allow_missing_kernels: bool = False,
     verify_steps: int = 0,
     quantize_embedding: bool = False,
+    prefill_chunk: int | None = None,
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER``, ``gguf:FILE.gguf``, or ``llama:CHECKPOINT.pth``
     with ``params``) to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
@@ -311,7 +366,7 @@ def export_llm(
             cfg = lm.model.config
             heads = cfg.num_attention_heads
             head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-            check_kv_cache_size(cfg.num_hidden_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
+            check_kv_cache_size(lm.n_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
         if note:
             notes.append(note)
         if quantize:
@@ -324,32 +379,49 @@ def export_llm(
 
             with prog.stage("quantize embedding int8"):
                 quantize_embeddings(lm.model)
-        decoder = decoder_for(lm, seq_len)
-        meta = metadata(lm, seq_len)
+        try:
+            chunk = check_chunk(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, seq_len)
+        except ValueError as e:
+            raise CheckpointError(f"--prefill-chunk: {e}") from None
+        if chunk > 1 and lm.model_type == "whisper":
+            raise CheckpointError("--prefill-chunk: Whisper's text_decoder reads one token a call (the ASR runner's contract)")
+        methods = program_methods(lm, seq_len, chunk)
+        meta = metadata(lm, seq_len, chunk)
         model_type, weight_bytes = lm.model_type, lm.weight_bytes
-        del lm  # the decoder holds the model; nothing else may keep the weights alive past lowering
-        partitioner = MPSPartitioner(use_fp16=dtype == "fp16")
+        del lm  # the methods hold the model; nothing else may keep the weights alive past lowering
+        # a chunk's padding, positions and row slices have the prompt's length: on CPU by design
+        partitioner = MPSPartitioner(use_fp16=dtype == "fp16", dynamic_ok=chunk > 1)
         with torch.no_grad():
+            eps = {}
             with prog.stage("torch.export"):
-                try:
-                    ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
-                except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
-                    raise _refusal(model_type, e) from None
-            del decoder
+                for name, build in methods:
+                    module, inputs, *dynamic = build()
+                    try:
+                        eps[name] = drop_unused_constants(
+                            torch.export.export(module, inputs, dynamic_shapes=dynamic[0] if dynamic else None, strict=False)
+                        )
+                    except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
+                        raise _refusal(model_type, e) from None
+                    del module
+            del methods
             _check_checkpoint_unchanged(weights, "before its weights were copied into the program")
             with prog.stage("lower to MPS"):
                 edge = to_edge_transform_and_lower(
-                    ep, partitioner=[partitioner], constant_methods=meta, compile_config=edge_compile_config()
+                    eps if len(eps) > 1 else eps["forward"],
+                    partitioner=[partitioner],
+                    constant_methods=meta,
+                    compile_config=edge_compile_config(),
                 )
-            del ep
-            delegates = _count_mps_delegates(edge)
+            del eps
+            method_delegates = {name: _count_mps_delegates(edge, name) for name in sorted(edge.methods)}
+            delegates = sum(method_delegates.values())
             with prog.stage("to_executorch"), warnings.catch_warnings():
                 # executorch warns that a mutated buffer's initial contents are not serialized: the KV
                 # caches' are never read (positions after input_pos are masked; docs/llm.md, The program)
                 warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected", category=UserWarning)
                 # the KV-cache writes (index_put on CPU, mps_backend.partitioner.CACHE_WRITE_REASON) made in
                 # place: index_put_ writes the rows, no aten::copy_ of a whole cache back into its buffer
-                program = edge.to_executorch(backend_config(edge))
+                program = edge.to_executorch(backend_config(edge, unplanned_inputs(model_type)))
             del edge
             check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
         _check_checkpoint_unchanged(weights, "while its weights were copied into the program")
@@ -373,9 +445,15 @@ def export_llm(
         metadata=meta,
         quantize=quantize,
         quantize_embedding=quantize_embedding,
+        prefill_chunk=chunk,
         seconds=dict(prog.seconds),
         notes=notes,
+        method_delegates=method_delegates,
     )
+    if model_type == "whisper":
+        from mps_backend.llm.whisper import WHISPER_SIGNATURE  # noqa: PLC0415
+
+        result.signature = WHISPER_SIGNATURE
     if verify_steps:
         from mps_backend.llm.verify import verify_export  # noqa: PLC0415
 
@@ -392,13 +470,25 @@ def export_llm(
                 target_runtime=target_runtime,
                 allow_missing_kernels=allow_missing_kernels,
                 quantize_embedding=quantize_embedding,
+                prefill_chunk=chunk,
             )
 
         try:
             with prog.stage(f"verify {verify_steps} steps"):
-                result.verification = verify_export(
-                    result, model, steps=verify_steps, group_size=group_size, params=params, export=export_truncated, pte=written
-                )
+                if model_type == "whisper":
+                    from mps_backend.llm.whisper import verify_whisper  # noqa: PLC0415
+
+                    result.verification = verify_whisper(result, model, steps=verify_steps, group_size=group_size, pte=written)
+                else:
+                    result.verification = verify_export(
+                        result,
+                        model,
+                        steps=verify_steps,
+                        group_size=group_size,
+                        params=params,
+                        export=export_truncated,
+                        pte=written,
+                    )
         except BaseException:
             written.unlink(missing_ok=True)  # an unchecked program is never left, under any name
             raise
@@ -441,9 +531,11 @@ def _refusal(model_type: str, error: BaseException) -> CheckpointError:
     return CheckpointError(f"model type {model_type!r}: the static decode step cannot be exported{where}: {detail}")
 
 
-def _count_mps_delegates(edge) -> int:
+def _count_mps_delegates(edge, method: str = "forward") -> int:
     from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
 
     return sum(
-        1 for _, lowered, _ in get_lowered_submodules(edge.exported_program().graph_module) if lowered.backend_id == "MPSBackend"
+        1
+        for _, lowered, _ in get_lowered_submodules(edge.exported_program(method).graph_module)
+        if lowered.backend_id == "MPSBackend"
     )

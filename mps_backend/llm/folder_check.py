@@ -35,7 +35,7 @@ import stat
 from typing import Any
 
 from mps_backend.errors import MPSBackendError
-from mps_backend.llm.checkpoint import CheckpointError
+from mps_backend.llm.checkpoint import CheckpointError, refuse_unsupported_kind
 
 #: config key -> (smallest, largest) accepted value. Largest released values today: 126 layers
 #: (Llama 3.1 405B), hidden 16384, vocabulary 262144 (Gemma 3), context 10M (Llama 4 Scout).
@@ -57,6 +57,13 @@ ALIASES = {
     "max_position_embeddings": ("n_positions", "max_sequence_length"),
 }
 REQUIRED = ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads")
+#: an encoder-decoder config's per-stack sizes (Whisper, BART): the larger of the two stands for the key
+#: (it bounds the layer indexes of both stacks), each checked within the key's bounds
+STACKS = {
+    "num_hidden_layers": ("encoder_layers", "decoder_layers"),
+    "num_attention_heads": ("encoder_attention_heads", "decoder_attention_heads"),
+    "max_position_embeddings": ("max_source_positions", "max_target_positions"),
+}
 MAX_HEADER_BYTES = 100 << 20  # a safetensors JSON header
 MAX_JSON_BYTES = {"config.json": 16 << 20, "tokenizer.json": 512 << 20}
 DEFAULT_MAX_JSON_BYTES = 64 << 20
@@ -154,7 +161,7 @@ def _json_object(folder: pathlib.Path, name: str, *, required: bool = False) -> 
     return value
 
 
-def _bounded_int(config: dict, key: str, where: str, *, required: bool) -> int | None:
+def _bounded_int(config: dict, key: str, where: str, *, required: bool, bounds: tuple[int, int] | None = None) -> int | None:
     if key not in config or config[key] is None:
         if required:
             raise FolderError(f"{where}: no {key!r}")
@@ -162,7 +169,7 @@ def _bounded_int(config: dict, key: str, where: str, *, required: bool) -> int |
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, int):
         raise FolderError(f"{where}: {key} is {value!r}, not an integer")
-    low, high = CONFIG_BOUNDS[key]
+    low, high = bounds or CONFIG_BOUNDS[key]
     if not low <= value <= high:
         raise FolderError(f"{where}: {key} = {value} outside [{low}, {high}]")
     return value
@@ -175,6 +182,14 @@ def check_config(config: dict, where: str) -> dict[str, int]:
         if not isinstance(text, dict):
             raise FolderError(f"{where}: text_config is not an object")
         config, where = {**{k: v for k, v in config.items() if k in CONFIG_BOUNDS}, **text}, f"{where} text_config"
+    for key, names in STACKS.items():
+        if config.get(key) is None and any(config.get(n) is not None for n in names):
+            values = [_bounded_int(config, n, where, required=False, bounds=CONFIG_BOUNDS[key]) for n in names]
+            if key == "num_attention_heads" and isinstance(config.get("d_model"), int):
+                for n, v in zip(names, values):
+                    if v and config["d_model"] % v:
+                        raise FolderError(f"{where}: d_model {config['d_model']} is not a multiple of {n} {v}")
+            config = {**config, key: max(v for v in values if v is not None)}
     for key, names in ALIASES.items():
         if config.get(key) is None:
             alias = next((n for n in names if config.get(n) is not None), None)
@@ -276,6 +291,7 @@ def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
         raise FolderError(f"{folder}: not a checkpoint folder")
     config = _json_object(folder, "config.json", required=True)
     assert config is not None
+    refuse_unsupported_kind(folder, config)
     sizes = check_config(config, f"{folder / 'config.json'}")
     files = {p.name: p for p in folder.glob("*.safetensors")}
     index = _json_object(folder, "model.safetensors.index.json")

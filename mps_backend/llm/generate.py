@@ -7,9 +7,10 @@
 Two runners, the same methods and the same tokens:
 
 - ``"python"`` (default): the loop executorch's LLM runner runs, written out here over
-  :class:`mps_backend.runtime.LoadedMethod`: read the metadata methods, prefill the prompt one token
-  per ``forward`` call (``enable_dynamic_shape`` is false), then feed back the argmax until an EOS
-  id, ``max_new_tokens`` or ``get_max_seq_len``.
+  :class:`mps_backend.runtime.LoadedMethod`: read the metadata methods, prefill the prompt (one token
+  per ``forward`` call when ``enable_dynamic_shape`` is false; else pieces of up to ``get_max_seq_len``
+  tokens per call, as executorch's ``TextPrefiller`` cuts them), then feed back the argmax one token
+  per call until an EOS id, ``max_new_tokens`` or the cache's end (``get_max_context_len``).
 - ``"executorch"``: executorch's own C++ ``TextLLMRunner`` (the wheel's ``_llm_runner`` binding),
   with the MPS delegates emulated in the same process; temperature 0 (greedy).
 
@@ -75,9 +76,9 @@ class Tokenizer:
             return list(self._hf.encode(text).ids)
         return list(self._pt.encode(text, bos=False, eos=False))
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
         if self._hf is not None:
-            return self._hf.decode(ids, skip_special_tokens=False)
+            return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
         return self._pt.decode(ids)
 
     def chat(self, prompt: str) -> str:
@@ -158,13 +159,14 @@ def iter_tokens(
 ) -> Iterator[int]:
     """Greedy continuation of ``prompt_ids`` by the ``.pte``, one id at a time: the loop of
     executorch's LLM runner over the emulated runtime. Stops after an EOS id (yielded),
-    ``max_new_tokens`` or at ``get_max_seq_len``."""
+    ``max_new_tokens`` or at the cache's end (``get_max_context_len``)."""
     from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
 
     if isinstance(pte, (str, pathlib.Path)):
         pte = pathlib.Path(pte).read_bytes()
     meta = read_metadata(pte)
-    max_len = int(meta["get_max_seq_len"])
+    max_len = int(meta.get("get_max_context_len", meta["get_max_seq_len"]))  # the KV cache's length
+    piece = int(meta["get_max_seq_len"]) if meta.get("enable_dynamic_shape") else 1  # tokens per prefill call
     eos = set(_as_ids(meta.get("get_eos_ids")))
     stats = stats if stats is not None else GenerationStats()
     if not prompt_ids:
@@ -173,13 +175,13 @@ def iter_tokens(
         raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit max_seq_len {max_len}")
     step = LoadedMethod(pte, "forward", mode)
 
-    def forward(token: int, pos: int) -> torch.Tensor:
-        return step([torch.tensor([[token]], dtype=torch.long), torch.tensor([pos], dtype=torch.long)])[0]
+    def forward(tokens: list[int], pos: int) -> torch.Tensor:
+        return step([torch.tensor([tokens], dtype=torch.long), torch.tensor([pos], dtype=torch.long)])[0]
 
     stats.prompt_tokens = len(prompt_ids)
     t0 = time.perf_counter()
-    for pos, token in enumerate(prompt_ids):
-        logits = forward(token, pos)
+    for pos in range(0, len(prompt_ids), piece):
+        logits = forward(prompt_ids[pos : pos + piece], pos)
     stats.prefill_seconds = time.perf_counter() - t0
     pos = len(prompt_ids)
     stats.stopped_by = "max_new_tokens"
@@ -197,7 +199,7 @@ def iter_tokens(
             return
         if len(stats.generated) < max_new_tokens:
             t0 = time.perf_counter()  # decode time: the forward calls only, not the caller's work
-            logits = forward(token, pos)
+            logits = forward([token], pos)
             stats.decode_seconds += time.perf_counter() - t0
             pos += 1
 
@@ -261,7 +263,7 @@ def generate_with_executorch_runner(
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     # the runner refuses a prompt that does not fit (after its BOS) with a bare "Generation failed"
     n_prompt = len(tok.encode(prompt)) + (1 if meta.get("get_bos_id") is not None else 0)
-    max_len = int(meta["get_max_seq_len"])
+    max_len = int(meta.get("get_max_context_len", meta["get_max_seq_len"]))
     if n_prompt >= max_len:
         raise ValueError(f"prompt of {n_prompt} tokens (with BOS) does not fit max_seq_len {max_len}")
     with tempfile.TemporaryDirectory(prefix="mps-tokenizer-") as folder:

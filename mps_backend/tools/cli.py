@@ -1,4 +1,4 @@
-"""The ``mps-backend`` command: export | inspect | cost | run | generate | ops | zoo."""
+"""The ``mps-backend`` command: export | inspect | cost | run | generate | transcribe | ops | zoo."""
 
 from __future__ import annotations
 
@@ -81,6 +81,7 @@ def cmd_export_llm(args) -> int:
             allow_missing_kernels=args.allow_missing_kernels,
             verify_steps=0 if args.no_verify else args.verify_steps,
             quantize_embedding=args.quantize_embedding,
+            prefill_chunk=args.prefill_chunk,
         )
     except (CheckpointError, FileNotFoundError, RuntimeCompatError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -136,6 +137,26 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_transcribe(args) -> int:
+    from mps_backend.llm.transcribe import transcribe  # noqa: PLC0415
+
+    pte = pathlib.Path(args.file)
+    for path, what in ((pte, "program"), (pathlib.Path(args.audio), "audio file")):
+        if not path.is_file():
+            print(f"error: {path}: no such {what}", file=sys.stderr)
+            return 2
+    try:
+        result = transcribe(pte, args.audio, args.tokenizer, args.max_new_tokens)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for note in result.notes:
+        _say(f"note: {note}")
+    print(result.text)
+    _say(result.stats())
+    return 0
+
+
 def cmd_export(args) -> int:
     from mps_backend.export import export_model, verify  # noqa: PLC0415
     from mps_backend.llm.spec import USAGE, is_llm_spec  # noqa: PLC0415
@@ -143,7 +164,7 @@ def cmd_export(args) -> int:
 
     if is_llm_spec(args.model):
         return cmd_export_llm(args)
-    for flag in ("max_seq_len", "params"):
+    for flag in ("max_seq_len", "params", "prefill_chunk"):
         if getattr(args, flag) is not None:
             raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model {USAGE})")
     if args.quantize_embedding or args.no_verify:
@@ -477,8 +498,9 @@ def main(argv: list[str] | None = None) -> int:
         default="demo",
         help="demo | torchvision:NAME | executorch:NAME | "
         "torch:transformer_encoder | path/file.py:factory | legacy PyTorch Mobile flatbuffer path.ff/.ptl | "
-        "hf:FOLDER (Hugging Face checkpoint: a language model) | gguf:FILE.gguf (llama.cpp / Ollama file: "
-        "a language model, tokenizer and chat template in it) | llama:CHECKPOINT.pth (with --params)",
+        "hf:FOLDER (Hugging Face checkpoint: a language model, or Whisper for the ASR runner) | gguf:FILE.gguf "
+        "(llama.cpp / Ollama file: a language model, tokenizer and chat template in it) | "
+        "llama:CHECKPOINT.pth (with --params)",
     )
     p.add_argument(
         "--input-shape",
@@ -502,6 +524,15 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="language models: static KV-cache length (default 2048, capped by the model's positions)",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        metavar="C",
+        help="language models: prompt tokens one forward call takes, the rows the device computes per call "
+        "(default 1: the static one-token step, prompts prefilled token by token; C > 1: forward(tokens "
+        "[1, n <= C]), prompts prefilled C tokens per call, every step computing C rows: docs/llm.md)",
     )
     p.add_argument("--params", default=None, help="llama:CHECKPOINT.pth: its params.json (default: beside it)")
     p.add_argument(
@@ -639,6 +670,21 @@ def main(argv: list[str] | None = None) -> int:
         "executorch: executorch's C++ TextLLMRunner binding",
     )
     p.set_defaults(fn=cmd_generate)
+    p = sub.add_parser(
+        "transcribe",
+        help="speech to text with a Whisper .pte on the emulated runtime (executorch's ASR runner's loop, greedy)",
+    )
+    p.add_argument("file", help="the .pte (mps-backend export --model hf:WHISPER_FOLDER)")
+    p.add_argument("--audio", required=True, help="a PCM .wav (its first 30 seconds; resampled to 16 kHz if need be)")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        help="the checkpoint folder (tokenizer.json; its preprocessor_config.json for the features) or a tokenizer.json",
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=None, help="tokens to generate at most (default: the decoder's get_max_seq_len)"
+    )
+    p.set_defaults(fn=cmd_transcribe)
     p = sub.add_parser(
         "debug", help="per-op float16-vs-float32 gap table of a model on the device model (which layer loses precision)"
     )

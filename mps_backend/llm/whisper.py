@@ -1,0 +1,269 @@
+"""Whisper for executorch's ASR runner: an ``hf:`` Whisper checkpoint -> one ``.pte`` with the runner's
+methods, each step one MPS delegate.
+
+The runner (``extension/asr/runner``, ``AsrRunner`` in executorch 1.1 and ``Seq2SeqRunner`` in 1.4;
+docs/speech-vision.md cites the lines) calls:
+
+    encoder(features: float32 [1, n_mels, 3000]) -> one tensor
+    text_decoder(token: int64 [1, 1], <that tensor>, cache_position: int64 [1]) -> logits [1, vocab]
+
+once per utterance and once per token. It hands the decoder the encoder's output on every call and
+nothing else, so what a decode step needs from the audio must be that tensor. Here it is the
+cross-attention keys and values of every decoder layer, computed once by ``encoder``
+(:class:`WhisperEncoderStep`): ``[2 * layers, heads, frames * head_dim]``, row ``2l`` layer ``l``'s
+keys transposed (``[heads, head_dim, frames]``, what ``q @ K^T`` reads), row ``2l + 1`` its values
+(``[heads, frames, head_dim]``). A decode step (:class:`WhisperDecoderStep`) reads them in place (a
+slice and a view per layer); it never projects the encoder states again.
+
+The decoder's self-attention is the language models' decode step (:mod:`mps_backend.llm.decoder`):
+transformers' own modeling code with a static KV cache passed as ``past_key_values``, K stored
+transposed, grouped attention over the old cache plus the new row, the rows written after the
+delegate by ``index_put_`` on CPU, the mask computed from ``cache_position``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mps_backend.llm.attention import use_grouped_attention
+from mps_backend.llm.decoder import StaticCache, additive_mask, register_kv_caches
+
+#: the method names executorch's ASR runner calls (extension/asr/runner/runner.cpp:28-29 at v1.1.0)
+ENCODER_METHOD, DECODER_METHOD = "encoder", "text_decoder"
+#: mel frames of one 30-second window: the runner's ``[1, n_mels, 3000]``
+WINDOW_FRAMES = 3000
+
+
+def cross_kv_shape(config) -> tuple[int, int, int]:
+    """The encoder method's output: ``[2 * decoder_layers, heads, frames * head_dim]``."""
+    heads = int(config.decoder_attention_heads)
+    head_dim = int(config.d_model) // heads
+    return 2 * int(config.decoder_layers), heads, int(config.max_source_positions) * head_dim
+
+
+class WhisperEncoderStep(torch.nn.Module):
+    """``encoder``: mel features (float32, cast to the model's dtype) -> every decoder layer's
+    cross-attention keys (transposed) and values, stacked (see the module doc)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.encoder = model.model.encoder
+        self.cross = torch.nn.ModuleList(layer.encoder_attn for layer in model.model.decoder.layers)
+        self.dtype = next(model.parameters()).dtype
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(features.to(self.dtype)).last_hidden_state[0]  # [frames, d_model]
+        frames = h.shape[0]
+        rows = []
+        for attn in self.cross:
+            heads, d = attn.num_heads, attn.head_dim
+            # K^T [d_model, frames] is [heads, head_dim, frames]; the projections as the model's own
+            # modules compute them (a quantized one's too); the transposes once per utterance
+            k_t = attn.k_proj(h).transpose(0, 1)
+            v = attn.v_proj(h).view(frames, heads, d).transpose(0, 1)  # [heads, frames, head_dim]
+            rows += [k_t.reshape(heads, d * frames), v.reshape(heads, frames * d)]
+        return torch.stack(rows)
+
+
+class _CrossLayer:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = keys, values
+
+
+class _CrossCache:
+    """transformers' cross-attention cache as WhisperAttention reads it once filled: ``layers[i].keys``
+    (here K transposed, for :func:`mps_backend.llm.attention.grouped_attention`) and ``.values``."""
+
+    def __init__(self, cross: torch.Tensor, heads: int, head_dim: int):
+        frames = cross.shape[-1] // head_dim
+        self.layers = [
+            _CrossLayer(cross[2 * i].view(1, heads, head_dim, frames), cross[2 * i + 1].view(1, heads, frames, head_dim))
+            for i in range(cross.shape[0] // 2)
+        ]
+
+
+def _encoder_decoder_cache(self_cache: StaticCache, cross: _CrossCache):
+    """An ``EncoderDecoderCache`` (the class WhisperAttention checks for) over the static self-attention
+    cache and the precomputed cross-attention keys and values, every layer marked as filled."""
+    from transformers.cache_utils import EncoderDecoderCache  # noqa: PLC0415
+
+    class _Cache(EncoderDecoderCache):
+        def __init__(self):  # no transformers cache machinery: the two caches as given
+            self.self_attention_cache, self.cross_attention_cache = self_cache, cross
+            self.is_updated = dict.fromkeys(range(len(cross.layers)), True)
+
+        # what transformers' mask functions ask of a cache: every layer full attention (the decode step
+        # passes its mask precomputed)
+        is_sliding = is_linear = is_dummy = property(lambda self: (False,) * len(self.is_updated))
+
+        def get_seq_length(self, layer_idx: int = 0):
+            return self_cache.get_seq_length(layer_idx)
+
+    return _Cache()
+
+
+class WhisperDecoderStep(torch.nn.Module):
+    """``text_decoder``: one token at ``cache_position`` against the cross-attention keys and values
+    of :class:`WhisperEncoderStep` -> float32 logits ``[1, vocab]``."""
+
+    def __init__(self, model: torch.nn.Module, max_seq_len: int):
+        super().__init__()
+        config = model.config
+        self.model = model
+        self.max_seq_len = int(max_seq_len)
+        self.heads = int(config.decoder_attention_heads)
+        self.head_dim = int(config.d_model) // self.heads
+        self.grouped = use_grouped_attention(model)
+        if not self.grouped:
+            from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
+
+            raise CheckpointError(
+                f"{type(model).__name__}: its attention does not dispatch through transformers' AttentionInterface "
+                "(the decode step's grouped attention over the cache and the cross-attention K/V needs it)"
+            )
+        dtype = next(model.parameters()).dtype
+        register_kv_caches(self, int(config.decoder_layers), self.heads, self.head_dim, self.max_seq_len, dtype, grouped=True)
+        self.mask_dtype = dtype
+
+    def forward(self, tokens: torch.Tensor, cross: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        k = torch.arange(self.max_seq_len, dtype=cache_position.dtype)
+        mask = additive_mask(k < cache_position, self.mask_dtype)  # the old cache; the new row joins separately
+        self_cache = StaticCache(self, cache_position)
+        cache = _encoder_decoder_cache(self_cache, _CrossCache(cross, self.heads, self.head_dim))
+        out = self.model.model.decoder(
+            input_ids=tokens,
+            attention_mask=mask,
+            encoder_hidden_states=cross,  # not read: every layer's cross keys/values are in the cache
+            past_key_values=cache,
+            position_ids=cache_position.view(1, -1),
+            use_cache=True,
+        )
+        self_cache.write_pending()  # the cache rows, after attention: index_put on CPU, in place
+        return self.model.proj_out(out.last_hidden_state[:, -1, :]).float()
+
+
+#: the static signatures, as the export summary states them
+WHISPER_SIGNATURE = (
+    "encoder features float32 [1, n_mels, 3000] -> cross-attention K/V; "
+    "text_decoder token [1, 1], that K/V, cache_position [1] -> logits [1, vocab]"
+)
+
+
+def whisper_methods(model: torch.nn.Module, max_seq_len: int) -> list:
+    """``[(name, build)]`` for :func:`mps_backend.llm.export.export_llm`: ``encoder`` first (the
+    model's eager attention), then ``text_decoder`` (which switches the model to grouped attention)."""
+    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
+
+    config = model.config
+    positions = int(config.max_target_positions)
+    if max_seq_len > positions:
+        raise CheckpointError(
+            f"--max-seq-len {max_seq_len}: Whisper's decoder embeds at most {positions} positions "
+            "(max_target_positions: a learned table, no position beyond it exists)"
+        )
+    dtype = next(model.parameters()).dtype
+    features = torch.zeros(1, int(config.num_mel_bins), WINDOW_FRAMES, dtype=torch.float32)
+    cross = torch.zeros(cross_kv_shape(config), dtype=dtype)
+    token, position = torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    return [
+        (ENCODER_METHOD, lambda: (WhisperEncoderStep(model).eval(), (features,))),
+        (DECODER_METHOD, lambda: (WhisperDecoderStep(model, max_seq_len).eval(), (token, cross, position))),
+    ]
+
+
+def decoder_start_id(model: torch.nn.Module) -> int:
+    """The token the runner starts the decoder with (generation_config's, else the config's)."""
+    gen = getattr(model, "generation_config", None)
+    start = getattr(gen, "decoder_start_token_id", None)
+    if start is None:
+        start = model.config.decoder_start_token_id
+    return int(start)
+
+
+def whisper_metadata(lm, max_seq_len: int) -> dict:
+    """The constant methods: ``get_eos_ids`` (the one both ASR runners read, through
+    ``llm::get_eos_ids``), and for the caller what the runner does not read: the decoder's start token
+    (``AsrTranscribeConfig::decoder_start_token_id`` is the caller's), the cache length (the runner does not
+    stop at it: the caller's ``max_new_tokens`` must), the vocabulary, the decoder's layers."""
+    meta = {
+        "get_max_seq_len": max_seq_len,
+        "get_vocab_size": lm.vocab_size,
+        "get_n_layers": lm.n_layers,
+        "decoder_start_token_id": decoder_start_id(lm.model),
+        "use_kv_cache": True,
+    }
+    if lm.eos_ids:
+        meta["get_eos_ids"] = list(lm.eos_ids)
+    return meta
+
+
+def verification_features(n_mels: int) -> torch.Tensor:
+    """Mel features of a fixed 2-second test signal (a chirp and noise) by transformers'
+    ``WhisperFeatureExtractor``: the self-check's input."""
+    import numpy as np  # noqa: PLC0415
+    from transformers import WhisperFeatureExtractor  # noqa: PLC0415
+
+    rate = 16000
+    t = np.arange(2 * rate) / rate
+    audio = 0.3 * np.sin(2 * np.pi * (200 + 400 * t) * t) + 0.05 * np.random.default_rng(0).standard_normal(t.size)
+    fe = WhisperFeatureExtractor(feature_size=n_mels)
+    return fe(audio.astype(np.float32), sampling_rate=rate, return_tensors="pt").input_features
+
+
+def verify_whisper(result, model: str, *, steps: int, group_size: int | None, pte=None):
+    """The export's self-check: ``encoder`` and the first ``steps`` decode steps of the written
+    ``.pte`` on the emulated runtime (greedy from the start token) against transformers' eager
+    float32 Whisper on the same features and tokens; the tolerances of the language models. ``pte``: where
+    the program is until it passed (default ``result.path``)."""
+    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
+    from mps_backend.llm.spec import parse_model_spec  # noqa: PLC0415
+    from mps_backend.llm.transcribe import transcribe_ids  # noqa: PLC0415
+    from mps_backend.llm.verify import LLMVerification, tolerance  # noqa: PLC0415
+
+    if steps > result.max_seq_len:
+        raise CheckpointError(f"--verify-steps {steps} exceeds --max-seq-len {result.max_seq_len}")
+    _, folder = parse_model_spec(model)
+    dtype = "fp16" if result.precision == "float16" else "fp32"
+    logits: list[torch.Tensor] = []
+    features = verification_features(int(_read_config(folder)["num_mel_bins"]))
+    tokens = transcribe_ids(pte or result.path, features, steps, stop_at_eos=False, logits=logits)
+    ref, reference = eager_logits(folder, features, tokens[:-1], result.quantize, group_size, dtype)
+    dev = torch.stack(logits).float()
+    agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
+    return LLMVerification(
+        steps=len(logits),
+        max_abs_diff=float((dev - ref).abs().max()),
+        scale=float(ref.abs().max()),
+        tolerance=tolerance(dtype, result.quantize),
+        tokens_agree=agree,
+        reference=reference,
+    )
+
+
+def _read_config(folder) -> dict:
+    import json  # noqa: PLC0415
+    import pathlib  # noqa: PLC0415
+
+    return json.loads((pathlib.Path(folder) / "config.json").read_text())
+
+
+def eager_logits(folder, features: torch.Tensor, tokens: list[int], quantize=None, group_size=None, dtype="fp32"):
+    """transformers' eager float32 Whisper: logits after each of ``tokens`` (the decoder's input from
+    the start token on), and the reference's name. Quantized exports: the weights quantized alike
+    (in the export precision) and dequantized, as :mod:`mps_backend.llm.verify` does."""
+    import transformers  # noqa: PLC0415
+
+    load = torch.float16 if quantize and dtype == "fp16" else torch.float32
+    model = transformers.WhisperForConditionalGeneration.from_pretrained(
+        folder, dtype=load, attn_implementation="eager", local_files_only=True
+    ).eval()
+    reference = "eager transformers Whisper float32"
+    if quantize:
+        from mps_backend.quantize import quantize_dequantized, resolve_group_size  # noqa: PLC0415
+
+        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
+        model.float()
+        reference += f" ({quantize} weights quantized alike, dequantized)"
+    with torch.no_grad():
+        out = model(input_features=features.to(model.dtype), decoder_input_ids=torch.tensor([tokens]))
+    return out.logits[0].float(), reference
