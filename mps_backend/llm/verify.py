@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mps_backend.llm.spec import parse_model_spec
+
 #: decode steps verified by default (``mps-backend export --verify-steps``)
 DEFAULT_STEPS = 4
 #: max |pte - eager float32| / max |eager float32| of the logits, per export precision. float32:
@@ -138,9 +140,13 @@ def _hf_tensors(folder: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 def parameter_count(kind: str, path: pathlib.Path) -> int:
-    """Parameters in a checkpoint, from its headers (hf) or its mapped tensors (llama)."""
+    """Parameters in a checkpoint, from its headers (hf, gguf) or its mapped tensors (llama)."""
     import math  # noqa: PLC0415
 
+    if kind == "gguf":
+        from mps_backend.llm.gguf import parameter_count as gguf_parameters  # noqa: PLC0415
+
+        return gguf_parameters(path)
     if kind == "hf":
         from safetensors import safe_open  # noqa: PLC0415
 
@@ -179,6 +185,11 @@ def _truncate_config(cfg: dict, layers: int) -> int:
 def truncated_copy(kind: str, path: pathlib.Path, params: pathlib.Path | None, into: pathlib.Path, layers: int) -> tuple:
     """A checkpoint of the first ``layers`` layers of ``path`` written into ``into``: returns
     (spec, params path or None, the original layer count). Only the kept tensors are read."""
+    if kind == "gguf":
+        from mps_backend.llm.gguf import truncated_gguf  # noqa: PLC0415
+
+        file, old = truncated_gguf(path, into, layers)
+        return f"gguf:{file}", None, old
     if kind == "hf":
         from safetensors import safe_open  # noqa: PLC0415
         from safetensors.torch import save_file  # noqa: PLC0415
@@ -240,17 +251,17 @@ def _pte_logits(pte: pathlib.Path, prefix: list[int], steps: int) -> tuple[list[
 
 def prompt_tokens(kind: str, path: pathlib.Path, vocab: int | None, room: int) -> tuple[list[int], str]:
     """The tokens of :data:`VERIFY_PROMPT` by the checkpoint's own tokenizer (an ``hf:`` folder's
-    ``tokenizer.json`` or ``tokenizer.model``; for ``llama:`` one beside the checkpoint), at most
+    ``tokenizer.json`` or ``tokenizer.model``; a ``gguf:`` file's own; for ``llama:`` one beside the checkpoint), at most
     ``room``, and where they came from; none, and why, when there is no usable tokenizer."""
     from mps_backend.llm.generate import Tokenizer  # noqa: PLC0415
 
     folder = path if kind == "hf" else path.parent
     if room < 1:
         return [], "no room for a prompt below --max-seq-len"
-    if not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
+    if kind != "gguf" and not any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
         return [], f"no tokenizer.json or tokenizer.model in {folder}"
     try:
-        tok = Tokenizer(folder)
+        tok = Tokenizer(path if kind == "gguf" else folder)  # a GGUF file holds its tokenizer
         ids = tok.encode(VERIFY_PROMPT)
     except (KeyboardInterrupt, SystemExit):
         raise
@@ -268,7 +279,12 @@ def _eager_logits(
     weights as the export did (in the export precision: scales of float16 weights differ from those of
     the float32 ones) and computes in float32 with those weights dequantized."""
     load = torch.float16 if (quantize or embedding) and dtype == "fp16" else torch.float32
-    if kind == "hf":
+    if kind == "gguf":
+        from mps_backend.llm.gguf import load_gguf  # noqa: PLC0415
+
+        model = load_gguf(path, load, clamp_fp16=True).model  # the GGUF dequantized as the export does
+        reference = "eager transformers float32"
+    elif kind == "hf":
         from mps_backend.llm.checkpoint import load_hf  # noqa: PLC0415
 
         # the export's own loader: the same folder check (no code from the folder runs, trust_remote_code=False)
@@ -294,7 +310,7 @@ def _eager_logits(
 
     def run() -> torch.Tensor:
         with torch.no_grad():
-            if kind == "hf":
+            if kind != "llama":
                 return model(input_ids=torch.tensor([tokens])).logits[0].float()
             vocab = model.params.vocab_size
             steps = [model(torch.tensor([[t]]), {"input_pos": torch.tensor([pos])}) for pos, t in enumerate(tokens)]
@@ -396,11 +412,10 @@ def verify_llm(
     quantize_embedding: bool = False,
     prompt: tuple[list[int], str] | None = None,
 ) -> LLMVerification:
-    """Compare the ``.pte`` (exported from ``model``, ``hf:``/``llama:``) with the eager float32 model
+    """Compare the ``.pte`` (exported from ``model``, ``hf:``/``gguf:``/``llama:``) with the eager float32 model
     on the same tokens (the module docstring): BOS, the prompt's tokens (``prompt``: tokens and where
     they came from; default :func:`prompt_tokens` of ``model``'s tokenizer), then ``steps`` greedy steps."""
     from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
-    from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
 
     if steps < 1:
         raise CheckpointError(f"--verify-steps must be at least 1, got {steps}")
@@ -457,7 +472,6 @@ def verify_export(
     exported by ``export(spec, out, params)``."""
     import gc  # noqa: PLC0415
 
-    from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
     from mps_backend.pages import PageReleaser  # noqa: PLC0415
 
     def release() -> None:  # an export's program and graphs, freed before what comes next is loaded

@@ -216,7 +216,7 @@ def verify_whisper(result, model: str, *, steps: int, group_size: int | None, pt
     float32 Whisper on the same features and tokens; the tolerances of the language models. ``pte``: where
     the program is until it passed (default ``result.path``)."""
     from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
-    from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
+    from mps_backend.llm.spec import parse_model_spec  # noqa: PLC0415
     from mps_backend.llm.transcribe import transcribe_ids  # noqa: PLC0415
     from mps_backend.llm.verify import LLMVerification, tolerance  # noqa: PLC0415
 

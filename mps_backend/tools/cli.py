@@ -36,8 +36,8 @@ def _model_stem(spec: str) -> str:
         name = pathlib.Path(spec).stem
     elif kind == "hf":
         name = pathlib.Path(rest).resolve().name
-    elif kind == "llama" or kind.endswith(".py"):
-        name = pathlib.Path(rest if kind == "llama" else kind).stem
+    elif kind in ("llama", "gguf") or kind.endswith(".py"):
+        name = pathlib.Path(rest if kind in ("llama", "gguf") else kind).stem
     else:
         name = rest or kind  # torchvision:resnet18, executorch:llama-kv, demo
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "model"
@@ -110,21 +110,24 @@ def cmd_generate(args) -> int:
         return 2
     try:
         tok = Tokenizer(args.tokenizer)
+        # --chat: the prompt as a user message in the model's chat template; only the answer is printed
+        prompt = tok.chat(args.prompt) if args.chat else args.prompt
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    echo = "" if args.chat else args.prompt
     if args.runner == "executorch":
         try:
-            pieces = generate_with_executorch_runner(pte, tok.path, args.prompt, args.max_new_tokens)
+            pieces = generate_with_executorch_runner(pte, tok, prompt, args.max_new_tokens)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(args.prompt + "".join(pieces))
+        print(echo + "".join(pieces))
         return 0
     stats = GenerationStats()
-    print(args.prompt, end="", flush=True)
+    print(echo, end="", flush=True)
     try:
-        for piece in generate(pte.read_bytes(), tok, args.prompt, args.max_new_tokens, stats=stats, bos=args.bos):
+        for piece in generate(pte.read_bytes(), tok, prompt, args.max_new_tokens, stats=stats, bos=args.bos):
             print(piece, end="", flush=True)
     except ValueError as e:
         print(f"\nerror: {e}", file=sys.stderr)
@@ -156,15 +159,16 @@ def cmd_transcribe(args) -> int:
 
 def cmd_export(args) -> int:
     from mps_backend.export import export_model, verify  # noqa: PLC0415
+    from mps_backend.llm.spec import USAGE, is_llm_spec  # noqa: PLC0415
     from mps_backend.tools import models  # noqa: PLC0415
 
-    if args.model.split(":", 1)[0] in ("hf", "llama"):
+    if is_llm_spec(args.model):
         return cmd_export_llm(args)
     for flag in ("max_seq_len", "params", "prefill_chunk"):
         if getattr(args, flag) is not None:
-            raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model hf:... or llama:...)")
+            raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model {USAGE})")
     if args.quantize_embedding or args.no_verify:
-        raise SystemExit("--quantize-embedding and --no-verify apply to language models (--model hf:... or llama:...)")
+        raise SystemExit(f"--quantize-embedding and --no-verify apply to language models (--model {USAGE})")
 
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
@@ -496,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         default="demo",
         help="demo | torchvision:NAME | executorch:NAME | "
         "torch:transformer_encoder | path/file.py:factory | legacy PyTorch Mobile flatbuffer path.ff/.ptl | "
-        "hf:FOLDER (Hugging Face checkpoint: a language model, or Whisper for the ASR runner) | "
+        "hf:FOLDER (Hugging Face checkpoint: a language model, or Whisper for the ASR runner) | gguf:FILE.gguf "
+        "(llama.cpp / Ollama file: a language model, tokenizer and chat template in it) | "
         "llama:CHECKPOINT.pth (with --params)",
     )
     p.add_argument(
@@ -647,10 +652,18 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("generate", help="greedy generation with a language-model .pte on the emulated runtime")
     p.add_argument("file", help="the .pte (mps-backend export --model hf:...)")
-    p.add_argument("--tokenizer", required=True, help="tokenizer.json, tokenizer.model, or a checkpoint folder")
+    p.add_argument(
+        "--tokenizer", required=True, help="tokenizer.json, tokenizer.model, a GGUF file (its tokenizer), or a checkpoint folder"
+    )
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--bos", action="store_true", help="put the model's BOS id before the prompt tokens")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as a user message in the model's chat template (from the GGUF file or the "
+        "tokenizer's folder; instruct models expect it) and print only the answer",
+    )
     p.add_argument(
         "--runner",
         choices=("python", "executorch"),

@@ -1,0 +1,291 @@
+"""GGUF files (``gguf:FILE.gguf``, the format of llama.cpp and Ollama) -> an eager transformers model in
+the export precision, through transformers' own GGUF support, tensor by tensor.
+
+What transformers' ``from_pretrained(folder, gguf_file=NAME)`` does, and what is kept of it:
+
+- the config and the tokenizer (with its chat template) come from the file's metadata, read by
+  transformers (``AutoConfig`` / ``AutoTokenizer`` with ``gguf_file``): kept as is;
+- the weights: for the architectures its older loader handles (llama, qwen2, mistral, phi3, gemma, ...)
+  it dequantizes **every** tensor with the ``gguf`` package to a float32 numpy array, copies it, then
+  converts it to the requested dtype and keeps it in a dict: the whole model in the load precision in
+  anonymous memory, plus the float32 temporaries of the largest tensor (2.1 GB for an 8B model's
+  embedding, twice). Replaced here by a state dict of :class:`_GGUFOnRead` tensors handed to the same
+  ``from_pretrained`` (as ``hf:`` loading does): each tensor is read from the file and dequantized by
+  the same ``gguf.dequantize`` when transformers takes it, a block of rows at a time
+  (:data:`~mps_backend.llm.checkpoint.CONVERT_BLOCK_BYTES` of float32), converted to the export dtype,
+  written to a scratch file and mapped back. The tensor names and llama.cpp's row order (its
+  interleaved q/k rotary rows) are transformers': its name map (``get_gguf_hf_weights_map``) and its
+  tensor processor, whose row permutation is read off by processing the row indices. A processor that
+  does more than permute rows (merging MoE experts, transposing) is refused naming the tensor.
+  Dequantizing gives the same values as transformers' loader, bit for bit (tests/test_llm_gguf.py).
+
+The self-check's layer-truncated copy of a GGUF (:func:`truncated_gguf`) is a GGUF again: the metadata
+with the layer count changed and the kept tensors' blocks copied as stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import pathlib
+import re
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from mps_backend.llm.checkpoint import (
+    TESTED_MODEL_TYPES,
+    CheckpointError,
+    LoadedLM,
+    _ConvertOnRead,
+    _token_ids,
+    load_state_dict_into,
+)
+
+_NEEDS = "gguf: checkpoints need transformers, gguf and accelerate: pip install 'mps-backend[llm]'"
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+def _file(path: str | pathlib.Path) -> pathlib.Path:
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such GGUF file")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise CheckpointError(f"{path}: not a GGUF file (it does not start with the bytes GGUF)")
+    return path
+
+
+def read_header(path: str | pathlib.Path) -> Any:
+    """The file's tensor table (transformers' ``GgufHeader``: names, shapes in torch order, ggml types,
+    offsets), read without touching the tensor data."""
+    path = _file(path)
+    try:
+        from transformers.integrations.gguf.reader import GgufHeader  # noqa: PLC0415
+    except ImportError as e:
+        raise CheckpointError(_NEEDS) from e
+    try:
+        return GgufHeader.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - any refusal of the file's header is one line
+        raise CheckpointError(f"{path}: unreadable GGUF header: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def parameter_count(path: str | pathlib.Path) -> int:
+    """Parameters of the tensors in a GGUF file (from its header)."""
+    return sum(math.prod(info.shape) for info in read_header(path).tensors)
+
+
+def load_config(path: pathlib.Path) -> Any:
+    """transformers' config of the model in the GGUF file (from its metadata)."""
+    try:
+        import gguf  # noqa: F401, PLC0415
+        import transformers  # noqa: PLC0415
+    except ImportError as e:
+        raise CheckpointError(_NEEDS) from e
+    try:
+        return transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - whatever transformers refuses the metadata with
+        detail = " ".join(line.strip() for line in str(e).splitlines() if line.strip())[:300]
+        raise CheckpointError(f"{path}: transformers could not read its GGUF metadata: {type(e).__name__}: {detail}") from None
+
+
+def load_tokenizer(path: str | pathlib.Path) -> Any:
+    """transformers' tokenizer from the GGUF file's metadata (vocabulary, merges, special tokens, chat
+    template)."""
+    path = _file(path)
+    try:
+        import transformers  # noqa: PLC0415
+    except ImportError as e:
+        raise CheckpointError(_NEEDS) from e
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ValueError(f"{path}: transformers could not read its GGUF tokenizer: {type(e).__name__}: {detail}") from None
+
+
+class _GGUFOnRead(_ConvertOnRead):
+    """One GGUF tensor, dequantized (``gguf.dequantize``: float32) a block of rows at a time when read,
+    its rows taken in ``order`` (transformers' processor's row permutation, None: as stored)."""
+
+    def __init__(self, path: pathlib.Path, info: Any, data_start: int, order, dtype, clamp, overflows, bar, scratch):
+        super().__init__(info.name, list(info.shape), info.nbytes, dtype, clamp, overflows, bar, scratch)
+        self.path, self.info, self.order = path, info, order
+        self.start = data_start + info.offset
+        rows = int(info.shape[0]) if len(info.shape) == 2 else 1
+        self.stored_rows, self.stored_row_bytes = rows, info.nbytes // rows
+
+    def _row_bytes(self) -> int:
+        return 4 * int(self.shape[-1]) if len(self.shape) == 2 else 4  # the float32 values dequantized
+
+    def _open(self) -> Any:
+        return open(self.path, "rb", buffering=0)
+
+    def _read(self, f: Any, lo: int, hi: int) -> np.ndarray:
+        """Stored rows ``lo .. hi`` as bytes [rows, row bytes]: a plain read (mapped pages would stay
+        resident next to the converted copy)."""
+        buf = np.empty((hi - lo, self.stored_row_bytes), dtype=np.uint8)
+        f.seek(self.start + lo * self.stored_row_bytes)
+        if f.readinto(memoryview(buf).cast("B")) != buf.nbytes:
+            raise CheckpointError(f"{self.path}: tensor {self.name} is truncated")
+        return buf
+
+    def _rows(self, source: Any, first: int, count: int) -> torch.Tensor:
+        import gguf  # noqa: PLC0415
+
+        kind = gguf.GGMLQuantizationType(self.info.ggml_type)
+        if len(self.shape) != 2:  # a vector (norms, biases): small, whole
+            values = gguf.dequantize(self._read(source, 0, 1), kind).reshape(-1)
+            return torch.from_numpy(np.ascontiguousarray(values[first : first + count]))
+        want = np.arange(first, first + count) if self.order is None else self.order[first : first + count]
+        lo, hi = int(want.min()), int(want.max()) + 1
+        raw = self._read(source, lo, hi)
+        if self.order is not None:
+            raw = raw[want - lo]
+        values = gguf.dequantize(raw, kind).reshape(count, int(self.shape[-1]))
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+
+def _row_order(path: pathlib.Path, processor: Any, name: str, shape: tuple, mapping: dict) -> np.ndarray | None:
+    """The row permutation transformers' tensor processor applies to tensor ``name`` (read off by
+    processing the row indices), None when it keeps the rows as stored; anything else is refused."""
+    if len(shape) > 2:
+        raise CheckpointError(f"{path}: tensor {name} has {len(shape)} dimensions (stacked MoE experts): not supported by gguf:")
+    rows = int(shape[0]) if len(shape) == 2 else int(math.prod(shape))
+    probe = np.arange(rows, dtype=np.float64).reshape(rows, 1) if len(shape) == 2 else np.arange(rows, dtype=np.float64)
+    side: dict[str, dict] = {"tensors": {}}
+    try:
+        result = processor.process(weights=probe, name=name, tensor_key_mapping=mapping, parsed_parameters=side)
+    except Exception as e:  # noqa: BLE001 - a shape its processor cannot take (a config that disagrees with the file)
+        raise CheckpointError(f"{path}: tensor {name} {list(shape)}: {type(processor).__name__} refused it: {e}") from None
+    order = np.asarray(result.weights)
+    if result.name != name or side["tensors"] or order.shape != probe.shape:
+        raise CheckpointError(
+            f"{path}: transformers' GGUF loader ({type(processor).__name__}) transforms tensor {name} beyond a row "
+            "permutation (merged, renamed or reshaped): not supported by gguf:"
+        )
+    order = order.reshape(-1).astype(np.int64)
+    if not np.array_equal(np.sort(order), np.arange(rows)):
+        raise CheckpointError(f"{path}: transformers' GGUF loader mixes the rows of tensor {name}: not supported by gguf:")
+    if len(shape) != 2 and not np.array_equal(order, np.arange(rows)):
+        raise CheckpointError(f"{path}: transformers' GGUF loader permutes vector {name}: not supported by gguf:")
+    return None if np.array_equal(order, np.arange(rows)) else order
+
+
+def _gguf_tensors(path, header, model_class, config, dtype, clamp, overflows, bar, scratch) -> dict:
+    """The file's tensors by transformers' names, each a :class:`_GGUFOnRead`; tensors the model has no
+    place for are left out, as transformers' loader does."""
+    from transformers.modeling_gguf_pytorch_utils import (  # noqa: PLC0415
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+    )
+
+    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config.to_dict())
+    with torch.device("meta"):
+        skeleton = model_class(config)  # its parameter names, for transformers' name map
+    mapping = get_gguf_hf_weights_map(skeleton, processor)
+    del skeleton
+    tensors: dict[str, Any] = {}
+    for info in header.tensors:
+        if info.name not in mapping:
+            continue
+        order = _row_order(path, processor, info.name, info.shape, mapping)
+        tensors[mapping[info.name]] = _GGUFOnRead(path, info, header.data_start, order, dtype, clamp, overflows, bar, scratch)
+    return tensors
+
+
+def load_gguf(
+    path: str | pathlib.Path,
+    dtype: torch.dtype,
+    *,
+    clamp_fp16: bool = False,
+    bar: Callable[[int], Any] | None = None,
+    scratch: pathlib.Path | None = None,
+) -> LoadedLM:
+    """A transformers causal LM from a GGUF file, weights dequantized into ``dtype`` tensor by tensor
+    (module docstring); ``bar`` and ``scratch`` as for :func:`mps_backend.llm.checkpoint.load_hf`."""
+    path = _file(path)
+    header = read_header(path)
+    config = load_config(path)
+    model_type = str(getattr(config, "model_type", "?"))
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING  # noqa: PLC0415
+
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise CheckpointError(f"{path}: model type {model_type!r} has no *ForCausalLM class in transformers")
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    weight_bytes = sum(info.nbytes for info in header.tensors)
+    model, clamped = load_state_dict_into(
+        model_class,
+        config,
+        lambda progress, overflows: _gguf_tensors(
+            path, header, model_class, config, dtype, clamp_fp16, overflows, progress, scratch
+        ),
+        dtype,
+        where=f"{path}: transformers cannot load this {model_type} GGUF",
+        missing_in=str(path),
+        clamp_fp16=clamp_fp16,
+        progress=bar(weight_bytes) if bar is not None else None,
+    )
+    import gguf  # noqa: PLC0415
+
+    kinds: dict[str, int] = {}
+    for info in header.tensors:
+        kind = gguf.GGMLQuantizationType(info.ggml_type).name
+        kinds[kind] = kinds.get(kind, 0) + 1
+    notes = [
+        f"GGUF tensors {', '.join(f'{k} ({n})' for k, n in sorted(kinds.items()))} dequantized to {str(dtype).split('.')[-1]}"
+    ]
+    if model_type not in TESTED_MODEL_TYPES:
+        notes.append(f"model type {model_type!r} is not among the tested ones ({', '.join(TESTED_MODEL_TYPES)})")
+    if clamped:
+        notes.append(f"{clamped} weight values beyond ±65504 clamped to the float16 range")
+    vocab = int(config.vocab_size)
+    bos = _token_ids(path, {}, config, "bos_token_id", vocab, where=path)
+    eos = _token_ids(path, {}, config, "eos_token_id", vocab, where=path)
+    return LoadedLM(
+        model=model,
+        kind="hf",
+        model_type=model_type,
+        n_layers=int(config.num_hidden_layers),
+        vocab_size=vocab,
+        max_positions=int(getattr(config, "max_position_embeddings", 0) or 0),
+        bos_id=bos[0] if bos else None,
+        eos_ids=eos,
+        dtype=dtype,
+        source_dtype=header.dtype,
+        weight_bytes=weight_bytes,
+        tokenizer_path=path,
+        notes=notes,
+    )
+
+
+def truncated_gguf(path: str | pathlib.Path, into: pathlib.Path, layers: int) -> tuple[pathlib.Path, int]:
+    """A GGUF of the first ``layers`` layers of ``path`` written into ``into`` (its metadata with the
+    layer count changed, the kept tensors' blocks copied as stored): returns (the file, the original
+    layer count)."""
+    import gguf  # noqa: PLC0415
+
+    path = _file(path)
+    reader = gguf.GGUFReader(path)
+    arch = str(reader.fields["general.architecture"].contents())
+    count_key = f"{arch}.block_count"
+    old = int(reader.fields[count_key].contents())
+    out = into / "truncated.gguf"
+    writer = gguf.GGUFWriter(out, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = min(layers, old) if key == count_key else field.contents()
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, value, field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        m = _LAYER.match(t.name)
+        if m is None or int(m.group(1)) < layers:
+            writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    with contextlib.closing(writer):
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    return out, old
