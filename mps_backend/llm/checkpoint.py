@@ -30,7 +30,19 @@ from mps_backend.pages import PageReleaser, ScratchFile, map_copy_on_write, mapp
 from mps_backend.passes import FP16_MAX, largest_magnitude
 
 #: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
-TESTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "whisper")
+TESTED_MODEL_TYPES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "phi3",
+    "gemma2",
+    "gemma3_text",
+    "whisper",
+    "gemma3",
+    "llava",
+    "smolvlm",
+)
 #: encoder-decoder model types exported (to executorch's ASR runner: mps_backend.llm.whisper)
 ENCODER_DECODER_TYPES = ("whisper",)
 
@@ -364,10 +376,19 @@ def load_hf(
     try:
         from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
             MODEL_FOR_CAUSAL_LM_MAPPING,
+            MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
             MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
         )
 
-        mapping = MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING if model_type in ENCODER_DECODER_TYPES else MODEL_FOR_CAUSAL_LM_MAPPING
+        from mps_backend.llm.vision import VISION_LANGUAGE_TYPES  # noqa: PLC0415
+
+        mapping = (
+            MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING
+            if model_type in ENCODER_DECODER_TYPES
+            else MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+            if model_type in VISION_LANGUAGE_TYPES
+            else MODEL_FOR_CAUSAL_LM_MAPPING
+        )
         if type(config) not in mapping:
             raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
         model_class = mapping[type(config)]

@@ -24,6 +24,7 @@ import torch
 
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
 from mps_backend.llm.decoder import ExecutorchLlamaDecoder, HFDecoder, check_chunk, dynamic_shapes, example_inputs, kv_heads
+from mps_backend.llm.vision import is_vision_language
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_kernels import DEFAULT_TARGET
@@ -87,7 +88,10 @@ class LLMExportResult:
             + (", int8 embedding (a scale per row)" if self.quantize_embedding else "")
             + ")",
             (
-                f"max_seq_len      {self.max_seq_len} (static shapes: {self.signature})"
+                f"max_seq_len      {self.max_seq_len} (KV cache; {self.signature}; the device computes "
+                f"{self.prefill_chunk} rows per text_decoder call)"
+                if is_vision_language(self.model_type)
+                else f"max_seq_len      {self.max_seq_len} (static shapes: {self.signature})"
                 if self.prefill_chunk == 1
                 else f"max_seq_len      {self.max_seq_len} (KV cache; forward tokens [1, n], 1 <= n <= "
                 f"{self.prefill_chunk}, input_pos [1]: the device computes {self.prefill_chunk} rows per call)"
@@ -174,6 +178,10 @@ def program_methods(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> list[tupl
         from mps_backend.llm.whisper import whisper_methods  # noqa: PLC0415
 
         return whisper_methods(lm.model, max_seq_len)
+    if is_vision_language(lm.model_type):  # chunk: the rows of one text_decoder call
+        from mps_backend.llm.vision import vision_methods  # noqa: PLC0415
+
+        return vision_methods(lm.model, max_seq_len, chunk)
     return [("forward", lambda: (decoder_for(lm, max_seq_len, chunk), example_inputs(chunk=chunk), dynamic_shapes(chunk)))]
 
 
@@ -195,6 +203,10 @@ def metadata(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> dict[str, Any]:
         from mps_backend.llm.whisper import whisper_metadata  # noqa: PLC0415
 
         return whisper_metadata(lm, max_seq_len)
+    if is_vision_language(lm.model_type):
+        from mps_backend.llm.vision import vision_metadata  # noqa: PLC0415
+
+        return vision_metadata(lm, max_seq_len, chunk)
     meta: dict[str, Any] = {
         "get_max_seq_len": chunk if chunk > 1 else max_seq_len,
         "get_max_context_len": max_seq_len,
@@ -365,7 +377,7 @@ def export_llm(
         notes = list(lm.notes)
         seq_len, note = resolve_max_seq_len(lm, max_seq_len)
         if lm.kind == "hf":
-            cfg = lm.model.config
+            cfg = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") else lm.model.config
             heads = cfg.num_attention_heads
             head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
             check_kv_cache_size(lm.n_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
@@ -381,10 +393,20 @@ def export_llm(
 
             with prog.stage("quantize embedding int8"):
                 quantize_embeddings(lm.model)
-        try:
-            chunk = check_chunk(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, seq_len)
-        except ValueError as e:
-            raise CheckpointError(f"--prefill-chunk: {e}") from None
+        vision = is_vision_language(lm.model_type)
+        if vision and (quantize or quantize_embedding):
+            raise CheckpointError(
+                f"--quantize: not done for vision-language models ({lm.model_type}): export them in fp16 or fp32"
+            )
+        if vision:  # the rows of one text_decoder call: at least an image's embeddings
+            from mps_backend.llm.vision import check_rows  # noqa: PLC0415
+
+            chunk = check_rows(lm.model, prefill_chunk, seq_len)
+        else:
+            try:
+                chunk = check_chunk(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, seq_len)
+            except ValueError as e:
+                raise CheckpointError(f"--prefill-chunk: {e}") from None
         if chunk > 1 and lm.model_type == "whisper":
             raise CheckpointError("--prefill-chunk: Whisper's text_decoder reads one token a call (the ASR runner's contract)")
         methods = program_methods(lm, seq_len, chunk)
@@ -392,7 +414,7 @@ def export_llm(
         model_type, weight_bytes = lm.model_type, lm.weight_bytes
         del lm  # the methods hold the model; nothing else may keep the weights alive past lowering
         # a chunk's padding, positions and row slices have the prompt's length: on CPU by design
-        partitioner = MPSPartitioner(use_fp16=dtype == "fp16", dynamic_ok=chunk > 1)
+        partitioner = MPSPartitioner(use_fp16=dtype == "fp16", dynamic_ok=chunk > 1 or vision)
         with torch.no_grad():
             eps = {}
             with prog.stage("torch.export"):
@@ -456,6 +478,10 @@ def export_llm(
         from mps_backend.llm.whisper import WHISPER_SIGNATURE  # noqa: PLC0415
 
         result.signature = WHISPER_SIGNATURE
+    if is_vision_language(model_type):
+        from mps_backend.llm.vision import VISION_SIGNATURE  # noqa: PLC0415
+
+        result.signature = VISION_SIGNATURE
     if verify_steps:
         from mps_backend.llm.verify import verify_export  # noqa: PLC0415
 
