@@ -470,6 +470,15 @@ def refuse_unsupported_kind(folder: pathlib.Path, config: dict) -> None:
         from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES  # noqa: PLC0415
 
         raise CheckpointError(encoder_decoder_refusal(folder, model_type, model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES))
+    from mps_backend.llm.vision import VISION_LANGUAGE_TYPES  # noqa: PLC0415
+
+    if isinstance(config.get("vision_config"), dict) and model_type not in VISION_LANGUAGE_TYPES and "audio_config" not in config:
+        raise CheckpointError(
+            f"{folder}: model type {model_type!r} is a vision-language model; mps-backend exports only "
+            f"{', '.join(VISION_LANGUAGE_TYPES)} among those. Missing: its vision_encoder, token_embedding and text_decoder "
+            "methods for executorch's MultimodalRunner (mps_backend.llm.vision builds them for a vision tower whose "
+            "output replaces one run of image tokens at a fixed resolution)"
+        )
     if isinstance(config.get("audio_config"), dict) and model_type not in ENCODER_DECODER_TYPES:
         raise CheckpointError(
             f"{folder}: model type {model_type!r} is an audio-language model (an audio encoder feeding a language "

@@ -507,6 +507,10 @@ def export_llm(
                     from mps_backend.llm.whisper import verify_whisper  # noqa: PLC0415
 
                     result.verification = verify_whisper(result, model, steps=verify_steps, group_size=group_size, pte=written)
+                elif is_vision_language(model_type):
+                    from mps_backend.llm.vision import verify_vision  # noqa: PLC0415
+
+                    result.verification = verify_vision(result, model, steps=verify_steps, pte=written)
                 else:
                     result.verification = verify_export(
                         result,

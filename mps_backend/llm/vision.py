@@ -261,3 +261,70 @@ def vision_metadata(lm, max_seq_len: int, rows: int) -> dict:
     if lm.eos_ids:
         meta["get_eos_ids"] = list(lm.eos_ids)
     return meta
+
+
+#: the self-check's prompt (after the image)
+VERIFY_PROMPT = "Describe the image."
+
+
+def verification_image(h: int = 64, w: int = 80):
+    """A fixed test picture (gradients, a disc, noise) as a PIL image: the self-check's input."""
+    import numpy as np  # noqa: PLC0415
+    from PIL import Image  # noqa: PLC0415
+
+    y, x = np.mgrid[0:h, 0:w]
+    disc = ((y - h / 2) ** 2 + (x - w / 3) ** 2 < (h / 4) ** 2) * 200.0
+    noise = np.random.default_rng(0).integers(0, 40, (h, w))
+    rgb = np.stack([x * 255.0 / w, y * 255.0 / h, disc + noise], axis=-1)
+    return Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8))
+
+
+def eager_reference(folder, batch, generated: list[int]) -> torch.Tensor:
+    """transformers' eager float32 model on the processor's ``batch`` followed by ``generated`` (teacher-forced,
+    one forward): the logits after the prompt's last token and after each generated token but the last,
+    ``[len(generated), vocab]``."""
+    import transformers  # noqa: PLC0415
+
+    model = transformers.AutoModelForImageTextToText.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager", local_files_only=True
+    ).eval()
+    extra = torch.tensor([generated[:-1]], dtype=torch.long)
+    inputs = dict(batch)
+    inputs["input_ids"] = torch.cat([batch["input_ids"], extra], dim=1)
+    for key in ("attention_mask", "token_type_ids", "mm_token_type_ids"):
+        if key in inputs:
+            fill = torch.ones_like(extra) if key == "attention_mask" else torch.zeros_like(extra)
+            inputs[key] = torch.cat([inputs[key], fill], dim=1)
+    n = batch["input_ids"].shape[1]
+    with torch.no_grad():
+        logits = model(**inputs).logits[0]
+    return logits[n - 1 : n - 1 + len(generated)].float()
+
+
+def verify_vision(result, model: str, *, steps: int, pte=None):
+    """The export's self-check: the written ``.pte`` on the emulated runtime (the python MultimodalRunner
+    loop on :func:`verification_image` and :data:`VERIFY_PROMPT` through the folder's processor, then
+    ``steps`` greedy tokens) against transformers' eager float32 model on the same inputs, teacher-forced;
+    the language models' tolerances."""
+    from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
+    from mps_backend.llm.multimodal import ImageGeneration, generate_ids, load_processor, process, prompt_inputs  # noqa: PLC0415
+    from mps_backend.llm.verify import LLMVerification, tolerance  # noqa: PLC0415
+
+    _, folder = parse_model_spec(model)
+    where = pte or result.path
+    image = verification_image()
+    run = ImageGeneration(logits=[])
+    tokens = generate_ids(where, prompt_inputs(where, folder, VERIFY_PROMPT, image), steps, result=run)
+    batch = process(load_processor(folder), VERIFY_PROMPT, image)
+    ref = eager_reference(folder, batch, tokens)
+    dev = torch.stack(run.logits)
+    dtype = "fp16" if result.precision == "float16" else "fp32"
+    return LLMVerification(
+        steps=len(tokens),
+        max_abs_diff=float((dev - ref).abs().max()),
+        scale=float(ref.abs().max()),
+        tolerance=tolerance(dtype),
+        tokens_agree=sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens)),
+        reference=f"eager transformers float32, after a test image and {VERIFY_PROMPT!r} through the checkpoint's "
+        f"processor ({run.prompt_rows} rows), teacher-forced",
+    )
