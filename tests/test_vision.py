@@ -51,7 +51,9 @@ def _run(*args) -> tuple[int, str, str]:
 
 
 def _export(folder, out, dtype: str, *check) -> tuple:
-    code, stdout, err = _run("export", "--model", f"hf:{folder}", "--dtype", dtype, "--max-seq-len", MAX_SEQ_LEN, "-o", out, *check)
+    code, stdout, err = _run(
+        "export", "--model", f"hf:{folder}", "--dtype", dtype, "--max-seq-len", MAX_SEQ_LEN, "-o", out, *check
+    )
     assert out.is_file(), err
     return out, code, stdout
 
@@ -72,9 +74,9 @@ def fp16_pte(checkpoint, tmp_path_factory):
     return _export(checkpoint, tmp_path_factory.mktemp("pte") / "fp16.pte", "fp16", "--no-verify")
 
 
-def _run_python(pte, folder, steps=STEPS) -> ImageGeneration:
+def _run_python(pte, folder, steps=STEPS, *, stop_at_eos=True) -> ImageGeneration:
     result = ImageGeneration(logits=[])
-    generate_ids(pte, prompt_inputs(pte, folder, PROMPT, picture()), steps, result=result)
+    generate_ids(pte, prompt_inputs(pte, folder, PROMPT, picture()), steps, result=result, stop_at_eos=stop_at_eos)
     return result
 
 
@@ -95,7 +97,7 @@ def test_fp32_logits_and_tokens_equal_transformers(checkpoint, fp32_pte):
         causal = {k: v for k, v in batch.items() if k != "token_type_ids"}
         with torch.no_grad():
             alt = eager(checkpoint)(**causal).logits[0, -1]
-        assert (alt - ref).abs().max() > 100 * TOLERANCE["fp32"] * ref.abs().max()
+        assert (alt - ref).abs().max() > 10 * TOLERANCE["fp32"] * ref.abs().max()
 
 
 def test_executorch_multimodal_runner_writes_the_same_text(checkpoint, fp32_pte):
@@ -110,7 +112,7 @@ def test_executorch_multimodal_runner_writes_the_same_text(checkpoint, fp32_pte)
 
 def test_fp16_logits_close_to_eager(checkpoint, fp16_pte):
     pte, _, _ = fp16_pte
-    run = _run_python(pte, checkpoint)
+    run = _run_python(pte, checkpoint, stop_at_eos=False)
     ref = eager_reference(checkpoint, processor_inputs(checkpoint), run.tokens)
     dev = torch.stack(run.logits)
     assert dev.shape == ref.shape and dev.shape[0] == STEPS
@@ -211,7 +213,7 @@ def test_outlier_variant_reaches_the_planted_magnitudes(outliers):
 )
 def test_outlier_variant(outliers, tmp_path, dtype):
     pte, _, _ = _export(outliers, tmp_path / f"{dtype}.pte", dtype, "--no-verify")
-    run = _run_python(pte, outliers)
+    run = _run_python(pte, outliers, stop_at_eos=dtype == "fp32")
     if dtype == "fp32":
         assert run.tokens == eager_generate(outliers, STEPS)
     ref = eager_reference(outliers, processor_inputs(outliers), run.tokens)

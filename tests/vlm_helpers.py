@@ -34,7 +34,7 @@ VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "n
 #: planted outliers (``outliers=True``, Gemma 3): these hidden channels of the text tokens of :data:`OUTLIER_WORDS`
 #: reach 1e4..2e5 in the residual stream (the scaled embedding: 2e4 x sqrt(64))
 OUTLIER_CHANNELS = (3, 17)
-OUTLIER_WORDS = ("quick", "fox")
+OUTLIER_WORDS = (" quick", " fox")  # as the prompt holds them (byte-level BPE: the space is part of the token)
 OUTLIER_RANGE = (1e4, 2e5)
 
 
@@ -173,7 +173,9 @@ def picture(seed: int = 0):
 def eager(folder: pathlib.Path):
     import transformers
 
-    return transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    return transformers.AutoModelForImageTextToText.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
 def processor_inputs(folder: pathlib.Path, prompt: str = PROMPT):

@@ -154,9 +154,15 @@ def runner_inputs(batch, image_id: int, rows: int, block: int | None = None) -> 
 
 
 def generate_ids(
-    pte: bytes | str | pathlib.Path, inputs: list[RunnerInput], max_new_tokens: int = 32, *, result: ImageGeneration | None = None
+    pte: bytes | str | pathlib.Path,
+    inputs: list[RunnerInput],
+    max_new_tokens: int = 32,
+    *,
+    result: ImageGeneration | None = None,
+    stop_at_eos: bool = True,
 ) -> list[int]:
-    """The python runner (the module doc): the greedy tokens after ``inputs``."""
+    """The python runner (the module doc): the greedy tokens after ``inputs`` (``stop_at_eos`` False: on
+    past an EOS id, ``max_new_tokens`` of them)."""
     from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
 
     if isinstance(pte, (str, pathlib.Path)):
@@ -194,7 +200,7 @@ def generate_ids(
         result.tokens.append(token)
         if result.logits is not None:
             result.logits.append(logits.reshape(-1).float().clone())
-        if token in eos:
+        if stop_at_eos and token in eos:
             result.stopped_by = "EOS"
             break
         if pos >= ctx:

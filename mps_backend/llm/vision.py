@@ -314,7 +314,7 @@ def verify_vision(result, model: str, *, steps: int, pte=None):
     where = pte or result.path
     image = verification_image()
     run = ImageGeneration(logits=[])
-    tokens = generate_ids(where, prompt_inputs(where, folder, VERIFY_PROMPT, image), steps, result=run)
+    tokens = generate_ids(where, prompt_inputs(where, folder, VERIFY_PROMPT, image), steps, result=run, stop_at_eos=False)
     batch = process(load_processor(folder), VERIFY_PROMPT, image)
     ref = eager_reference(folder, batch, tokens)
     dev = torch.stack(run.logits)
