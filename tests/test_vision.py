@@ -168,6 +168,19 @@ def test_cli_generate_image_prints_transformers_text(checkpoint, fp32_pte, tmp_p
     ):
         code, _, err = _run("generate", pte, "--tokenizer", checkpoint, "--prompt", PROMPT, *args)
         assert code == 2 and says in err and err.count("\n") == 1, err
+    text_only = tmp_path / "text.pte"  # the text runner's metadata, a forward method only
+    text_only.write_bytes(_text_program())
+    code, _, err = _run("generate", text_only, "--tokenizer", checkpoint, "--prompt", PROMPT, "--image", png)
+    assert code == 2 and "not a vision-language program" in err and err.count("\n") == 1, err
+
+
+def _text_program() -> bytes:
+    from executorch.exir import to_edge_transform_and_lower
+
+    ep = torch.export.export(torch.nn.Linear(2, 2).eval(), (torch.zeros(1, 2),))
+    return (
+        to_edge_transform_and_lower(ep, constant_methods={"get_max_seq_len": 8, "get_max_context_len": 8}).to_executorch().buffer
+    )
 
 
 @pytest.fixture(scope="module")

@@ -58,7 +58,9 @@ class ImageGeneration:
 
 
 def _meta(pte) -> dict:
+    """The program's metadata; a ValueError when it is not a vision-language export (the runner's methods)."""
     from mps_backend.runtime import constant_method_values  # noqa: PLC0415
+    from mps_backend.runtime.emulator import program_input_specs  # noqa: PLC0415
 
     meta = constant_method_values(pte)
     for name in ("get_max_seq_len", "get_max_context_len"):
@@ -66,6 +68,11 @@ def _meta(pte) -> dict:
             raise ValueError(
                 f"the program has no {name} method: not a vision-language export (mps-backend export --model hf:...)"
             )
+    for method in ("vision_encoder", "token_embedding", "text_decoder"):
+        try:
+            program_input_specs(pte, method=method)
+        except Exception as e:  # noqa: BLE001 - the EmulatorError names the methods the program has
+            raise ValueError(f"not a vision-language program (no MultimodalRunner methods): {e}") from None
     return meta
 
 
