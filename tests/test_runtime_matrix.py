@@ -362,8 +362,11 @@ def test_programs_run_in_the_runtimes_apps_ship(tmp_path):
     # the decode steps ran (each gives its own logits), they did not repeat one result
     llm = outputs("llm_kv_cache", base["llm_kv_cache"])
     assert not torch.equal(llm[0][0], llm[1][0])
+    # the image's 16 embeddings, and the decode steps' own logits
     vlm = [o[0] for o in outputs("vlm_multimodal", base["vlm_multimodal"])]
-    assert vlm[0].shape[1] == 16 and vlm[-1].shape == vlm[-3].shape and not torch.equal(vlm[-1], vlm[-3])
+    methods = [s["method"] for s in torch.load(tmp_path / "vlm_multimodal.inputs.pt")]
+    assert [tuple(vlm[i].shape) for i, m in enumerate(methods) if m == "vision_encoder"] == [(1, 16, 64)]
+    assert vlm[-1].shape == vlm[-3].shape and not torch.equal(vlm[-1], vlm[-3])
     asr = outputs("whisper_asr", base["whisper_asr"])
     assert asr[0][0].dim() == 3 and asr[1][0].shape == asr[2][0].shape and not torch.equal(asr[1][0], asr[2][0])
     # the chunked program: every step's logits of the token after its last row; past the cache refused
