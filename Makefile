@@ -41,7 +41,7 @@ test: $(STAMP) $(COMPAT_STAMP)  ## the whole test suite (with the executorch 1.3
 bench: $(STAMP)  ## every benchmark in benchmarks/ (ratios to yardsticks measured in the same run); exit 1 on a missed target
 	$(BIN)/python benchmarks/run.py
 
-bench-8b: $(STAMP)  ## Llama-3.1-8B shape, bfloat16 checkpoint -> --quantize int4: peak RSS <= 0.6x the checkpoint (~40 min, ~40 GB of disk)
+bench-8b: $(STAMP)  ## Llama-3.1-8B shape, bfloat16 checkpoint -> --quantize int4: export peak RSS <= 0.6x the checkpoint, with its self-check <= 1.0x (~40 min, ~40 GB of disk)
 	$(BIN)/python benchmarks/llm_scale.py --sizes 8b
 
 ZOO_ARGS ?=
@@ -54,7 +54,7 @@ compat: $(STAMP) $(COMPAT_STAMP)  ## programs written here, run by executorch 1.
 fuzz: $(STAMP)  ## 100,000 mutated .pte files through check/inspect/run on 2 workers, each under an address-space and time limit; crashes and hangs saved as regression files
 	$(BIN)/python -m harness.fuzz_pte --cases 100000 --seed $${SEED:-1} --jobs $${JOBS:-2} --crash-dir tests/fixtures/fuzz-regressions
 
-fuzz-checkpoint: $(STAMP)  ## 10,000 mutated hf: checkpoint folders (safetensors headers, config.json, shard index) through the export's load-and-check step, each in a worker under an address-space and time limit
+fuzz-checkpoint: $(STAMP)  ## 10,000 mutated hf: checkpoint folders (safetensors headers, config.json, shard index; auto_map code, kernel names, extra shards, retyped tensors, quantization blocks, declared-but-missing tensors) through the export's load-and-check step, each in a worker under an address-space and time limit
 	$(BIN)/python -m harness.fuzz_checkpoint --cases 10000 --seed $${SEED:-1}
 
 lint: $(STAMP)  ## ruff check + ruff format --check + mypy (scripts/typecheck.py); config in pyproject.toml; tests/test_lint.py runs all three

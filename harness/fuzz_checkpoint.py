@@ -8,15 +8,21 @@ llama in float32 in shards with ``model.safetensors.index.json``, a qwen2 with b
 embeddings). Each case is one base folder with one or more of: a mutated safetensors header (its length
 field, a tensor's dtype, shape or data offsets, a renamed, dropped or duplicated tensor, bytes of the
 JSON text, a truncated or extended file), a mutated ``config.json`` (a value of the wrong type or out of
-range, a dropped key, bytes of the JSON text), a mutated shard index or ``generation_config.json``.
+range, a dropped key, bytes of the JSON text), a mutated shard index or ``generation_config.json``, and
+the hostile kinds of #38 (:func:`_mutate_hostile`): an ``auto_map`` naming Python files in the folder that
+write a marker when imported, an attention or experts implementation naming a Hub kernel, an extra or
+unnamed weights file, a tensor retyped to ``BOOL`` or an integer dtype (its size kept consistent), a
+``quantization_config`` block, and tensors or layers the config or the index declares but no file holds.
 The case goes through :func:`mps_backend.llm.export.export_llm` up to the end of its load-and-check step
 (the folder check, transformers' config and model construction, the weights, the KV-cache bound): the
 worker replaces ``decoder_for``, the first step after it, by a stop, so a case costs a load, not an export.
 
 Outcomes: the load finished (``ok``), or a typed error of the project (an ``MPSBackendError``: ``typed
 CLASS``), both allowed; anything else fails the campaign: another exception (``UNTYPED``), the worker
-dying (``CRASH``: a signal, an abort, the address-space limit) or not answering within the time limit
-(``HANG``). A failing case's folder is copied to ``--crash-dir``.
+dying (``CRASH``: a signal, an abort, the address-space limit), not answering within the time limit
+(``HANG``), or code of the folder having run (``CODE RAN``: its marker file written, or a Python file in the
+worker's Hugging Face modules cache, which points into the campaign's temporary folder). A failing
+case's folder is copied to ``--crash-dir``.
 """
 
 from __future__ import annotations
@@ -351,13 +357,166 @@ def _mutate_index(rng: random.Random, path: Path) -> str:
     return f"index {('value', 'drop entry', 'map type', 'metadata', 'no map')[kind]}"
 
 
+#: the file a case folder's Python writes when imported (it must never appear)
+CODE_MARKER = "CODE_RAN"
+#: the Python an auto_map names: importing it writes the marker beside it
+FOLDER_CODE = "import pathlib\npathlib.Path(__file__).with_name('CODE_RAN').write_text('the folder\\'s code ran')\n"
+#: what the hostile mutations put where a config names code, kernels or a quantization
+AUTO_MAPS = (
+    {"AutoConfig": "configuration_fuzz.FuzzConfig", "AutoModelForCausalLM": "modeling_fuzz.FuzzForCausalLM"},
+    {"AutoModelForCausalLM": "modeling_fuzz.FuzzForCausalLM"},
+    {"AutoConfig": "someone/repo--configuration_fuzz.FuzzConfig"},
+    "configuration_fuzz.FuzzConfig",
+    [],
+)
+IMPLEMENTATIONS = (
+    "kernels-community/flash-attn",
+    "flash_attention_2",
+    "paged|eager",
+    "eager",
+    "sdpa",
+    "batched_mm",
+    3,
+    {"": "x/y"},
+)
+QUANTIZATIONS = (
+    {"quant_method": "nope"},
+    {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    {"quant_method": "bitsandbytes", "load_in_8bit": True},
+    {"quant_method": "gptq", "bits": 4},
+    {"quant_method": 7},
+    "x",
+    [],
+)
+#: safetensors dtypes a float tensor is retyped to (the shape changed so that the byte size stays right)
+RETYPES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "I32": 4, "I64": 8, "F64": 8}
+
+
+def _json_dict(path: Path) -> dict | None:
+    try:
+        obj = json.loads(path.read_text())
+    except (ValueError, OSError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _header_of(path: Path) -> tuple[dict, bytes] | None:
+    split = _split(path.read_bytes()) if path.is_file() else None
+    return split if split is not None and isinstance(split[0], dict) else None
+
+
+def _write_header(path: Path, header: dict, rest: bytes) -> None:
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + rest)
+
+
+def _mutate_hostile(rng: random.Random, folder: Path) -> str:
+    """One of #38's hostile mutations of the folder (module docstring); returns what was done."""
+    config = _json_dict(folder / "config.json")
+    shards = sorted(folder.glob("*.safetensors"))
+    kind = rng.randrange(7)
+    if kind <= 2 and config is not None:  # code, kernels, quantization: config.json blocks
+        target = config["text_config"] if isinstance(config.get("text_config"), dict) and rng.random() < 0.3 else config
+        if kind == 0:
+            target["auto_map"] = rng.choice(AUTO_MAPS)
+            if rng.random() < 0.5:
+                config["model_type"] = rng.choice(("fuzzmodel", "", "llama"))
+            for name in ("configuration_fuzz.py", "modeling_fuzz.py"):
+                (folder / name).write_text(FOLDER_CODE)
+            what = "auto_map"
+        elif kind == 1:
+            target[rng.choice(("_attn_implementation", "attn_implementation", "experts_implementation"))] = rng.choice(
+                IMPLEMENTATIONS
+            )
+            what = "implementation"
+        else:
+            target["quantization_config"] = rng.choice(QUANTIZATIONS)
+            what = "quantization block"
+        (folder / "config.json").write_text(json.dumps(config))
+        return what
+    if kind == 3 and shards:  # an extra or unnamed weights file
+        src = rng.choice(shards)
+        name = rng.choice(
+            [n for n in ("extra.safetensors", "consolidated.safetensors", "model-zeros.safetensors") if n != src.name]
+        )
+        split = _header_of(src)
+        if split is not None and rng.random() < 0.5:  # one tensor of the real ones, zeroed
+            header, rest = split
+            names = [k for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+            if names:
+                tname = rng.choice(names)
+                entry = dict(header[tname])
+                offsets = entry.get("data_offsets")
+                n = (
+                    offsets[1] - offsets[0]
+                    if isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                    else 0
+                )
+                _write_header(folder / name, {tname: {**entry, "data_offsets": [0, max(n, 0)]}}, bytes(max(n, 0)))
+                return "extra shard (zeroed tensor)"
+        shutil.copyfile(src, folder / name)
+        return "extra shard (copy)"
+    if kind == 4 and shards:  # a float tensor retyped, its byte size kept
+        path = rng.choice(shards)
+        split = _header_of(path)
+        if split is not None:
+            header, rest = split
+            sizes = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
+            names = [
+                k
+                for k, v in header.items()
+                if isinstance(v, dict)
+                and v.get("dtype") in sizes
+                and isinstance(v.get("shape"), list)
+                and v["shape"]
+                and all(type(d) is int for d in v["shape"])
+            ]
+            if names:
+                entry = header[rng.choice(names)]
+                new = rng.choice(list(RETYPES))
+                ratio_num, ratio_den = sizes[entry["dtype"]], RETYPES[new]
+                last = entry["shape"][-1] * ratio_num
+                if last % ratio_den == 0:
+                    entry["shape"][-1] = last // ratio_den
+                    entry["dtype"] = new
+                    _write_header(path, header, rest)
+                    return f"retype {new}"
+    # declared but missing: layers, tensors of a layer, a tensor only the index names, larger sizes
+    if config is not None and rng.random() < 0.5:
+        key = rng.choice(("num_hidden_layers", "num_hidden_layers", "intermediate_size", "vocab_size"))
+        value = config.get(key)
+        if type(value) is int:
+            config[key] = rng.choice((value + 1, value * 2, 64, 1024))
+            (folder / "config.json").write_text(json.dumps(config))
+            return f"declared {key}"
+    index = _json_dict(folder / "model.safetensors.index.json")
+    if index is not None and isinstance(index.get("weight_map"), dict) and index["weight_map"] and rng.random() < 0.5:
+        wm = index["weight_map"]
+        wm[rng.choice(("model.layers.0.mlp.extra.weight", "lm_head.bias", "model.norm.bias"))] = rng.choice(list(wm.values()))
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        return "declared in index"
+    for path in rng.sample(shards, len(shards)):
+        split = _header_of(path)
+        if split is None:
+            continue
+        header, rest = split
+        layers = sorted({k.split(".")[2] for k in header if k.startswith("model.layers.") and k.count(".") > 2})
+        if layers:
+            gone = rng.choice(layers)
+            _write_header(path, {k: v for k, v in header.items() if not k.startswith(f"model.layers.{gone}.")}, rest)
+            return "missing layer tensors"
+    return "no hostile mutation applicable"
+
+
 def mutate(rng: random.Random, folder: Path) -> list[str]:
     """Mutate the files of a copied base folder in place; returns what was done."""
     done = []
     shards = sorted(folder.glob("*.safetensors"))
     for _ in range(rng.choice((1, 1, 1, 2, 3))):
-        target = rng.randrange(10)
-        if target < 5:
+        target = rng.randrange(14)
+        if target >= 10:
+            done.append(_mutate_hostile(rng, folder))
+        elif target < 5:
             done.append(_mutate_safetensors(rng, rng.choice(shards)))
         elif target < 8:
             done.append(_mutate_json(rng, folder / "config.json", CONFIG_KEYS))
@@ -417,13 +576,18 @@ def worker() -> None:
 
 
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, hf_home: Path) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "harness.fuzz_checkpoint", "--worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env=child_env(TRANSFORMERS_OFFLINE="1", HF_HUB_OFFLINE="1"),
+            env=child_env(
+                TRANSFORMERS_OFFLINE="1",
+                HF_HUB_OFFLINE="1",
+                HF_HOME=str(hf_home),
+                HF_MODULES_CACHE=str(hf_home / "modules"),
+            ),
             preexec_fn=_limit,
         )
         self.buffer = b""
@@ -484,7 +648,8 @@ def campaign(cases: int, seed: int, crash_dir: Path | None = None, progress: boo
         root = Path(tmp)
         base = bases(root / "bases")
         names = sorted(base)
-        w = _Worker()
+        hf_home = root / "hf"
+        w = _Worker(hf_home)
         try:
             for i in range(cases):
                 name = rng.choice(names)
@@ -494,8 +659,11 @@ def campaign(cases: int, seed: int, crash_dir: Path | None = None, progress: boo
                 dtype = rng.choice(("fp16", "fp32"))
                 result = w.run(folder, dtype, CASE_SECONDS)
                 if not w.alive():
-                    w = _Worker()
-                if result.startswith(("UNTYPED", "CRASH", "HANG")):
+                    w = _Worker(hf_home)
+                copied = sorted(p.name for p in hf_home.rglob("*.py") if p.name != "__init__.py") if hf_home.exists() else []
+                if (folder / CODE_MARKER).exists() or copied:
+                    result = f"CODE RAN (marker {(folder / CODE_MARKER).exists()}, modules cache {copied[:3]}): {result}"
+                if result.startswith(("UNTYPED", "CRASH", "HANG", "CODE RAN")):
                     failures.append({"case": i, "base": name, "dtype": dtype, "mutations": done, "result": result})
                     if crash_dir is not None:
                         crash_dir.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from mps_backend.errors import InternalError, MPSBackendError
 from mps_backend.operators.registry import default_registry
 from mps_backend.passes import Float16RangeWarning, fp16_overflow, run_lowering_passes
 from mps_backend.passes._graph import constant_tensor
+from mps_backend.precision import Precision
 from mps_backend.serialization.device_facts import node_value_ids
 from mps_backend.serialization.writer import write_blob
 from mps_backend.simplify import simplify
@@ -56,13 +57,15 @@ def shared_weight_copy(ep: ExportedProgram) -> ExportedProgram:
     return copy.deepcopy(ep, {id(t): t for t in shared})
 
 
-def build_graph(ep: ExportedProgram, use_fp16: bool, *, copy_program: bool = True) -> GraphBuilder:
-    """Lower ``ep`` into a GraphBuilder: the support checks, the lowering passes
-    (``mps_backend.passes.run_lowering_passes``), then user inputs first (ids 0..n-1), constants, nodes,
-    outputs, in one pass over the graph; then ``simplify``. The passes rewrite a copy of ``ep`` unless
-    ``copy_program`` is False (``preprocess``: executorch hands it a copy already); ``b.ids`` is keyed
-    by the nodes of the graph that was lowered."""
-    b = GraphBuilder(use_fp16)
+def build_graph(ep: ExportedProgram, precision: Precision | bool, *, copy_program: bool = True) -> GraphBuilder:
+    """Lower ``ep`` into a GraphBuilder under ``precision`` (a :class:`Precision`, or the old
+    ``use_fp16`` boolean): the support checks, the lowering passes
+    (``mps_backend.passes.run_lowering_passes``, the precision pass last), then user inputs first (ids
+    0..n-1), constants, nodes, outputs, in one pass over the graph; then ``simplify``. The passes
+    rewrite a copy of ``ep`` unless ``copy_program`` is False (``preprocess``: executorch hands it a
+    copy already); ``b.ids`` is keyed by the nodes of the graph that was lowered."""
+    precision = Precision.of(precision)
+    b = GraphBuilder(precision)
     registry = default_registry()
     unsupported = _unsupported(ep, registry)
     if unsupported:  # only without a partitioner: it keeps these on CPU
@@ -81,7 +84,7 @@ def build_graph(ep: ExportedProgram, use_fp16: bool, *, copy_program: bool = Tru
         )
     if copy_program:
         ep = shared_weight_copy(ep)
-    run_lowering_passes(ep, use_fp16)
+    run_lowering_passes(ep, precision)
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     constants = {n: constant_tensor(ep, n) for n in placeholders}
     user_inputs = [n for n in placeholders if constants[n] is None]
@@ -89,13 +92,13 @@ def build_graph(ep: ExportedProgram, use_fp16: bool, *, copy_program: bool = Tru
         val = n.meta["val"]
         b.ids[n] = b.new_value(val.dtype, val.shape)
     b.graph.input_ids = list(range(len(user_inputs)))
-    for n in user_inputs:  # boundary casts into the compute precision
-        if b.compute_dtype(n.meta["val"].dtype) != n.meta["val"].dtype:
+    for n in user_inputs:  # boundary casts into the device dtype
+        if b.dtype(n) != n.meta["val"].dtype:
             b.current = n
-            b.boundary_cast(n, b.compute_dtype(n.meta["val"].dtype))
+            b.boundary_cast(n, b.dtype(n))
     for n in placeholders:
         if constants[n] is not None and n.users:
-            if use_fp16:  # preprocess cannot refuse a node the partitioner accepted: say it instead
+            if b.dtype(n) == torch.float16:  # preprocess cannot refuse a node the partitioner accepted: say it instead
                 overflow = fp16_overflow(n.name, constants[n])
                 if overflow:
                     warnings.warn(
@@ -105,7 +108,7 @@ def build_graph(ep: ExportedProgram, use_fp16: bool, *, copy_program: bool = Tru
                         ),
                         stacklevel=2,
                     )
-            b.ids[n] = b.constant(constants[n])
+            b.ids[n] = b.constant(constants[n], b.dtype(n))
     for node in ep.graph.nodes:
         if node.op != "call_function":
             continue
@@ -124,7 +127,7 @@ def build_graph(ep: ExportedProgram, use_fp16: bool, *, copy_program: bool = Tru
     for arg in _flat_outputs(output.args[0]):
         vid = b.id(arg)
         declared = arg.meta["val"].dtype
-        if b.compute_dtype(declared) != declared:
+        if b.dtype(arg) != declared:
             vid = b.cast(vid, declared)
         b.graph.output_ids.append(vid)
     simplify(b)

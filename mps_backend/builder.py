@@ -8,8 +8,12 @@ into the blob), the node list and the map from fx nodes to value ids. Lowerings 
     out = b.out(node)                           # new value id for the node's result
     b.emit(N.MPSReLU(input1_id=x, input2_id=-1, output_id=out))  # N: serialization.generated.nodes
 
-In fp16 mode the graph computes in float16: float32 constants are converted, user inputs
-and outputs get one boundary cast each, and every internal float value is float16.
+Each value's device dtype follows the precision policy (:mod:`mps_backend.precision`): the
+precision pass (``mps_backend.passes.precision``) records a device dtype on every float fx node
+(``node.meta[DEVICE_DTYPE]``), and ``b.dtype(arg)`` / ``b.out(node)`` declare values in it. A value
+without one (a policy that keeps what was traced, or a scalar a lowering makes) gets
+``Precision.default_dtype``: float32 -> float16 in float16 mode. User inputs and outputs get one
+boundary cast each where their device dtype differs from the declared one.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch.fx import Node as FxNode
 
-from mps_backend.dtypes import mps_dtype
+from mps_backend.dtypes import mps_dtype, torch_dtype
 from mps_backend.errors import InternalError
 from mps_backend.pages import PageReleaser
+from mps_backend.precision import DEVICE_DTYPE, Precision
 from mps_backend.serialization.device_facts import NOT_DISPATCHED
 from mps_backend.serialization.generated import nodes as N
 from mps_backend.serialization.model import DataType, Graph, Node, NodeFields, Tensor
@@ -162,8 +167,11 @@ class ConstantTable(MutableMapping):
 
 
 class GraphBuilder:
-    def __init__(self, use_fp16: bool):
-        self.use_fp16 = use_fp16
+    def __init__(self, precision: Precision | bool | None = None, *, use_fp16: bool | None = None):
+        #: the precision policy (``use_fp16``, the old boolean: True is Precision.FP16)
+        if (precision is None) == (use_fp16 is None):
+            raise TypeError("GraphBuilder takes a precision (or the old use_fp16 boolean), exactly one")
+        self.precision = Precision.of(precision if precision is not None else use_fp16)
         self.graph = Graph()
         self.constants = ConstantTable()  # vid -> data (read with b.constants.get(vid))
         self.ids: dict[FxNode, Any] = {}  # fx node -> value id, or tuple of ids for multi-output nodes
@@ -176,15 +184,27 @@ class GraphBuilder:
         self._float32_inputs: dict[FxNode, int] = {}
 
     # ---- dtypes -------------------------------------------------------------------------
+    @property
+    def use_fp16(self) -> bool:
+        """float32 values default to float16 (the policy's float16 mode)."""
+        return self.precision.float16
+
     def compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The device dtype a value of torch dtype ``dtype`` has inside this graph."""
-        if dtype == torch.float32 and self.use_fp16:
-            return torch.float16
-        return dtype
+        """The device dtype a value of torch dtype ``dtype`` gets when no node says otherwise
+        (a lowering's own temporaries and scalars)."""
+        return self.precision.default_dtype(dtype)
+
+    def result_dtype(self, node: FxNode, traced: torch.dtype) -> torch.dtype:
+        """Device dtype of a result of ``node`` whose traced dtype is ``traced``: a float result takes
+        the device dtype the precision pass gave the node, anything else its default."""
+        device = node.meta.get(DEVICE_DTYPE) if isinstance(node, FxNode) else None
+        if device is not None and traced.is_floating_point:
+            return device
+        return self.compute_dtype(traced)
 
     def dtype(self, arg: FxNode) -> torch.dtype:
         """Device dtype of an fx tensor argument."""
-        return self.compute_dtype(fx_val(arg).dtype)
+        return self.result_dtype(arg, fx_val(arg).dtype)
 
     # ---- values -------------------------------------------------------------------------
     def new_value(self, dtype: torch.dtype, shape: Iterable[int]) -> int:
@@ -210,7 +230,7 @@ class GraphBuilder:
         """A new value id for ``node``'s (single tensor) result, bound to the node."""
         node = node if node is not None else self.current
         val = fx_val(node)
-        vid = self.new_value(dtype or self.compute_dtype(val.dtype), val.shape)
+        vid = self.new_value(dtype or self.result_dtype(node, val.dtype), val.shape)
         self.ids[node] = vid
         return vid
 
@@ -218,7 +238,7 @@ class GraphBuilder:
         """New value ids for each tensor of a multi-output node (read by getitem)."""
         vals = fx_val(node)
         dtypes = list(dtypes) if dtypes is not None else [None] * len(vals)
-        ids = tuple(self.new_value(dt or self.compute_dtype(v.dtype), v.shape) for v, dt in zip(vals, dtypes))
+        ids = tuple(self.new_value(dt or self.result_dtype(node, v.dtype), v.shape) for v, dt in zip(vals, dtypes))
         self.ids[node] = ids
         return ids
 
@@ -250,9 +270,10 @@ class GraphBuilder:
         if data is None or not data.is_floating_point():
             return None
         t = self.graph.values[vid]
-        out = self.new_value(self.compute_dtype(data.dtype), t.dims)
+        dtype = torch_dtype(t.datatype)  # the dtype the blob holds constant ``vid`` in
+        out = self.new_value(dtype, t.dims)
         self.graph.constant_ids.append(out)
-        self.constants[out] = _Scaled(data.detach(), scale.to(torch.float64), self.compute_dtype(data.dtype))
+        self.constants[out] = _Scaled(data.detach(), scale.to(torch.float64), dtype)
         return out
 
     def scalar(self, value: float | int | bool, dtype: torch.dtype) -> int:

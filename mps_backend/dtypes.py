@@ -19,6 +19,17 @@ DEVICE_DTYPES = frozenset(TORCH_TO_MPS)
 FLOAT_DTYPES = frozenset({torch.float16, torch.float32})
 
 
+_MPS_TO_TORCH = {v: k for k, v in TORCH_TO_MPS.items()}
+
+
+def torch_dtype(dtype: DataType) -> torch.dtype:
+    """The torch dtype of a device dtype (int4 has none: ValueError)."""
+    try:
+        return _MPS_TO_TORCH[dtype]
+    except KeyError:
+        raise ValueError(f"device dtype {dtype!r} has no torch dtype") from None
+
+
 def mps_dtype(dtype: torch.dtype) -> DataType:
     try:
         return TORCH_TO_MPS[dtype]

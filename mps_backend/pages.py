@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import errno
 import math
 import mmap
 import os
@@ -26,6 +27,8 @@ import warnings
 from typing import Any
 
 import torch
+
+from mps_backend.errors import MPSBackendError
 
 PAGE = mmap.PAGESIZE
 #: Linux's MADV_PAGEOUT (uapi asm-generic/mman-common.h; Python's mmap module names it only when built
@@ -135,6 +138,22 @@ class PageReleaser:
             self._trim(0)
 
 
+class DiskFullError(MPSBackendError, OSError):
+    """The disk a scratch file goes to is full (ENOSPC, EDQUOT): one line naming the folder."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full(folder: Any, e: OSError) -> DiskFullError:
+    err = DiskFullError(
+        f"the disk of {os.path.abspath(folder)} is full ({e.strerror or e}) while the export wrote its scratch data "
+        "(converted and quantized weights, beside the output): free space there, or write the .pte to another disk"
+    )
+    err.errno = e.errno
+    return err
+
+
 class ScratchFile:
     """A tensor written to a scratch file piece by piece, then mapped back (:meth:`mapped`) instead of
     held in anonymous memory: its pages are read when used and :class:`PageReleaser` can hand them
@@ -145,7 +164,11 @@ class ScratchFile:
     def __init__(self, folder: str | os.PathLike, name: str) -> None:
         import tempfile  # noqa: PLC0415
 
-        fd, self.path = tempfile.mkstemp(prefix=f"{name[:80]}.", suffix=".bin", dir=folder)
+        try:
+            fd, self.path = tempfile.mkstemp(prefix=f"{name[:80]}.", suffix=".bin", dir=folder)
+        except OSError as e:
+            raise (_disk_full(folder, e) if e.errno in _FULL else e) from None
+        self.folder = folder
         self._file = os.fdopen(fd, "wb")
         self.nbytes = 0
 
@@ -154,8 +177,10 @@ class ScratchFile:
         data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
         try:
             self._file.write(memoryview(data))
-        except BaseException:
+        except BaseException as e:
             self.discard()
+            if isinstance(e, OSError) and e.errno in _FULL:
+                raise _disk_full(self.folder, e) from None
             raise
         self.nbytes += data.nbytes
 
@@ -163,7 +188,10 @@ class ScratchFile:
         """The bytes written, as a ``dtype`` tensor of ``shape`` over a copy-on-write (private) mapping of
         the file."""
         try:
-            self._file.close()
+            try:
+                self._file.close()  # flushes: a full disk may show only here
+            except OSError as e:
+                raise (_disk_full(self.folder, e) if e.errno in _FULL else e) from None
             numel = math.prod(int(d) for d in shape)
             if numel * dtype.itemsize != self.nbytes:
                 need = numel * dtype.itemsize
@@ -177,7 +205,10 @@ class ScratchFile:
             self.discard()
 
     def discard(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # its buffered bytes could not be written (a full disk): they are not wanted
+            pass
         try:
             os.unlink(self.path)
         except FileNotFoundError:

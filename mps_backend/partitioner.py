@@ -23,6 +23,7 @@ from mps_backend import compile_specs as specs
 from mps_backend.backend import MPSBackend  # noqa: F401  (to_backend finds backends among BackendDetails subclasses)
 from mps_backend.errors import MPSBackendWarning
 from mps_backend.operators.registry import DYNAMIC, Registry, default_registry, op_key
+from mps_backend.precision import Precision
 
 BACKEND_ID = "MPSBackend"
 #: why an in-place row write into a mutable buffer stays on CPU (see :func:`cache_writes`)
@@ -263,24 +264,44 @@ def edge_compile_config(**overrides) -> EdgeCompileConfig:
 class MPSPartitioner(Partitioner):
     """Partition for the ExecuTorch MPS delegate.
 
-    ``MPSPartitioner()`` lowers in float16 (the upstream default); ``use_fp16=False`` keeps
-    float32; upstream-style ``compile_specs=[CompileSpec("use_fp16", bytes([0|1]))]`` work too.
+    ``MPSPartitioner()`` lowers in float16 (``Precision.FP16``, the upstream default: float16 weights
+    and compute, the model's float32 parts, norm statistics, softmax and the residual stream in
+    float32); ``use_fp16=False`` keeps every value as traced (``Precision.FP32``); ``precision=`` takes
+    any :class:`~mps_backend.precision.Precision`; upstream-style
+    ``compile_specs=[CompileSpec("use_fp16", bytes([0|1]))]`` work too.
     """
 
     def __init__(
-        self, compile_specs: Sequence[CompileSpec] | None = None, *, use_fp16: bool | None = None, dynamic_ok: bool = False
+        self,
+        compile_specs: Sequence[CompileSpec] | None = None,
+        *,
+        use_fp16: bool | None = None,
+        precision: Precision | None = None,
+        dynamic_ok: bool = False,
     ):
-        fp16 = specs.parse(compile_specs)
-        if use_fp16 is not None:
-            if compile_specs and fp16 != use_fp16:
-                raise ValueError("use_fp16 and the use_fp16 compile spec disagree")
-            fp16 = use_fp16
-        self.use_fp16 = fp16
+        policy = specs.parse(compile_specs)
+        for given in (use_fp16, precision):
+            if given is None:
+                continue
+            given = Precision.of(given)
+            if compile_specs and given != policy:
+                raise ValueError(f"the compile specs ({policy}) and use_fp16/precision ({given}) disagree")
+            if use_fp16 is not None and precision is not None and precision.float16 != use_fp16:
+                raise ValueError(f"use_fp16={use_fp16} and precision={precision} disagree")
+        if precision is not None:
+            policy = precision
+        elif use_fp16 is not None:
+            policy = Precision.of(use_fp16)
+        self.precision = policy
         #: the program's dynamic-shape nodes are meant for CPU (a chunked language model): no warning
         self.dynamic_ok = dynamic_ok
-        self.delegation_spec = DelegationSpec(BACKEND_ID, [specs.fp16_spec(fp16)])
+        self.delegation_spec = DelegationSpec(BACKEND_ID, specs.precision_specs(policy))
         self._reports: list[PartitionReport] = []
         super().__init__()
+
+    @property
+    def use_fp16(self) -> bool:
+        return self.precision.float16
 
     def report(self) -> PartitionReport:
         """What this partitioner decided: for a program with several methods (executorch calls

@@ -27,11 +27,17 @@ from typing import Any, Optional
 
 import torch
 
+from mps_backend.errors import MPSBackendError
 from mps_backend.pages import PageReleaser
 
 SCHEMES = ("int4", "int8")
 #: group size used by the CLI for int4 when none is given
 DEFAULT_INT4_GROUP_SIZE = 32
+
+
+class QuantizationError(MPSBackendError, ValueError):
+    """A quantization that cannot be done as asked: an unknown scheme, a group size out of range, or one that
+    would leave every linear layer in float."""
 
 
 def verify_tolerance(scheme: str) -> float:
@@ -54,9 +60,9 @@ def weight_only_config(scheme: str, group_size: Optional[int] = None, *, asymmet
     """torchao's ``IntxWeightOnlyConfig`` for ``scheme`` (``"int4"`` / ``"int8"``) with one scale per
     ``group_size`` columns (``None`` or 0: per output channel)."""
     if scheme not in SCHEMES:
-        raise ValueError(f"unknown quantization scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
-    if group_size is not None and group_size < 0:
-        raise ValueError(f"group size must be positive, got {group_size}")
+        raise QuantizationError(f"unknown quantization scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 0):
+        raise QuantizationError(f"--group-size {group_size}: give 0 (one scale per output channel) or a positive group")
     from torchao.quantization import IntxWeightOnlyConfig  # noqa: PLC0415
     from torchao.quantization.granularity import PerAxis, PerGroup  # noqa: PLC0415
     from torchao.quantization.quant_primitives import MappingType  # noqa: PLC0415
@@ -87,6 +93,47 @@ def quantizable(scheme: str, group_size: Optional[int] = None, *, embeddings: bo
         return not group_size or w.shape[1] % group_size == 0
 
     return wanted
+
+
+def quantization_count(model: torch.nn.Module, scheme: str, group_size: Optional[int] = None) -> str:
+    """How many of ``model``'s float linear layers ``scheme`` quantizes, as a note for the summary; a
+    :class:`QuantizationError` naming why when it would quantize none (``--group-size 7``, a model whose
+    shapes the int4 layout cannot take): a program in float labelled int4 is never the result."""
+    from mps_backend.operators.quant import INT4_K_MULTIPLE, INT4_N_MULTIPLE, int4_layout_fits  # noqa: PLC0415
+
+    weight_only_config(scheme, group_size)  # the scheme and group size themselves
+    wanted = quantizable(scheme, group_size)
+    shapes = [
+        tuple(m.weight.shape)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2 and m.weight.dtype.is_floating_point
+    ]
+    done = sum(1 for fqn, m in model.named_modules() if wanted(m, fqn))
+    grouping = f"group size {group_size}" if group_size else "per channel"
+    if done:
+        return f"{scheme} weight-only, {grouping}: {done} of {len(shapes)} linear layers quantized" + (
+            "; the rest stay in float (shapes the group size or the int4 layout cannot take)" if done < len(shapes) else ""
+        )
+    why = []
+    if scheme == "int4" and not any(int4_layout_fits(n, k) for n, k in shapes):
+        why.append(
+            f"the device's int4 layout needs out_features % {INT4_N_MULTIPLE} == 0 and in_features % {INT4_K_MULTIPLE} == 0"
+        )
+    if group_size and not any(k % group_size == 0 for _, k in shapes):
+        widths = sorted({k for _, k in shapes})
+        why.append(f"the group size {group_size} divides none of their in_features ({', '.join(map(str, widths[:6]))})")
+    raise QuantizationError(
+        f"--quantize {scheme} ({grouping}) would quantize none of the {len(shapes)} linear layers: "
+        + (
+            "; ".join(why)
+            or ("no float linear weight" if not shapes else "no layer's shape takes both the group size and the int4 layout")
+        )
+        + (
+            f": choose a group size that divides in_features{' (a multiple of 32 for int4)' if scheme == 'int4' else ''}"
+            if group_size
+            else ""
+        )
+    )
 
 
 class RowQuantizedEmbedding(torch.nn.Module):

@@ -57,7 +57,7 @@ def operand(b: GraphBuilder, node: Node, x: Any, dtype: torch.dtype) -> int:
     """Value id of a tensor argument, or a scalar constant of device dtype ``dtype``."""
     if isinstance(x, Node):
         return b.id(x)
-    return b.scalar(x, b.compute_dtype(dtype))
+    return b.scalar(x, b.result_dtype(node, dtype))
 
 
 def clamp_index(i, size: int, default: int) -> int:

@@ -77,7 +77,8 @@ def _operand(b: GraphBuilder, x, dtype: torch.dtype) -> int:
 
 
 def _operands(node: Node, b: GraphBuilder, dtype: torch.dtype | None = None) -> tuple[int, int]:
-    dt = b.compute_dtype(dtype or _common_dtype(node))
+    """Both operands in device dtype ``dtype`` (default: the device dtype of the operands' torch common dtype)."""
+    dt = dtype or b.result_dtype(node, _common_dtype(node))
     return _operand(b, node.args[0], dt), _operand(b, node.args[1], dt)
 
 
@@ -87,7 +88,7 @@ def _operands(node: Node, b: GraphBuilder, dtype: torch.dtype | None = None) -> 
 
 def _arith(op: Binary, with_alpha: bool = False, swap: bool = False):
     def lower(node: Node, b: GraphBuilder) -> None:
-        x, y = _operands(node, b, val(node).dtype)
+        x, y = _operands(node, b, b.dtype(node))
         if swap:  # rsub: other - alpha * self
             x, y = y, x
         fields: dict[str, Any] = {"alpha": float(arg(node, 2, "alpha", 1))} if with_alpha else {}
@@ -125,7 +126,7 @@ def _div(node: Node, b: GraphBuilder) -> None:
     """True division. Integer operands are cast to the result dtype first: the device would
     otherwise divide integers (semantics §6 #12). ``(x * a) / d`` with powers of two was rewritten
     before lowering (``mps_backend.passes.rescale``)."""
-    x, y = _operands(node, b, val(node).dtype)
+    x, y = _operands(node, b, b.dtype(node))
     b.emit(N.MPSDiv(input1_id=x, input2_id=y, output_id=b.out(node), rounding_mode=None))
     # rounding_mode absent (null) = plain division; any other string is a device assert
 
@@ -201,7 +202,7 @@ def _division(float_fn, int_fn):
     """Lower ``float_fn(b, x, y)`` on float operands (the result dtype), ``int_fn`` on integer ones."""
 
     def lower(node: Node, b: GraphBuilder) -> None:
-        dt = b.compute_dtype(val(node).dtype)
+        dt = b.dtype(node)
         x, y = _operands(node, b, dt)
         finish(b, node, (float_fn if dt in FLOAT_DTYPES else int_fn)(b, x, y))
 
@@ -291,7 +292,7 @@ def _pow_scalar_exponent(b: GraphBuilder, x: int, e) -> int:
 
 
 def _pow(node: Node, b: GraphBuilder) -> None:
-    dt = b.compute_dtype(val(node).dtype)
+    dt = b.dtype(node)
     base, exponent = node.args[0], node.args[1]
     if isinstance(base, Node) and not isinstance(exponent, Node):
         finish(b, node, _pow_scalar_exponent(b, convert(b, b.id(base), dt), exponent))
@@ -305,7 +306,7 @@ def _pow(node: Node, b: GraphBuilder) -> None:
 
 def _minmax(fn):
     def lower(node: Node, b: GraphBuilder) -> None:
-        x, y = _operands(node, b, val(node).dtype)
+        x, y = _operands(node, b, b.dtype(node))
         finish(b, node, fn(b, x, y))
 
     return lower
@@ -338,7 +339,7 @@ def _atan2(b: GraphBuilder, y: int, x: int) -> int:
 
 
 def _atan2_lower(node: Node, b: GraphBuilder) -> None:
-    y, x = _operands(node, b, val(node).dtype)
+    y, x = _operands(node, b, b.dtype(node))
     finish(b, node, _atan2(b, y, x))
 
 
@@ -359,7 +360,7 @@ def _bitwise_check(node: Node):
 
 def _bitwise(op: type[N.MPSNode2x1Table]):
     def lower(node: Node, b: GraphBuilder) -> None:
-        x, y = _operands(node, b, val(node).dtype)
+        x, y = _operands(node, b, b.dtype(node))
         b.emit(op(input1_id=x, input2_id=y, output_id=b.out(node)))
 
     return lower

@@ -28,11 +28,9 @@ import torch
 from torch.fx import Node
 
 from mps_backend.builder import GraphBuilder
-from mps_backend.dtypes import TORCH_TO_MPS, mps_dtype
+from mps_backend.dtypes import mps_dtype, torch_dtype
 from mps_backend.serialization.device_facts import BOOL_RESULT
 from mps_backend.serialization.generated import nodes as N
-
-_TORCH_OF = {v: k for k, v in TORCH_TO_MPS.items()}
 
 #: the node kinds ``unary`` takes (one input, one output: MPSExp, MPSNeg, ...)
 Unary = type[N.MPSNode1x1Table]
@@ -46,7 +44,7 @@ Binary = type[N.MPSNode2x1Table] | type[N.MPSNodeWithAlpha2x1Table] | type[N.MPS
 
 def vdtype(b: GraphBuilder, vid: int) -> torch.dtype:
     """Declared (= device) dtype of value ``vid``."""
-    return _TORCH_OF[b.graph.values[vid].datatype]
+    return torch_dtype(b.graph.values[vid].datatype)
 
 
 def vshape(b: GraphBuilder, vid: int) -> list[int]:

@@ -204,7 +204,7 @@ def _bind(b: GraphBuilder, node: Node, values: int, idx: int | None = None) -> N
         return
     target = _out_shape(node)
     values, idx = _reshaped(b, values, target), _reshaped(b, idx, target)
-    want = b.compute_dtype(val(node)[0].dtype)
+    want = b.result_dtype(node, val(node)[0].dtype)
     if vdtype(b, values) != want:  # pooled in float32 (see _source)
         values = b.cast(values, want)
     if _indices_read(node):

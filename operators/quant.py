@@ -307,7 +307,7 @@ def _lower_int4(node: Node, spec: DequantSpec, b: GraphBuilder, plan) -> None:
             output_id=out16,
         )
     )
-    dt = b.compute_dtype(spec.out_dtype)
+    dt = b.result_dtype(node, spec.out_dtype)
     x = out16 if dt == torch.float16 else b.cast(out16, dt)
     if e:
         x = binary(b, N.MPSMul, x, b.scalar(2.0**-e, dt))
@@ -325,7 +325,7 @@ def _lower_int4(node: Node, spec: DequantSpec, b: GraphBuilder, plan) -> None:
 
 
 def _lower_generic(node: Node, spec: DequantSpec, b: GraphBuilder) -> None:
-    dt = b.compute_dtype(spec.out_dtype)
+    dt = b.result_dtype(node, spec.out_dtype)
     split, after = spec.reduction_shapes()
     x = b.id(spec.q)
     if split != spec.shape:

@@ -133,7 +133,7 @@ def _reduce_input(b: GraphBuilder, node: Node) -> int:
     """The value mean / sum reduce: the input, cast to the ``dtype=`` argument when given."""
     vid = b.id(node.args[0])
     dtype = node.kwargs.get("dtype")
-    return vid if dtype is None else convert(b, vid, b.compute_dtype(dtype))
+    return vid if dtype is None else convert(b, vid, b.dtype(node))
 
 
 def _mean_value(b: GraphBuilder, x: Node, dims: list[int], keep: bool, out: int | None = None, vid: int | None = None) -> int:
@@ -475,7 +475,7 @@ def _prod(node: Node, b: GraphBuilder) -> None:
     """Pairwise products: the reduced axes (permuted last) viewed as ``[M, N]``, the two halves
     multiplied until one column is left (an odd column count is padded with a column of ones)."""
     x = node.args[0]
-    dt = b.compute_dtype(val(node).dtype)  # torch: integers and bool multiply as int64
+    dt = b.dtype(node)  # torch: integers and bool multiply as int64
     vid = convert(b, b.id(x), dt)
     s = _device_shape(x)
     dims = _reduce_dims(None if op_key(node.target) is aten.prod.default else [arg(node, 1, "dim")], rank(x))

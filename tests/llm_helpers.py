@@ -171,3 +171,198 @@ def save_tiktoken_model(path: pathlib.Path, merges=(b"th", b"he", b"the", b" t",
     tokens = [bytes([i]) for i in range(256)] + list(merges)
     path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
     return len(tokens) + 256
+
+
+# ---- trained-like statistics (issue #35) ----------------------------------------------------------
+
+#: embedding feature only the first token (BOS) has: what the planted MLP and attention respond to
+TRIGGER = 3
+#: embedding feature every token has: the queries' shared direction toward the attention sink
+SHARED = 5
+#: the residual channels made massive for BOS, with their share of the peak
+MASSIVE = {7: 1.0, 11: 1 / 3}
+#: hidden-axis name endings of the first layer's MLP input / output weights, over the architectures
+_MLP_IN = (
+    "gate_proj.weight",
+    "up_proj.weight",
+    "gate_up_proj.weight",
+    "gate_up_proj",
+    "fc1.weight",
+    "c_fc.weight",
+    "dense_h_to_4h.weight",
+)
+_MLP_OUT = ("down_proj.weight", "down_proj", "fc2.weight", "mlp.c_proj.weight", "dense_4h_to_h.weight")
+_POST_MLP_NORM = ("post_feedforward_layernorm.weight", "post_mlp_layernorm.weight")
+
+
+def _decoder_layers(model) -> torch.nn.ModuleList:
+    n = model.config.num_hidden_layers
+    return next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n)
+
+
+def _hidden_axis(p: torch.Tensor, hidden: int, linear_axis: int) -> int:
+    """The axis of a weight that runs over the hidden size: the one of that length (a square
+    weight: ``linear_axis``, where nn.Linear keeps it)."""
+    axes = [a for a in (-2, -1) if p.shape[a] == hidden]
+    return axes[0] if len(axes) == 1 else linear_axis
+
+
+def _set_hidden(p: torch.Tensor, axis: int, index: int, value: float) -> None:
+    p.select(p.dim() + axis, index).fill_(value)
+
+
+def layer_outputs(model, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each decoder layer's output (the residual stream after it, before any final norm) and the logits."""
+    outs: list[torch.Tensor] = []
+    hooks = [
+        layer.register_forward_hook(lambda m, i, o: outs.append((o[0] if isinstance(o, tuple) else o).detach()))
+        for layer in _decoder_layers(model)
+    ]
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits
+    finally:
+        for h in hooks:
+            h.remove()
+    return outs, logits
+
+
+def _layer0_output(model, ids: list[int]) -> torch.Tensor:
+    return layer_outputs(model, ids)[0][0][0, 0]
+
+
+def _attention_sink(layer, hidden: int, heads: int, kv_heads: int, head_dim: int, key_channel: int, strength: float) -> bool:
+    """Queries of every token (feature SHARED) and BOS's key (``key_channel``) made to align on each
+    head's lowest-frequency rotary pair: later tokens attend to BOS. False when the layer's q/k
+    projections are not separate or [q; k; v] row blocks (fused per-head layouts are left alone)."""
+    params = dict(layer.named_parameters())
+    q = next((p for n, p in params.items() if n.endswith(("q_proj.weight", "query.weight"))), None)
+    k = next((p for n, p in params.items() if n.endswith(("k_proj.weight", "key.weight"))), None)
+    if q is None or k is None:
+        fused = next((p for n, p in params.items() if n.endswith("qkv_proj.weight")), None)
+        if fused is None:
+            return False
+        q, k = fused[: heads * head_dim], fused[heads * head_dim : (heads + kv_heads) * head_dim]
+    dims = [head_dim // 2 - 1, head_dim - 1]  # a rotary pair (rotate_half), the slowest frequency
+    for h in range(q.shape[0] // head_dim):
+        for d in dims:
+            q[h * head_dim + d, SHARED] = strength
+    for h in range(k.shape[0] // head_dim):
+        for d in dims:
+            k[h * head_dim + d, key_channel] = strength
+    return True
+
+
+def plant_massive_activations(model, peak: float, *, bos: int = 0, probe=(5, 17, 9)) -> dict:
+    """Trained-like statistics in a random checkpoint (Sun et al., "Massive Activations in Large
+    Language Models", 2024), for any architecture of the LLM tests:
+
+    - the first token (``bos``) has embedding feature TRIGGER, no other token has it; every token has
+      feature SHARED;
+    - the first layer's MLP responds to TRIGGER with every unit (and is far negative without it), and
+      its output weights (or its output
+      norm's weight, where a norm follows the MLP) write channels MASSIVE: after layer 0, BOS's
+      residual holds ``peak`` and ``peak / 3`` there (the output weights are calibrated on the float32
+      model, so the magnitudes are reached, not assumed): large MLP outputs, for BOS only;
+    - every later layer's attention sinks on BOS (its queries share SHARED, BOS's key is its massive
+      channel; the first layer keys on TRIGGER).
+
+    Returns what was planted: {"peak": measured residual max of BOS after layer 0, "sinks": layers}."""
+    cfg = model.config
+    hidden = cfg.hidden_size
+    emb = model.get_input_embeddings().weight
+    emb[:, TRIGGER] = 0.0
+    emb[bos, TRIGGER] = 1.0
+    emb[:, SHARED] = 0.5
+    layers = _decoder_layers(model)
+    first = dict(layers[0].named_parameters())
+    for name, p in first.items():
+        if name.endswith(_MLP_IN) and "shared_expert_gate" not in name:
+            axis = _hidden_axis(p, hidden, -2 if "c_fc" in name else -1)  # gpt2's Conv1D holds [in, out]
+            # every unit: far positive on BOS (TRIGGER), far negative on any other token (SHARED
+            # without TRIGGER): silu/gelu(-20) is ~0, so only BOS gets the large MLP output
+            _set_hidden(p, axis, TRIGGER, 4.0)
+            _set_hidden(p, axis, SHARED, -3.0)
+    outs = [(n, p) for n, p in first.items() if n.endswith(_MLP_OUT)]
+    norms = [p for n, p in first.items() if n.endswith(_POST_MLP_NORM)]
+    assert outs, f"no MLP output weight found in {sorted(first)}"
+
+    def write(channel: int, value: float) -> None:
+        for n, p in outs:
+            _set_hidden(p, _hidden_axis(p, hidden, -1 if "c_proj" in n else -2), channel, value)
+
+    def knob(channel: int, value: float) -> None:
+        if norms:  # the MLP writes the channels, the norm after it scales them
+            norms[0][channel] = value
+        else:
+            write(channel, value)
+
+    if norms:
+        for channel in MASSIVE:
+            write(channel, 1.0)
+
+    ids = [bos, *probe]
+    for channel, share in MASSIVE.items():  # the layer-0 output is affine in the knob: two points
+        knob(channel, 0.0)
+        r0 = float(_layer0_output(model, ids)[channel])
+        knob(channel, 1.0)
+        r1 = float(_layer0_output(model, ids)[channel])
+        knob(channel, (peak * share - r0) / (r1 - r0))
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    top = max(MASSIVE, key=MASSIVE.get)
+    sinks = [
+        i
+        for i, layer in enumerate(layers)
+        if _attention_sink(layer, hidden, heads, kv_heads, head_dim, TRIGGER if i == 0 else top, 2.0)
+    ]
+    return {"peak": float(_layer0_output(model, ids).abs().max()), "sinks": sinks}
+
+
+#: the teacher-forced sequence of the planted tests: BOS (the massive token), then ordinary tokens
+PLANTED_TOKENS = [0, 5, 17, 9, 40, 3, 8, 22, 31, 12, 7, 19, 44, 2, 6, 61, 33, 14, 28, 9, 50, 11, 4, 27]
+
+
+def closeness(logits: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    """(top-1 agreement, largest relative logit gap) of ``logits`` against ``reference`` over a
+    teacher-forced sequence: the share of positions whose argmax agrees, and the largest
+    ``max |logits - reference| / max |reference|`` of a position (NaN: agreement 0, gap inf)."""
+    if not torch.isfinite(logits).all():
+        return 0.0, float("inf")
+    top1 = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    gap = ((logits - reference).abs().amax(-1) / reference.abs().amax(-1)).max().item()
+    return top1, gap
+
+
+def planted_figures(folder: pathlib.Path, pte: pathlib.Path, tokens=PLANTED_TOKENS) -> dict:
+    """Teacher-forced ``tokens`` through the ``.pte`` (emulated runtime) and through transformers in
+    eager float32, bfloat16 and float16: {"pte"|"bfloat16"|"float16": (top-1, gap) against float32,
+    "peak": max |hidden state| of eager float32}."""
+    from mps_backend.runtime import LoadedMethod
+
+    step = LoadedMethod(pte, "forward")
+    dev = torch.stack([step([torch.tensor([[t]]), torch.tensor([pos])])[0].reshape(-1).float() for pos, t in enumerate(tokens)])
+    figures, ref = {}, None
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        hidden, logits = layer_outputs(eager_model(folder, dtype), tokens)
+        logits = logits[0].float()
+        if ref is None:
+            ref = logits
+            figures["peak"] = max(float(h.abs().max()) for h in hidden)
+        else:
+            figures[str(dtype).removeprefix("torch.")] = closeness(logits, ref)
+    figures["pte"] = closeness(dev, ref)
+    # against eager float16 where it is finite (the yardstick of the fp16 tests before #35)
+    figures["pte vs float16"] = closeness(dev, logits) if torch.isfinite(logits).all() else None
+    return figures
+
+
+def assert_as_close_as_bfloat16(figures: dict, peak: float) -> None:
+    """The planted peak was reached by eager float32, and the ``.pte`` is at least as close to eager
+    float32 as eager bfloat16 is: top-1 agreement and largest relative logit gap (issue #35)."""
+    line = ", ".join(f"{k} top-1 {v[0]:.3f} gap {v[1]:.3g}" for k, v in figures.items() if k != "peak" and v)
+    print(f"planted peak {figures['peak']:.4g}: {line}")
+    assert figures["peak"] >= 0.99 * peak, f"the planted activations reached {figures['peak']:.4g}, not {peak:.4g}"
+    (top1, gap), (bf_top1, bf_gap) = figures["pte"], figures["bfloat16"]
+    assert top1 >= bf_top1 and gap <= bf_gap, f"the .pte is further from float32 than eager bfloat16: {line}"

@@ -82,3 +82,7 @@ def test_seeded_campaign(tmp_path):
     # not vacuous: refused by the folder check, by the loader or transformers, and loaded cleanly
     assert counts.get("typed FolderError", 0) > 60 and counts.get("typed CheckpointError", 0) > 5, counts
     assert counts.get("ok", 0) > 15, counts
+    kinds = set(report["mutations"])  # the hostile kinds of #38 ran (a CODE RAN case would be a failure above)
+    assert {"auto_map", "implementation", "quantization block"} <= kinds, kinds
+    assert any(k.startswith("retype") for k in kinds) and any(k.startswith("extra shard") for k in kinds), kinds
+    assert any(k.startswith(("declared", "missing layer")) for k in kinds), kinds

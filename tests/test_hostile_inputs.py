@@ -152,7 +152,11 @@ def _folder(path, *, config=None, tensors=None, files=None):
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(CONFIG if config is None else config))
     if tensors is None:
-        tensors = {"model.embed_tokens.weight": ("F16", [16, 8]), "model.layers.1.mlp.up_proj.weight": ("F16", [16, 8])}
+        tensors = {
+            "model.embed_tokens.weight": ("F16", [16, 8]),
+            "model.layers.0.mlp.up_proj.weight": ("F16", [16, 8]),  # every declared layer holds tensors (#38)
+            "model.layers.1.mlp.up_proj.weight": ("F16", [16, 8]),
+        }
     (path / "model.safetensors").write_bytes(_safetensors(tensors))
     (path / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {}}}))
     for name, data in (files or {}).items():

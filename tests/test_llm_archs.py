@@ -14,7 +14,13 @@ from __future__ import annotations
 import pytest
 
 from mps_backend.llm import CheckpointError, export_llm, generate_ids
-from tests.llm_helpers import eager_greedy, save_checkpoint
+from tests.llm_helpers import (
+    assert_as_close_as_bfloat16,
+    eager_greedy,
+    plant_massive_activations,
+    planted_figures,
+    save_checkpoint,
+)
 
 PROMPT = [5, 17, 9, 40, 3]
 STEPS = 32
@@ -78,3 +84,27 @@ def test_model_type_exports_or_is_refused(tmp_path, tokenizer, case):
     result = export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
     assert result.delegates == 1 and result.report.partitions == 1 and not result.report.cpu_except_cache_writes, result.summary()
     assert generate_ids(result.path, PROMPT, STEPS) == eager_greedy(folder, PROMPT, STEPS)
+
+
+#: cases whose planted residual peak passes float16's 65,504 (eager float16 is NaN there): a LayerNorm
+#: model, a parallel-residual one, a MoE and a post-norm one; the others get SmolLM2-like 3e4
+BEYOND_FP16 = {"gpt2", "gpt_neox", "mixtral", "olmo2"}
+
+
+@pytest.mark.parametrize("case", sorted(case for case, row in TABLE.items() if row[3] is None))
+def test_fp16_on_trained_like_statistics(tmp_path, tokenizer, case):
+    """#35: every exported model type with planted massive activations (tests/llm_helpers.py): the fp16
+    .pte over a teacher-forced sequence at least as close to eager float32 as eager bfloat16."""
+    model_type, overrides, layers, _ = TABLE[case]
+    peak = 1.5e5 if case in BEYOND_FP16 else 3e4
+    folder = save_checkpoint(
+        tmp_path / "ckpt",
+        model_type,
+        tokenizer=tokenizer,
+        layers=layers,
+        config=overrides,
+        edit=lambda m: plant_massive_activations(m, peak),
+    )
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
+    assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
+    assert_as_close_as_bfloat16(planted_figures(folder, result.path), peak)

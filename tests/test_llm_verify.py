@@ -48,7 +48,7 @@ def test_export_verifies_itself_and_fails_on_a_wrong_program(tmp_path, folder, c
     # the output path keeps what was there, the program is kept beside it as NAME.failed.pte
     (tmp_path / "bad.pte").write_bytes(b"an earlier program")
     real = llm_export.decoder_for
-    monkeypatch.setattr(llm_export, "decoder_for", lambda lm, n: _OnePercentOff(real(lm, n)))
+    monkeypatch.setattr(llm_export, "decoder_for", lambda lm, n, chunk=1: _OnePercentOff(real(lm, n, chunk)))
     assert _export(folder, tmp_path / "bad.pte", "--verify-steps", "2") == 1
     captured = capsys.readouterr()
     line = next(x for x in captured.out.splitlines() if "max |logit diff|" in x)
@@ -70,6 +70,16 @@ def test_too_large_model_verified_on_a_truncated_copy(tmp_path, folder, capsys, 
     assert "on a copy truncated to the first 2 of 3 layers, exported separately" in out, out
     assert "above the bound 0.00 MiB" in out and "greedy tokens agree 3/3: ok" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pte"]  # the copy and its .pte are gone
+
+
+def test_check_prefills_a_chunked_program_as_the_runner_does(tmp_path, folder, capsys):
+    """#36: a program taking [1, n] tokens (--prefill-chunk 4) is checked as executorch's runner reads
+    it: the prompt in pieces of get_max_seq_len (4), compared at each piece's last row, then one token a
+    call. 16 positions, 2 steps: BOS + 14 prompt tokens in pieces ending at 3, 7, 11 and 14."""
+    assert _export(folder, tmp_path / "c.pte", "--prefill-chunk", "4", "--verify-steps", "2") == 0
+    out = capsys.readouterr().out
+    assert "after a 14-token English prompt (tokenizer.json), teacher-forced: top tokens agree 3/3" in out, out
+    assert "greedy tokens agree 2/2: ok" in out
 
 
 def test_check_reads_from_bos_alone_without_a_tokenizer(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from executorch.exir import to_edge, to_edge_transform_and_lower
@@ -9,7 +11,9 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.lowered_backend_module import get_lowered_submodules
 
 from mps_backend import MPSBackend, MPSPartitioner
+from mps_backend.precision import Precision
 from mps_backend.serialization import DataType, read_blob
+from mps_backend.serialization.device_facts import node_value_ids
 from mps_backend.tools.demo import demo_model
 
 
@@ -73,8 +77,28 @@ def test_inputs_are_ids_0_to_n_in_forward_order():
     assert [list(g.values[i].dims) for i in g.input_ids] == [list(s) for s in shapes]
 
 
-def test_fp16_graph_has_no_float32_inside_except_boundary_casts(demo):
+def test_fp16_graph_mixes_dtypes_only_through_casts(demo):
+    """Precision.FP16: float32 islands (layer norm statistics, softmax, the residual stream before
+    them) inside the float16 graph; every node but MPSCast reads float operands of one dtype, and a
+    float32 constant is read only where float32 is computed."""
     _, _, blobs = lower(*demo, MPSPartitioner(use_fp16=True))
+    g = read_blob(blobs[0]).graph
+    kinds = collections.Counter(g.values[n["output_id"]].datatype for n in g.nodes if "output_id" in n.fields)
+    assert kinds[DataType.float32] and kinds[DataType.float16], kinds
+    floats = (DataType.float16, DataType.float32)
+    for n in g.nodes:
+        if n.op == "MPSCast":
+            continue
+        ins = {g.values[v].datatype for v in node_value_ids(n.fields, outputs=False)} & set(floats)
+        assert len(ins) <= 1, (n.op, ins)
+        if DataType.float32 in ins:
+            outs = {g.values[v].datatype for v in node_value_ids(n.fields, outputs=True)}
+            assert DataType.float16 not in outs, n.op
+
+
+def test_fp16_uniform_graph_has_no_float32_inside_except_boundary_casts(demo):
+    """Precision.FP16_UNIFORM (the upstream use_fp16): every float value float16 but the boundary casts."""
+    _, _, blobs = lower(*demo, MPSPartitioner(precision=Precision.FP16_UNIFORM))
     g = read_blob(blobs[0]).graph
     f32 = {i for i, v in enumerate(g.values) if v.datatype == DataType.float32}
     boundary = set(g.input_ids)

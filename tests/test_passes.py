@@ -196,3 +196,72 @@ def test_linear_weights_leave_no_permute_on_the_device():
     assert ops.count("MPSPermute") == 1, ops  # the tied head's weight only; shared and own read W.T constants
     with torch.no_grad():
         torch.testing.assert_close(run_pte(pte, [x, ids])[0], model(x, ids), rtol=1e-5, atol=1e-5)
+
+
+class _PreNormBlock(nn.Module):
+    """A float16 pre-norm residual block as transformers writes one: the residual stream in the model
+    dtype, RMSNorm statistics in float32 by an explicit upcast, a linear writing the residual."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.out = nn.Linear(8, 16, bias=False), nn.Linear(16, 8, bias=False)
+
+    def norm(self, h):
+        z = h.float()
+        return (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+
+    def forward(self, x):
+        h = x + self.out(torch.relu(self.inp(self.norm(x))))
+        return self.norm(h)
+
+
+def test_precision_pass_keeps_float32_parts_widens_the_residual_and_rescales():
+    """Precision.FP16 on a float16 program: the model's float32 statistics stay float32 (the upcast and
+    what follows it), the residual add the statistics read is computed in float32, the linear writing it
+    is rescaled (its input times 2**-5, its float32 result times 2**5), and dtypes meet only at casts;
+    the rewritten graph still computes the model."""
+    from mps_backend.passes import assign_device_dtypes
+    from mps_backend.precision import DEVICE_DTYPE, Precision
+
+    model, x = _PreNormBlock().half(), torch.randn(2, 8).half()
+    ep = _delegated(model, x)
+    counts = assign_device_dtypes(ep, Precision.FP16)
+    ep.graph_module.recompile()
+    assert counts["rescaled matmuls"] == 1 and counts["widened"] >= 1 and counts["casts"] >= 2, counts
+    dtype = {n: n.meta.get(DEVICE_DTYPE) for n in ep.graph.nodes}
+    adds = [n for n in ep.graph.nodes if target_of(n) is aten.add.Tensor and n.meta["val"].dtype == torch.float16]
+    assert adds and all(dtype[n] == torch.float32 for n in adds), "the residual add is not float32"
+    assert all(dtype[n] == torch.float32 for n in ep.graph.nodes if target_of(n) in (aten.mean.dim, aten.rsqrt.default))
+    assert all(dtype[n] == torch.float16 for n in ep.graph.nodes if target_of(n) in (aten.mm.default, aten.addmm.default))
+    scales = sorted(n.args[1] for n in ep.graph.nodes if target_of(n) is aten.mul.Scalar)
+    assert scales == [2.0**-5, 2.0**5], scales
+    for n in ep.graph.nodes:  # float operands of one device dtype, except at casts
+        if n.op != "call_function" or target_of(n) in (aten._to_copy.default,) or "to_dim_order_copy" in str(n.target):
+            continue
+        floats = {dtype.get(a) or a.meta["val"].dtype for a in n.all_input_nodes if a.meta["val"].dtype.is_floating_point}
+        assert len(floats - {None}) <= 1, (n.name, floats)
+    assert torch.allclose(_run(ep, x).float(), model(x).float(), atol=2e-3)
+
+
+def test_precision_pass_keeps_statistics_float32_in_a_float32_program():
+    """Precision.FP16 on a float32-traced program (the zoo path): layer norm and softmax are float32
+    islands whose input (read by nothing else) stays float32 and whose weight is stored float32; the
+    linear between them is float16; Precision.FP16_UNIFORM and FP32 record nothing."""
+    from mps_backend.passes import assign_device_dtypes
+    from mps_backend.precision import DEVICE_DTYPE, Precision
+
+    model = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8), nn.Softmax(-1))
+    x = torch.randn(2, 8)
+    for policy in (Precision.FP16_UNIFORM, Precision.FP32):
+        ep = _delegated(model, x)
+        assert assign_device_dtypes(ep, policy) == {} and not any(DEVICE_DTYPE in n.meta for n in ep.graph.nodes)
+    ep = _delegated(model, x)
+    assign_device_dtypes(ep, Precision.FP16)
+    dtype = {target_of(n): n.meta.get(DEVICE_DTYPE) for n in ep.graph.nodes if n.op == "call_function"}
+    assert dtype[aten.native_layer_norm.default] == dtype[aten._softmax.default] == torch.float32
+    assert dtype.get(aten.addmm.default, dtype.get(aten.linear.default)) == torch.float16
+    inputs = [n for n in ep.graph.nodes if n.op == "placeholder" and constant_tensor(ep, n) is None]
+    assert [n.meta[DEVICE_DTYPE] for n in inputs] == [torch.float32]
+    weight = next(n for n in ep.graph.nodes if n.op == "placeholder" and "0_weight" in n.name)
+    assert weight.meta[DEVICE_DTYPE] == torch.float32

@@ -290,7 +290,9 @@ def _checkpoint_tensors(
     (:mod:`mps_backend.pages`: the blob writer reads its pages and hands them back, so the weights are
     never resident as a whole next to the blob); one to convert is a :class:`_ConvertOnRead` (mapped
     from ``scratch`` once converted, when given)."""
-    files = sorted(folder.glob("*.safetensors"))
+    from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
+
+    files = weight_files(folder)  # the index's shards (or the one file): no other file is read
     if not files:
         raise CheckpointError(
             f"{folder}: no *.safetensors weights (other formats: convert with transformers' "
@@ -328,9 +330,9 @@ def _dtype_of_checkpoint(config: Any) -> torch.dtype | None:
 
 def _hf_weight_bytes(folder: pathlib.Path) -> int:
     """Bytes of the tensors in the checkpoint's safetensors files."""
-    return sum(
-        end - start for f in sorted(folder.glob("*.safetensors")) for _, _, start, end in _safetensors_index(f)[1].values()
-    )
+    from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
+
+    return sum(end - start for f in weight_files(folder) for _, _, start, end in _safetensors_index(f)[1].values())
 
 
 def load_hf(
@@ -348,18 +350,24 @@ def load_hf(
     folder = pathlib.Path(folder)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)")
-    from mps_backend.llm.folder_check import check_folder  # noqa: PLC0415
+    from mps_backend.llm.folder_check import check_declared_weights, check_folder_weights  # noqa: PLC0415
 
-    check_folder(folder)  # bounded checks of every file it will read, before any allocation (#26)
+    _, stored = check_folder_weights(folder)  # bounded checks of every file it will read, before any allocation (#26)
     try:
         import transformers  # noqa: PLC0415
     except ImportError as e:
         raise CheckpointError("Hugging Face checkpoints need transformers: pip install 'mps-backend[llm]'") from e
 
-    config = _transformers_step(folder, "read", transformers.AutoConfig.from_pretrained, folder, local_files_only=True)
+    # trust_remote_code=False: transformers never imports code from the folder nor asks on standard input
+    # (check_folder refused an auto_map for a model type it does not ship)
+    config = _transformers_step(
+        folder, "read", transformers.AutoConfig.from_pretrained, folder, local_files_only=True, trust_remote_code=False
+    )
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = str(getattr(config, "model_type", "?"))
     notes = []
+    if getattr(config, "auto_map", None):
+        notes.append(f"config.json's auto_map ignored: transformers' own {model_type} code is used, never the folder's")
     if model_type not in TESTED_MODEL_TYPES:
         notes.append(f"model type {model_type!r} is not among the tested ones ({', '.join(TESTED_MODEL_TYPES)})")
     source = _dtype_of_checkpoint(config)
@@ -392,6 +400,7 @@ def load_hf(
         if type(config) not in mapping:
             raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
         model_class = mapping[type(config)]
+        _transformers_step(folder, "build a model from", check_declared_weights, folder, model_class, config, stored)
         tensors = _checkpoint_tensors(folder, dtype, clamp_fp16=clamp_fp16, overflows=overflows, bar=progress, scratch=scratch)
         try:
             model, info = model_class.from_pretrained(
@@ -404,6 +413,7 @@ def load_hf(
                 # not transformers' default grouped_mm nor its loop over the experts hit (data-dependent)
                 experts_implementation="batched_mm",
                 local_files_only=True,
+                trust_remote_code=False,
                 output_loading_info=True,
             )
         except (MPSBackendError, MemoryError):

@@ -276,16 +276,11 @@ def _remove_stale_partials(path: pathlib.Path) -> None:
     """Remove the temporary files an earlier write to ``path`` left when its process was killed (SIGKILL
     runs no cleanup): ``.NAME.PID.*.partial`` whose PID is no longer a running process. A live writer's
     (another export to the same path) is left alone."""
+    from mps_backend.llm.guards import writer_gone  # noqa: PLC0415
+
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
-        pid = tmp.name[len(path.name) + 2 :].split(".", 1)[0]
-        if not pid.isdigit() or len(pid) > 9:
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        if writer_gone(tmp.name[len(path.name) + 2 :].split(".", 1)[0]):
             tmp.unlink(missing_ok=True)
-        except OSError:  # alive, another user's
-            pass
 
 
 def write_atomically(path: pathlib.Path, write) -> int:
@@ -349,8 +344,10 @@ def export_llm(
     out = pathlib.Path(output)
     output_target(out)  # a directory, device or FIFO is refused before the checkpoint is read
     kind, source = parse_model_spec(model)
-    if out.resolve() == pathlib.Path(source).resolve():
-        raise CheckpointError(f"output {out} is the input checkpoint")
+    from mps_backend.llm import guards  # noqa: PLC0415
+
+    guards.check_output_is_not_an_input(out, kind, source, params)  # -o FOLDER/model.safetensors, a link to it...
+    guards.check_export_options(verify_steps, group_size, quantize)
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     weights = _checkpoint_state(source)  # checked again before the weights are copied and before the write
     # converted weights (bfloat16 -> float16) and quantized int8 data are written here and mapped back,
@@ -359,8 +356,9 @@ def export_llm(
     # (beside the output: the disk the .pte goes to, not a tmpfs that would count as memory)
     folder = output_target(out).parent
     folder.mkdir(parents=True, exist_ok=True)
+    guards.remove_stale_scratch(folder / out.name)  # those of exports killed before they could remove theirs
     with (
-        tempfile.TemporaryDirectory(prefix=f".{out.name}.scratch.", dir=folder) as scratch,
+        tempfile.TemporaryDirectory(prefix=guards.scratch_prefix(out), dir=folder) as scratch,
         contextlib.ExitStack() as cleanup,
     ):
         cleanup.callback(release_export_caches)  # first out: the cache keeps the weights mapped
@@ -376,6 +374,7 @@ def export_llm(
             )
         notes = list(lm.notes)
         seq_len, note = resolve_max_seq_len(lm, max_seq_len)
+        guards.check_verify_steps(verify_steps, seq_len)  # before anything is written
         if lm.kind == "hf":
             cfg = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") else lm.model.config
             heads = cfg.num_attention_heads
@@ -384,10 +383,12 @@ def export_llm(
         if note:
             notes.append(note)
         if quantize:
-            from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
+            from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size  # noqa: PLC0415
 
+            group = resolve_group_size(quantize, group_size)
+            notes.append(quantization_count(lm.model, quantize, group))  # none quantized: an error, not a label
             with prog.stage(f"quantize {quantize}"):
-                quantize_model(lm.model, quantize, resolve_group_size(quantize, group_size), scratch=scratch)
+                quantize_model(lm.model, quantize, group, scratch=scratch)
         if quantize_embedding:
             from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
 

@@ -12,14 +12,30 @@ one :class:`FolderError` line naming the file and the reason, before any weight 
 - a safetensors header whose length is beyond the file or above 100 MiB, that is not a JSON object, has
   a tensor of an unknown dtype, a shape that is not non-negative integers, data offsets that are not
   ``[begin, end]`` within the data, point into one another (overlap) or disagree with the shape;
-- tensors that disagree with the config: the embedding and output matrices (``[vocab, hidden]``) and
-  layer indexes ``layers.N`` at or beyond ``num_hidden_layers``;
+- tensors that disagree with the config: the embedding and output matrices (``[vocab, hidden]``),
+  layer indexes ``layers.N`` at or beyond ``num_hidden_layers``, a declared layer without tensors, and
+  (:func:`check_declared_weights`, once transformers' model class is known) more weight values declared
+  than the headers hold: no size the config declares is allocated before it is known to be stored;
 - a key repeated within one JSON object of ``config.json``, the shard index or a safetensors header
   (parsers disagree on which value wins: the check could read one, the loader use the other);
 - a shard index (``model.safetensors.index.json``) naming a file outside the folder (``..``, a path, an
   absolute name) or a shard that is missing;
+- weights from anywhere but the files the index names (or the one weights file there is): a
+  ``*.safetensors`` the index does not name, several without an index, a tensor the index places in another
+  shard than the one holding it, a tensor the index names that its shard lacks or one a shard holds that
+  the index does not name (:func:`weight_files` is the list every reader of the weights uses);
+- weights that are not floating point (``BOOL``, integers: a boolean tensor loaded as a float weight gave
+  all-zero logits; quantized checkpoints are not exported, ``--quantize`` quantizes float weights) and a
+  ``quantization_config`` of any method (transformers ignored an unknown one, and the weights of a known
+  one are not what the export reads);
 - ``tokenizer.json``, ``tokenizer_config.json``, ``generation_config.json``, ``special_tokens_map.json``
-  that are not JSON objects (``tokenizer.json`` also needs its ``model``), or larger than the bounds.
+  that are not JSON objects (``tokenizer.json`` also needs its ``model``), or larger than the bounds;
+- a config that would make transformers run code that is not its own (:func:`check_code_free`): an
+  ``auto_map`` naming the folder's Python files (or a Hub repository's) for a model type transformers
+  does not ship, an attention or MoE-experts implementation other than the torch ones
+  (:data:`IMPLEMENTATIONS`: a Hub kernel name such as ``kernels-community/flash-attn`` would fetch and
+  run code when the ``kernels`` package is installed). Every transformers call of the project also
+  passes ``trust_remote_code=False``, so no answer on standard input can turn it on.
 
 The bounds (:data:`CONFIG_BOUNDS`) are far above any released model and far below what would exhaust
 the memory of the machine building it (a layer count of 10^6 or a vocabulary of 2^40 would).
@@ -67,6 +83,8 @@ STACKS = {
 MAX_HEADER_BYTES = 100 << 20  # a safetensors JSON header
 MAX_JSON_BYTES = {"config.json": 16 << 20, "tokenizer.json": 512 << 20}
 DEFAULT_MAX_JSON_BYTES = 64 << 20
+#: safetensors dtypes of the weights the export reads (the rest of DTYPE_BYTES are refused as weights)
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 DTYPE_BYTES = {
     "F64": 8,
     "F32": 4,
@@ -78,6 +96,15 @@ DTYPE_BYTES = {
     "I8": 1,
     "U8": 1,
     "BOOL": 1,
+}
+#: config keys naming an attention or MoE-experts implementation -> the values accepted: the ones computed
+#: by torch alone (the export and its self-check run transformers' eager attention and batched_mm experts,
+#: whatever the config says); any other name is a package or a Hub kernel the project does not ship
+IMPLEMENTATIONS = {
+    "attn_implementation": ("eager", "sdpa"),
+    "_attn_implementation": ("eager", "sdpa"),
+    "experts_implementation": ("eager", "batched_mm", "grouped_mm"),
+    "_experts_implementation": ("eager", "batched_mm", "grouped_mm"),
 }
 #: a decoder layer's tensor (not a vision or audio tower's): model.layers.N., model.language_model.layers.N.
 _LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)\.")
@@ -208,6 +235,52 @@ def check_config(config: dict, where: str) -> dict[str, int]:
     return sizes
 
 
+def _objects(value: Any, depth: int = 0):
+    """Every JSON object in ``value`` (itself and nested ones: sub-configs such as ``text_config``)."""
+    if depth > 32:
+        return
+    if isinstance(value, dict):
+        yield value
+        for v in value.values():
+            yield from _objects(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _objects(v, depth + 1)
+
+
+def native_model_type(model_type: Any) -> bool:
+    """Whether transformers ships the configuration and modeling code of ``model_type``."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: PLC0415 - a dict of names
+
+    return isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES
+
+
+def check_code_free(config: dict, where: str) -> None:
+    """Refuse (:class:`FolderError`) a config with which transformers would run code it does not ship:
+    ``auto_map`` (custom code in the folder, or in a Hub repository for ``repo--module.Class``) for a model
+    type transformers has no code for, and an implementation key (:data:`IMPLEMENTATIONS`) naming
+    anything but the torch ones, in the config or any sub-config. An ``auto_map`` beside a model type
+    transformers ships (Phi-3's hub configs have one) is left to transformers, which, with
+    ``trust_remote_code=False``, uses its own code and never imports the folder's."""
+    model_type = config.get("model_type")
+    for obj in _objects(config):
+        auto_map = obj.get("auto_map")
+        if auto_map is not None and not native_model_type(model_type):
+            names = list(auto_map.values()) if isinstance(auto_map, dict) else [auto_map]
+            raise FolderError(
+                f"{where}: auto_map names custom code ({str(names[0])[:80]}) for model type {str(model_type)[:40]!r}, "
+                "which transformers does not ship: code from a checkpoint folder or the Hub is never run"
+            )
+        for key, allowed in IMPLEMENTATIONS.items():
+            value = obj.get(key)
+            for v in value.values() if isinstance(value, dict) else [value]:
+                if v is not None and v not in allowed:
+                    raise FolderError(
+                        f"{where}: {key} {str(v)[:80]!r} is not one of {', '.join(allowed)}: the export computes with "
+                        "torch's own implementations (a kernel from the Hub or another package is never loaded)"
+                    )
+
+
 def check_safetensors(path: pathlib.Path, real: pathlib.Path, sizes: dict[str, int] | None = None) -> dict[str, list[int]]:
     """Tensor name -> shape of a safetensors file, its header checked against the file (and, with
     ``sizes``, against the config); raise :class:`FolderError`."""
@@ -245,6 +318,11 @@ def check_safetensors(path: pathlib.Path, real: pathlib.Path, sizes: dict[str, i
         itemsize = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None  # a list is not even hashable
         if itemsize is None:
             raise FolderError(f"{at}: unknown dtype {str(info.get('dtype'))[:40]!r} (known: {', '.join(DTYPE_BYTES)})")
+        if dtype not in FLOAT_DTYPES:
+            raise FolderError(
+                f"{at}: dtype {dtype} is not floating point ({', '.join(FLOAT_DTYPES)}): a language model's weights "
+                "are float (quantized checkpoints are not exported; --quantize int4|int8 quantizes float weights)"
+            )
         shape, offsets = info.get("shape"), info.get("data_offsets")
         if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 1 << 40 for d in shape) or len(shape) > 8:
             raise FolderError(f"{at}: shape {str(shape)[:80]} is not up to 8 non-negative integers")
@@ -284,30 +362,92 @@ def _check_shapes(path: pathlib.Path, shapes: dict[str, list[int]], sizes: dict[
             raise FolderError(f"{path}: tensor {name!r} has shape {shape}, the config says [{vocab}, {hidden}]")
 
 
-def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
-    """Check the checkpoint folder (module docstring); return the config's bounded sizes."""
+def check_quantization_config(config: dict, where: str) -> None:
+    """Refuse a ``quantization_config`` (in the config or a sub-config), of whatever method: the export reads
+    float weights and quantizes them itself (``--quantize``)."""
+    for obj in _objects(config):
+        q = obj.get("quantization_config")
+        if q is not None:
+            method = q.get("quant_method", "?") if isinstance(q, dict) else q
+            raise FolderError(
+                f"{where}: quantization_config of method {str(method)[:40]!r}: pre-quantized checkpoints are not "
+                "exported (export the float checkpoint; --quantize int4|int8 quantizes it)"
+            )
+
+
+INDEX = "model.safetensors.index.json"
+
+
+def _index_map(folder: pathlib.Path) -> dict[str, str] | None:
+    """The shard index's tensor -> file name map (each name a file of the folder), or None without an index."""
+    index = _json_object(folder, INDEX)
+    if index is None:
+        return None
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise FolderError(f"{folder / INDEX}: no weight_map object")
+    for shard in set(weight_map.values()):
+        if not isinstance(shard, str) or not shard or os.path.basename(shard) != shard or shard in (".", ".."):
+            raise FolderError(f"{folder / INDEX}: shard {str(shard)[:200]!r} is not a file name in the folder")
+    return weight_map
+
+
+def weight_files(folder: str | pathlib.Path) -> list[pathlib.Path]:
+    """The weights files of a checkpoint folder, the only ones any reader of its weights opens: those the
+    shard index names, else the one ``*.safetensors`` file. A weights file the index does not name, or
+    several without an index, is a :class:`FolderError` (every file was read and the last tensor of a name
+    won: a stray file replaced the real weights)."""
+    folder = pathlib.Path(folder)
+    present = {p.name: p for p in sorted(folder.glob("*.safetensors"))}
+    for p in present.values():
+        _inside(folder, p)  # a link out of the folder, a FIFO: refused whether named or not
+    weight_map = _index_map(folder)
+    if weight_map is None:
+        if len(present) > 1:
+            raise FolderError(
+                f"{folder}: {len(present)} weights files ({', '.join(sorted(present)[:3])}{', ...' if len(present) > 3 else ''}) "
+                f"and no {INDEX} saying which to read: keep one, or add the index"
+            )
+        return list(present.values())
+    named = sorted(set(weight_map.values()))
+    for shard in named:
+        if shard not in present:
+            raise FolderError(f"{folder}: shard {shard!r} named by {INDEX} is missing")
+    stray = sorted(set(present) - set(named))
+    if stray:
+        raise FolderError(
+            f"{folder / stray[0]}: a weights file {INDEX} does not name: its tensors would not be read; "
+            "move it out of the checkpoint folder (or name it in the index)"
+        )
+    return [present[n] for n in named]
+
+
+def check_folder_weights(folder: str | pathlib.Path) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """Check the checkpoint folder (module docstring); return the config's bounded sizes and the shape of
+    each tensor of its weights files (from their headers)."""
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise FolderError(f"{folder}: not a checkpoint folder")
     config = _json_object(folder, "config.json", required=True)
     assert config is not None
+    check_code_free(config, f"{folder / 'config.json'}")  # first: nothing else matters if code would run
+    check_quantization_config(config, f"{folder / 'config.json'}")
     refuse_unsupported_kind(folder, config)
     sizes = check_config(config, f"{folder / 'config.json'}")
-    files = {p.name: p for p in folder.glob("*.safetensors")}
-    index = _json_object(folder, "model.safetensors.index.json")
-    if index is not None:
-        weight_map = index.get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise FolderError(f"{folder / 'model.safetensors.index.json'}: no weight_map object")
-        for shard in set(weight_map.values()):
-            if not isinstance(shard, str) or not shard or os.path.basename(shard) != shard or shard in (".", ".."):
-                raise FolderError(
-                    f"{folder / 'model.safetensors.index.json'}: shard {str(shard)[:200]!r} is not a file name in the folder"
-                )
-            if shard not in files:
-                raise FolderError(f"{folder}: shard {shard!r} named by model.safetensors.index.json is missing")
-    for name in sorted(files):
-        check_safetensors(files[name], _inside(folder, files[name]), sizes)
+    files = weight_files(folder)
+    weight_map = _index_map(folder)
+    shapes: dict[str, list[int]] = {}
+    for path in files:
+        held = check_safetensors(path, _inside(folder, path), sizes)
+        for name in held:
+            if weight_map is not None and weight_map.get(name) != path.name:
+                said = f"in {weight_map[name]!r}" if name in weight_map else "nowhere"
+                raise FolderError(f"{path}: holds tensor {name[:200]!r}, which {INDEX} places {said}")
+        shapes.update(held)
+    for name, shard in (weight_map or {}).items():
+        if name not in shapes:
+            raise FolderError(f"{folder / shard}: has no tensor {str(name)[:200]!r}, which {INDEX} places there")
+    _check_layers_present(folder, shapes, sizes["num_hidden_layers"])
     tok = _json_object(folder, "tokenizer.json")
     if tok is not None and not isinstance(tok.get("model"), dict):
         raise FolderError(f"{folder / 'tokenizer.json'}: not a tokenizer (no 'model' object)")
@@ -316,7 +456,53 @@ def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
     for name in ("tokenizer.model",):
         if os.path.lexists(folder / name):
             _inside(folder, folder / name)
-    return sizes
+    return sizes, shapes
+
+
+def _check_layers_present(folder: pathlib.Path, shapes: dict[str, list[int]], layers: int) -> None:
+    """Every decoder layer the config declares has tensors in the weights files (when the files name their
+    layers ``model.layers.N.``): a 16 KB folder declaring 1024 layers with one stored tensor ran until memory
+    ran out, transformers building every missing weight before its own check."""
+    held = {int(m.group(1)) for m in map(_LAYER.search, shapes) if m}
+    if held and len(held) < layers:
+        missing = [i for i in range(layers) if i not in held]
+        run = missing == list(range(missing[0], missing[-1] + 1))
+        shown = str(missing[0]) if len(missing) == 1 else f"{missing[0]}-{missing[-1]}" if run else str(missing[:8])[1:-1]
+        raise FolderError(
+            f"{folder}: config.json declares {layers} layers, the weights files hold tensors of {len(held)}: "
+            f"no weights for layer{'s' if len(missing) > 1 else ''} {shown}"
+        )
+
+
+def check_declared_weights(folder: pathlib.Path, model_class: Any, config: Any, shapes: dict[str, list[int]]) -> None:
+    """Refuse, before transformers allocates anything, a model that declares more weight values than the
+    weights files hold (their headers, ``shapes``): transformers builds every weight it does not find, so a
+    config declaring far more than is stored (a hidden size of 65536 beside small tensors, ...) ran until
+    memory ran out. The model is built on the meta device (no storage, seconds even at the bounds)."""
+    import copy  # noqa: PLC0415
+    import math  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    with torch.device("meta"):
+        model = model_class(copy.deepcopy(config))  # a copy: the constructor writes into its config
+    declared = {name: p.numel() for name, p in model.named_parameters()}  # tied weights counted once
+    stored = sum(math.prod(s) for s in shapes.values())
+    if sum(declared.values()) > stored:
+        missing = [n for n in declared if n not in shapes]
+        raise FolderError(
+            f"{folder}: the config declares {sum(declared.values()):,} weight values, the weights files hold {stored:,}"
+            + (
+                f": no weights for {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+                if missing
+                else ""
+            )
+        )
+
+
+def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
+    """Check the checkpoint folder (module docstring); return the config's bounded sizes."""
+    return check_folder_weights(folder)[0]
 
 
 def check_tokenizer_json(path: str | pathlib.Path) -> Any:

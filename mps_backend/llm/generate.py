@@ -50,10 +50,7 @@ class Tokenizer:
         if p.suffix == ".json":
             from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
 
-            try:
-                self._hf = HFTokenizer.from_file(str(p))
-            except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception
-                raise ValueError(f"{p}: not a readable tokenizer ({str(e).splitlines()[0][:160]})") from None
+            self._hf = self._guarded("read", HFTokenizer.from_file, str(p))
             self._pt = None
         else:
             from pytorch_tokenizers import get_tokenizer  # noqa: PLC0415
@@ -62,14 +59,48 @@ class Tokenizer:
             with contextlib.redirect_stdout(io.StringIO()):  # it prints "Using Tiktokenizer": stdout is the text
                 self._pt = get_tokenizer(str(p))
 
+    def _guarded(self, what: str, fn, *args):
+        """``fn(*args)``, a call into the Rust tokenizers library: an error, or a panic (a
+        ``pyo3_runtime.PanicException``, a BaseException: an empty ``Replace`` regex panics in encode),
+        is one ValueError naming the file; the panic's own report, written by Rust to standard error,
+        is dropped (what the call writes there otherwise is passed on)."""
+        import os  # noqa: PLC0415
+        import sys  # noqa: PLC0415
+        import tempfile  # noqa: PLC0415
+
+        sys.stderr.flush()
+        with tempfile.TemporaryFile() as captured:
+            saved = os.dup(2)
+            os.dup2(captured.fileno(), 2)
+            failed = None
+            try:
+                return fn(*args)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception or panics
+                failed = e
+                detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+                if what == "read" and isinstance(e, Exception):
+                    raise ValueError(f"{self.path}: not a readable tokenizer ({detail})") from None
+                how = "panicked" if not isinstance(e, Exception) else "failed"
+                raise ValueError(f"{self.path}: the tokenizer {how} when asked to {what} ({detail})") from None
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                if failed is None:
+                    captured.seek(0)
+                    text = captured.read()
+                    if text:
+                        sys.stderr.write(text.decode(errors="replace"))
+
     def encode(self, text: str) -> list[int]:
         if self._hf is not None:
-            return list(self._hf.encode(text).ids)
+            return list(self._guarded("encode", self._hf.encode, text).ids)
         return list(self._pt.encode(text, bos=False, eos=False))
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
         if self._hf is not None:
-            return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
+            return self._guarded("decode", self._hf.decode, ids, skip_special_tokens)
         return self._pt.decode(ids)
 
 
@@ -113,6 +144,16 @@ def read_metadata(pte: bytes | str | pathlib.Path) -> dict:
     return meta
 
 
+def check_token_ids(ids: list[int], meta: dict, what: str = "prompt") -> None:
+    """Refuse (ValueError) a token id outside the program's vocabulary (``get_vocab_size``) before it reaches
+    the program: an id of 2**32 - 1 ran, the device's int32 cast of the embedding index reading another
+    row (the device model refuses such an index too: it never wraps)."""
+    vocab = meta.get("get_vocab_size")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or (vocab is not None and not 0 <= t < int(vocab)):
+            raise ValueError(f"{what} token id {t!r} is not in the model's vocabulary [0, {vocab}) (get_vocab_size)")
+
+
 def iter_tokens(
     pte: bytes | str | pathlib.Path,
     prompt_ids: list[int],
@@ -135,6 +176,7 @@ def iter_tokens(
     stats = stats if stats is not None else GenerationStats()
     if not prompt_ids:
         raise ValueError("empty prompt")
+    check_token_ids(list(prompt_ids), meta)
     if len(prompt_ids) >= max_len:
         raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit max_seq_len {max_len}")
     step = LoadedMethod(pte, "forward", mode)
@@ -224,14 +266,19 @@ def generate_with_executorch_runner(
 
     meta = read_metadata(pte)  # a program without the runner's methods is one ValueError, not a runner abort
     # the runner refuses a prompt that does not fit (after its BOS) with a bare "Generation failed"
-    n_prompt = len(Tokenizer(tokenizer).encode(prompt)) + (1 if meta.get("get_bos_id") is not None else 0)
+    ids = Tokenizer(tokenizer).encode(prompt)
+    check_token_ids(ids, meta)  # a tokenizer of a larger vocabulary than the model's
+    n_prompt = len(ids) + (1 if meta.get("get_bos_id") is not None else 0)
     max_len = int(meta.get("get_max_context_len", meta["get_max_seq_len"]))
     if n_prompt >= max_len:
         raise ValueError(f"prompt of {n_prompt} tokens (with BOS) does not fit max_seq_len {max_len}")
     load_emulator()  # registers MPSBackend in the libexecutorch the runner binding links
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner  # noqa: PLC0415
 
-    runner = TextLLMRunner(str(pte), str(tokenizer_file(tokenizer)))
+    try:
+        runner = TextLLMRunner(str(pte), str(tokenizer_file(tokenizer)))
+    except RuntimeError as e:  # its C++ tokenizers read fewer tokenizer.json features than the tokenizers library
+        raise ValueError(f"executorch's TextLLMRunner could not start: {e} (--runner python reads it)") from None
     pieces: list[str] = []
     try:
         runner.generate(

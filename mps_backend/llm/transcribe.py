@@ -97,7 +97,7 @@ def feature_extractor(folder: str | pathlib.Path | None, n_mels: int):
 
     p = pathlib.Path(folder) if folder else None
     if p is not None and p.is_dir() and (p / "preprocessor_config.json").is_file():
-        fe = WhisperFeatureExtractor.from_pretrained(p, local_files_only=True)
+        fe = WhisperFeatureExtractor.from_pretrained(p, local_files_only=True, trust_remote_code=False)
     else:
         fe = WhisperFeatureExtractor(feature_size=n_mels)
     if fe.feature_size != n_mels:

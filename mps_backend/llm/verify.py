@@ -71,8 +71,11 @@ class LLMVerification:
     truncated: str | None = None  # why and how the model was truncated, if it was
     #: tokens of :data:`VERIFY_PROMPT` read (teacher-forced) after BOS before the greedy steps
     prompt_tokens: int = 0
-    #: of the prompt's positions but the last, those where the .pte's and the eager model's top token agree
+    #: of the prompt's positions the .pte gave logits for before its last (all of them token by token;
+    #: each piece's last in a chunked prefill), those where its and the eager model's top token agree
     prompt_agree: int = 0
+    #: how many prompt positions were compared (``prompt_agree`` of them)
+    prompt_rows: int = 0
     #: where the prompt's tokens came from (the tokenizer file), or why there are none
     prompt_source: str = ""
 
@@ -89,7 +92,7 @@ class LLMVerification:
         if self.prompt_tokens:
             head += (
                 f"\nverify           after a {self.prompt_tokens}-token English prompt ({self.prompt_source}), "
-                f"teacher-forced: top tokens agree {self.prompt_agree}/{self.prompt_tokens}"
+                f"teacher-forced: top tokens agree {self.prompt_agree}/{self.prompt_rows}"
             )
         elif self.prompt_source:
             head += f"\nverify           from BOS alone: {self.prompt_source}"
@@ -125,8 +128,10 @@ def _hf_tensors(folder: pathlib.Path) -> dict[str, pathlib.Path]:
     """Every tensor name of a safetensors checkpoint folder -> its file."""
     from safetensors import safe_open  # noqa: PLC0415
 
+    from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
+
     names = {}
-    for f in sorted(folder.glob("*.safetensors")):
+    for f in weight_files(folder):  # the files the export read, no other
         with safe_open(str(f), framework="pt") as st:
             names.update(dict.fromkeys(st.keys(), f))
     return names
@@ -139,8 +144,10 @@ def parameter_count(kind: str, path: pathlib.Path) -> int:
     if kind == "hf":
         from safetensors import safe_open  # noqa: PLC0415
 
+        from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
+
         n = 0
-        for f in sorted(path.glob("*.safetensors")):
+        for f in weight_files(path):
             with safe_open(str(f), framework="pt") as st:
                 n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
         return n
@@ -201,20 +208,34 @@ def truncated_copy(kind: str, path: pathlib.Path, params: pathlib.Path | None, i
     return f"llama:{into / 'consolidated.pth'}", into / "params.json", old
 
 
-def _pte_logits(pte: pathlib.Path, prefix: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
-    """The program's logits after each token of ``prefix`` (teacher-forced), then its greedy tokens for
-    ``steps`` tokens in all (the first chosen after the prefix's last): ``len(prefix) + steps - 1``
-    forward calls. Returns every token read or chosen, and the logits of each call."""
+def _pte_logits(pte: pathlib.Path, prefix: list[int], steps: int) -> tuple[list[int], torch.Tensor, list[int]]:
+    """The program's logits after ``prefix``, read as executorch's runner reads it (in pieces of
+    ``get_max_seq_len`` tokens when the program takes ``[1, n]`` tokens, ``enable_dynamic_shape``; one
+    token a call otherwise), then its greedy tokens for ``steps`` tokens in all (the first chosen after
+    the prefix's last), one a call. Returns every token read or chosen, the logits of each call, and
+    the position each call's logits follow (its last row)."""
+    from mps_backend.llm.generate import read_metadata  # noqa: PLC0415
     from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
 
+    meta = read_metadata(pte)
+    piece = int(meta["get_max_seq_len"]) if meta.get("enable_dynamic_shape") else 1
     step = LoadedMethod(pte, "forward")  # a path: executorch maps the file
-    tokens, logits = list(prefix), []
-    for pos in range(len(prefix) + steps - 1):
-        out = step([torch.tensor([[tokens[pos]]], dtype=torch.long), torch.tensor([pos], dtype=torch.long)])[0]
-        logits.append(out.reshape(-1).float())
-        if pos >= len(prefix) - 1:
-            tokens.append(int(torch.argmax(logits[-1])))
-    return tokens, torch.stack(logits)
+
+    def call(ids: list[int], pos: int) -> torch.Tensor:
+        out = step([torch.tensor([ids], dtype=torch.long), torch.tensor([pos], dtype=torch.long)])[0]
+        return out.reshape(-1, out.shape[-1])[-1].float()  # [1, V] or [1, n, V]: the last row
+
+    tokens, logits, rows = list(prefix), [], []
+    for start in range(0, len(prefix), piece):
+        ids = prefix[start : start + piece]
+        logits.append(call(ids, start))
+        rows.append(start + len(ids) - 1)
+    tokens.append(int(torch.argmax(logits[-1])))
+    for pos in range(len(prefix), len(prefix) + steps - 1):
+        logits.append(call([tokens[pos]], pos))
+        rows.append(pos)
+        tokens.append(int(torch.argmax(logits[-1])))
+    return tokens, torch.stack(logits), rows
 
 
 def prompt_tokens(kind: str, path: pathlib.Path, vocab: int | None, room: int) -> tuple[list[int], str]:
@@ -248,11 +269,11 @@ def _eager_logits(
     the float32 ones) and computes in float32 with those weights dequantized."""
     load = torch.float16 if (quantize or embedding) and dtype == "fp16" else torch.float32
     if kind == "hf":
-        import transformers  # noqa: PLC0415
+        from mps_backend.llm.checkpoint import load_hf  # noqa: PLC0415
 
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, dtype=load, attn_implementation="eager", local_files_only=True
-        ).eval()
+        # the export's own loader: the same folder check (no code from the folder runs, trust_remote_code=False)
+        # and the same tensors from the same files, in the reference precision (clamped as an fp16 export's were)
+        model = load_hf(path, load, clamp_fp16=True).model
         reference = "eager transformers float32"
     else:
         from mps_backend.llm.checkpoint import load_llama  # noqa: PLC0415
@@ -392,23 +413,26 @@ def verify_llm(
         prompt = prompt_tokens(kind, path, None, (max_seq_len or steps) - steps)
     ids, source = prompt
     prefix = [bos_id if bos_id is not None else 0, *ids]
-    tokens, dev = _pte_logits(pte, prefix, steps)
+    tokens, dev, rows = _pte_logits(pte, prefix, steps)
     ref, reference = _eager_logits(
         kind, path, params, tokens[:-1], quantize, group_size, max_seq_len or len(tokens), dtype, quantize_embedding
     )
-    if ref.shape != dev.shape:
+    if ref.shape[-1:] != dev.shape[-1:] or ref.shape[0] != len(tokens) - 1:
         raise CheckpointError(f"the .pte's logits {list(dev.shape)} and the eager model's {list(ref.shape)} differ in shape")
+    ref = ref[rows]  # the positions the program gave logits for (a chunked prefill: each piece's last)
     top_ref, top_dev = ref.argmax(-1).tolist(), dev.argmax(-1).tolist()
     m = len(prefix)
+    prompt_rows = sum(r < m - 1 for r in rows)  # the prompt's calls before the one after its last token
     return LLMVerification(
         steps=steps,
         max_abs_diff=float((dev - ref).abs().max()),
         scale=float(ref.abs().max()),
         tolerance=tolerance(dtype, quantize),
-        tokens_agree=sum(int(a) == b for a, b in zip(top_ref[m - 1 :], tokens[m:])),
+        tokens_agree=sum(int(a) == b for a, b in zip(top_ref[prompt_rows:], tokens[m:])),
         reference=reference,
         prompt_tokens=len(ids),
-        prompt_agree=sum(int(a == b) for a, b in zip(top_ref[: m - 1], top_dev[: m - 1])),
+        prompt_agree=sum(int(a == b) for a, b in zip(top_ref[:prompt_rows], top_dev[:prompt_rows])),
+        prompt_rows=prompt_rows,
         prompt_source=source,
     )
 

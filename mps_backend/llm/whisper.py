@@ -251,12 +251,11 @@ def eager_logits(folder, features: torch.Tensor, tokens: list[int], quantize=Non
     """transformers' eager float32 Whisper: logits after each of ``tokens`` (the decoder's input from
     the start token on), and the reference's name. Quantized exports: the weights quantized alike
     (in the export precision) and dequantized, as :mod:`mps_backend.llm.verify` does."""
-    import transformers  # noqa: PLC0415
+    from mps_backend.llm.checkpoint import load_hf  # noqa: PLC0415
 
     load = torch.float16 if quantize and dtype == "fp16" else torch.float32
-    model = transformers.WhisperForConditionalGeneration.from_pretrained(
-        folder, dtype=load, attn_implementation="eager", local_files_only=True
-    ).eval()
+    # the export's own loader: its folder check (no code from the folder runs) and the tensors the export read
+    model = load_hf(folder, load, clamp_fp16=True).model
     reference = "eager transformers Whisper float32"
     if quantize:
         from mps_backend.quantize import quantize_dequantized, resolve_group_size  # noqa: PLC0415

@@ -41,6 +41,35 @@ def read_bundled(data: bytes | bytearray | memoryview, error: type[Exception]) -
     """(the program inside the bundled program ``data``: a slice, not a copy; method name -> its number
     of test cases), after checking the test suites; ``error`` is raised on any violation, its message
     naming what and where."""
+    program, arity = _read_suites(data, error)
+    return program, {name: len(cases) for name, cases in arity.items()}
+
+
+def check_bundle(data: bytes | bytearray | memoryview, error: type[Exception]) -> tuple[memoryview, dict[str, int]]:
+    """:func:`read_bundled`, then the program inside checked as any ``.pte`` is (``check_program``) and
+    each test case against its method: a method the program has, as many inputs and expected outputs as
+    the method takes and returns. executorch's bundled check sets only the inputs a case holds and
+    executes: a case with no inputs for a method that takes one ran on an unset input (SIGSEGV)."""
+    from mps_backend.runtime.program_check import check_program, method_arity  # noqa: PLC0415
+
+    program, arity = _read_suites(data, error)
+    check_program(program)
+    methods = method_arity(program)
+    for name, cases in arity.items():
+        if name not in methods:
+            raise error(f"test suite of method {name!r}, which the program does not have ({', '.join(sorted(methods))})")
+        want = methods[name]
+        for c, got in enumerate(cases):
+            if got != want:
+                raise error(
+                    f"method {name!r} test case {c}: {got[0]} inputs and {got[1]} expected outputs, the method takes "
+                    f"{want[0]} inputs and returns {want[1]} outputs"
+                )
+    return program, {name: len(cases) for name, cases in arity.items()}
+
+
+def _read_suites(data: bytes | bytearray | memoryview, error: type[Exception]) -> tuple[memoryview, dict[str, list]]:
+    """(the program, method name -> (inputs, expected outputs) of each of its test cases)."""
     view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
     if len(view) < 8 or bytes(view[4:8]) != b"BP08":
         raise error("not a bundled program (no 'BP08' flatbuffer identifier at bytes 4-7)")
@@ -48,14 +77,13 @@ def read_bundled(data: bytes | bytearray | memoryview, error: type[Exception]) -
     root = fb.table(fb.deref(0, "root offset"), "BundledProgram", "bundled program")
     if root["program"] is None or len(root["program"]) == 0:
         raise error("bundled program: no program")
-    cases: dict[str, int] = {}
+    cases: dict[str, list] = {}
     for s, s_pos in enumerate(root["method_test_suites"] or ()):
         suite = fb.table(s_pos, "BundledMethodTestSuite", f"method_test_suites[{s}]")
         name = suite["method_name"]
         if name is None or any(ord(c) < 32 or c == "\x7f" for c in name):
             raise error(f"method_test_suites[{s}]: method name {name!r} is missing or has control characters")
         tests = suite["test_cases"] or ()
-        cases[name] = cases.get(name, 0) + len(tests)
         for c, c_pos in enumerate(tests):
             where = f"method {name!r} test case {c}"
             case = fb.table(c_pos, "BundledMethodTestCase", where)
@@ -64,6 +92,8 @@ def read_bundled(data: bytes | bytearray | memoryview, error: type[Exception]) -
                     raise error(f"{where}: no {field}")
                 for v, v_pos in enumerate(case[field]):
                     _check_value(fb, v_pos, f"{where} {field}[{v}]", error)
+            cases.setdefault(name, []).append((len(case["inputs"]), len(case["expected_outputs"])))
+        cases.setdefault(name, [])
     return memoryview(root["program"]), cases
 
 

@@ -345,12 +345,11 @@ def _check_bundled(data: bytes, method: str, name: str | None = None) -> int:
     """The number of test cases of ``method`` in the bundled program ``data``, after the bundle's own
     tables (bounded reader) and its inner program (:func:`check_program`, as for a ``.pte``) are
     checked: executorch's bundled loader trusts both."""
-    from mps_backend.runtime.bundled_check import read_bundled  # noqa: PLC0415
-    from mps_backend.runtime.program_check import ProgramFormatError, check_program  # noqa: PLC0415
+    from mps_backend.runtime.bundled_check import check_bundle  # noqa: PLC0415
+    from mps_backend.runtime.program_check import ProgramFormatError  # noqa: PLC0415
 
     try:
-        program, cases = read_bundled(data, ProgramFormatError)
-        check_program(program)
+        _, cases = check_bundle(data, ProgramFormatError)  # the program too, and each case against its method
     except ProgramFormatError as exc:
         raise ProgramFormatError(f"{name}: {exc}" if name else str(exc)) from None
     return cases.get(method, 0)

@@ -45,6 +45,17 @@ def _tensor_layouts() -> Any:
     """The program schema with the ``Tensor`` table (the memory-plan fields read here) added."""
     f = _program._f
     schema = {**_program._SCHEMA, "tables": dict(_program._SCHEMA["tables"])}
+    # the Program fields executorch's loader reads beyond the partial schema's (its Minimal verification, as
+    # the bundled-program loader uses, follows these offsets unchecked: one flipped byte of
+    # constant_segment's offset was a SIGSEGV)
+    schema["tables"]["Program"] = [
+        *schema["tables"]["Program"],
+        f("constant_segment", "SubsegmentOffsets"),
+        f("mutable_data_segments", "[SubsegmentOffsets]"),
+        f("named_data", "[NamedData]"),
+    ]
+    schema["tables"]["SubsegmentOffsets"] = [f("segment_index", "uint"), f("offsets", "[ulong]")]
+    schema["tables"]["NamedData"] = [f("key", "string"), f("segment_index", "uint")]
     schema["tables"]["Tensor"] = [
         f("scalar_type", "byte"),
         f("storage_offset", "int"),
@@ -191,6 +202,41 @@ def _check_planned_tensors(fb: FlatBuffer, plan: dict, where: str) -> None:
             )
 
 
+def _check_data_segments(fb: FlatBuffer, segments: list[dict]) -> None:
+    """The constant segment, the mutable data segments and the named data: tables within the file, each
+    naming a segment the program has, the constant offsets within their segment."""
+    fb.layouts = _LAYOUTS
+    program = fb.table(fb.deref(0, "root offset"), "Program", "program")
+    subsegments = [("constant_segment", program["constant_segment"])] if program["constant_segment"] is not None else []
+    subsegments += [(f"mutable_data_segments[{i}]", p) for i, p in enumerate(program["mutable_data_segments"] or ())]
+    for what, pos in subsegments:
+        sub = fb.table(pos, "SubsegmentOffsets", what)
+        offsets = list(sub["offsets"] or ())
+        if not offsets:
+            continue
+        if sub["segment_index"] >= len(segments):
+            raise fb.fail(f"{what}: segment {sub['segment_index']}, but the program has {len(segments)} segments")
+        size = segments[sub["segment_index"]]["size"]
+        bad = [o for o in offsets if o > size]
+        if bad:
+            raise fb.fail(f"{what}: offset {bad[0]} beyond its segment's {size} bytes")
+    for i, pos in enumerate(program["named_data"] or ()):
+        named = fb.table(pos, "NamedData", f"named_data[{i}]")
+        _name(fb, named["key"], f"named_data[{i}].key")
+        if named["segment_index"] >= len(segments):
+            raise fb.fail(f"named_data[{i}]: segment {named['segment_index']}, but the program has {len(segments)} segments")
+
+
+def method_arity(data: bytes | bytearray | memoryview) -> dict[str, tuple[int, int]]:
+    """Method name -> (its number of inputs, its number of outputs), read with the bounded reader."""
+    tables = open_program(data, ProgramFormatError)
+    fb, arity = tables.fb, {}
+    for p, pos in enumerate(tables.program["execution_plan"] or ()):
+        plan = fb.table(pos, "ExecutionPlan", f"execution_plan[{p}]")
+        arity[_name(fb, plan["name"], f"execution_plan[{p}].name")] = (len(plan["inputs"] or ()), len(plan["outputs"] or ()))
+    return arity
+
+
 def _operators(fb: FlatBuffer, plan: dict, where: str) -> list[tuple[str, str]]:
     operators = []
     for i, op_pos in enumerate(plan["operators"] or ()):
@@ -227,6 +273,7 @@ def check_program(data: bytes | bytearray | memoryview) -> None:
                 f"segments[{i}] ({seg['offset']} + {seg['size']} bytes) reaches past the "
                 f"{available} bytes of segment data in the file"
             )
+    _check_data_segments(fb, segments)
     budget = max_plan_bytes()
     for p, pos in enumerate(program["execution_plan"] or ()):
         plan = fb.table(pos, "ExecutionPlan", f"execution_plan[{p}]")

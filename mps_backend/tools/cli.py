@@ -191,12 +191,11 @@ def cmd_export(args) -> int:
 
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
-        from mps_backend.quantize import quantize_model, resolve_group_size  # noqa: PLC0415
+        from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size  # noqa: PLC0415
 
         group = resolve_group_size(args.quantize, args.group_size)
         _say(
-            f"[quantize] {args.quantize} weight-only, "
-            + (f"group size {group}" if group else "per channel")
+            f"[quantize] {quantization_count(model, args.quantize, group)}"
             + (" (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else "")
         )
         model = quantize_model(model, args.quantize, group)
@@ -258,7 +257,7 @@ def cmd_export(args) -> int:
 def _read_pte(path: str, mapped: bool = False) -> bytes | memoryview:
     """The program in ``path``: a .pte, or the program inside a bundled program (.bpte). ``mapped``: a
     .pte is memory-mapped (read where it is looked at: ``inspect`` of a multi-GB file stays small)."""
-    from mps_backend.export import is_bundled, unbundle  # noqa: PLC0415
+    from mps_backend.export import is_bundled  # noqa: PLC0415
     from mps_backend.serialization.pte import map_file  # noqa: PLC0415
 
     p = pathlib.Path(path)
@@ -267,12 +266,15 @@ def _read_pte(path: str, mapped: bool = False) -> bytes | memoryview:
     from mps_backend.runtime.program_check import ProgramFormatError, check_program  # noqa: PLC0415
 
     data: bytes | memoryview = map_file(p) if mapped else p.read_bytes()
-    program = unbundle(bytes(data)) if is_bundled(bytes(data[:8])) else data
     try:
-        check_program(program)  # before executorch's deserializer or runtime sees it
+        if is_bundled(bytes(data[:8])):  # the bundle, its program and its test cases (as `run` checks them)
+            from mps_backend.runtime.bundled_check import check_bundle  # noqa: PLC0415
+
+            return bytes(check_bundle(bytes(data), ProgramFormatError)[0])
+        check_program(data)  # before executorch's deserializer or runtime sees it
     except ProgramFormatError as e:
         raise ProgramFormatError(f"{path}: {e}") from None
-    return program
+    return data
 
 
 def cmd_inspect(args) -> int:
@@ -729,6 +731,9 @@ def _run(fn, args) -> int:
     except (MPSBackendError, OSError, MemoryError) as e:  # this input cannot be used: one line, exit 2
         print(f"error: {_runtime_failure(e) or e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # SIGINT: the export's temporary files and scratch folder are removed on the way out
+        print("\nerror: interrupted (SIGINT)", file=sys.stderr)
+        return 130
 
 
 def _runtime_failure(e: BaseException) -> str | None:

@@ -59,9 +59,9 @@ graph holds none of them, which gives the same graph faster) and lowered per pre
 ``MPSPartitioner``:
 
 1. full delegation: exactly one MPS delegate and ``partitioner.report().on_cpu`` empty;
-2. the blob decodes (``read_blob``), contains ``kinds``, no MPSMin/MPSMax/MPSAtan2, and in fp16 no
-   float32 value (nor float32 ``dtype`` field of MPSFull/FullLike/Arange/Cast) except the user
-   inputs and the boundary casts of the outputs;
+2. the blob decodes (``read_blob``), contains ``kinds``, no MPSMin/MPSMax/MPSAtan2, and in fp16
+   float16 and float32 values meet only through MPSCast (the policy's float32 islands: norm
+   statistics, softmax, rounding ops on float32 inputs; no float32 ``dtype`` field feeding float16);
 3. the device model (``interpreter.execute``, faithful mode) run on the delegate's inputs (the
    module inputs, floats cast to the declared input dtype) matches eager PyTorch: no output is
    reinterpreted, dtypes are equal, values within ``tol``. In fp16 the eager reference runs in
@@ -347,44 +347,39 @@ def check_exported_program_runs(
 
 
 def _fp16_float32_values(graph) -> set:
-    """float32 values of an fp16 graph that are neither user inputs, nor boundary output casts, nor
-    part of a float32 island on the inputs (rounding ops and max-pool indices read float32 user inputs
-    in float32: values computed only from inputs and such values, read only by such nodes or by a cast
-    to float16), and nodes whose own ``dtype`` field says float32 (MPSFull/FullLike/Arange, inner casts)."""
+    """Where an fp16 graph mixes float dtypes other than through an MPSCast: a node reading float16 and
+    float32 operands together (non-promoting device ops fail to compile, binary ones promote silently),
+    or making a float32 result out of float16 operands only (a float32 ``dtype`` field: MPSFull,
+    FullLike, Arange). Float32 islands are the precision policy's (``mps_backend.precision``: norm
+    statistics, softmax, the residual, float32 inputs read by rounding ops): they meet float16 values
+    only through casts."""
     from mps_backend.serialization.device_facts import node_value_ids
 
-    boundary = {
-        n["output_id"]
-        for n in graph.nodes
-        if n.op == "MPSCast" and n["dtype"] == DataType.float32 and n["output_id"] in graph.output_ids
-    }
-    f32_ids = {i for i, v in enumerate(graph.values) if v.datatype == DataType.float32}
-    island = set(graph.input_ids) & f32_ids
-    for n in graph.nodes:  # topological order: a node on island values only extends the island
-        reads = [i for i in node_value_ids(n.fields, outputs=False) if i >= 0]
-        if (
-            reads
-            and n.op != "MPSCast"
-            and all(i in island or i not in f32_ids for i in reads)
-            and any(i in island for i in reads)
+    floats = {DataType.float16, DataType.float32}
+
+    def kinds(n, outputs: bool) -> set:
+        return {graph.values[i].datatype for i in node_value_ids(n.fields, outputs=outputs) if i >= 0} & floats
+
+    stray = set()
+    for k, n in enumerate(graph.nodes):
+        if n.op == "MPSCast":
+            continue
+        reads, outs = kinds(n, False), kinds(n, True)
+        if reads == floats:
+            stray.add(f"node {k} ({n.op}) reads float16 and float32")
+        elif DataType.float32 in outs and DataType.float32 not in reads and DataType.float16 in reads | outs:
+            stray.add(f"node {k} ({n.op}) makes float32 out of float16")
+        elif (
+            n.fields.get("dtype") == DataType.float32
+            and not reads
+            and any(
+                DataType.float16 in kinds(m, False) and n.fields.get("output_id") in node_value_ids(m.fields, outputs=False)
+                for m in graph.nodes
+                if m.op != "MPSCast"
+            )
         ):
-            island |= {i for i in node_value_ids(n.fields, outputs=True) if i in f32_ids}
-    leaked = set()
-    for n in graph.nodes:  # island values may only reach island nodes or a cast to float16
-        reads = [i for i in node_value_ids(n.fields, outputs=False) if i in island - set(graph.input_ids)]
-        outs = set(node_value_ids(n.fields, outputs=True)) & f32_ids  # integer results (indices) may leave it
-        if reads and not (outs <= island or (n.op == "MPSCast" and n["dtype"] == DataType.float16)):
-            leaked |= set(reads)
-    used = {i for n in graph.nodes for out in (False, True) for i in node_value_ids(n.fields, outputs=out)}
-    unused = set(range(len(graph.values))) - used - set(graph.output_ids)  # entries simplify left unreferenced
-    allowed = (island - leaked) | boundary | set(graph.input_ids) | unused
-    f32 = {f"value {i}" for i in f32_ids if i not in allowed}
-    f32 |= {
-        f"node {k} ({n.op}.dtype)"
-        for k, n in enumerate(graph.nodes)
-        if n.fields.get("dtype") == DataType.float32 and n.fields.get("output_id") not in boundary
-    }
-    return f32
+            stray.add(f"node {k} ({n.op}.dtype float32) read by a float16 node")
+    return stray
 
 
 def _flat(x) -> list:

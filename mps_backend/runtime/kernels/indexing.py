@@ -10,9 +10,22 @@ _INT = (torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _index(ctx: KernelContext, idx: torch.Tensor, size: int, cast_int32: bool = False) -> torch.Tensor:
-    """Index values as int64 for torch; negatives wrap (unverified on device), out of range fails."""
+    """Index values as int64 for torch; out of range fails. IndexSelect/Embedding (``cast_int32``): the device
+    casts the index to int32, so a value that does not fit int32 would read another row (2**32 + 5 row 5,
+    2**32 - 1 the last): refused, never wrapped; a negative one too (torch's index_select and embedding refuse
+    it, the device's gather of it is unverified; the lowering makes index.Tensor's negatives non-negative
+    first). IndexTensor/IndexPut/Scatter: negatives count from the end (unverified on device)."""
     if cast_int32:
+        if idx.numel() and idx.dtype == torch.int64 and (int(idx.min()) < -(2**31) or int(idx.max()) >= 2**31):
+            bad = int(idx.max()) if int(idx.max()) >= 2**31 else int(idx.min())
+            wrapped = int(torch.tensor(bad, dtype=torch.int64).to(torch.int32))
+            ctx.fail(
+                f"index {bad} does not fit int32: the device's cast to int32 would read index {wrapped} (refused, never wrapped)"
+            )
         idx = idx.to(torch.int32)  # IndexSelect/Embedding cast any index dtype to int32
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= size):
+            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+            ctx.fail(f"index {bad} out of range [0, {size}) (the device's gather does not check it: refused, never wrapped)")
     elif idx.dtype not in _INT:
         ctx.fail(f"index tensor of dtype {idx.dtype} (bool masks unsupported)")
     idx = idx.long()

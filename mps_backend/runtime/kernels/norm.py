@@ -6,7 +6,7 @@ import torch
 
 from mps_backend.dtypes import FLOAT_DTYPES
 
-from ..core import KernelContext, checked, compute, f32, same_dtype, to
+from ..core import KernelContext, checked, compute, f32, round_to, same_dtype, to
 
 
 def _operands(ctx: KernelContext, node, ids: tuple[str, ...]) -> tuple[torch.dtype, list[torch.Tensor]]:
@@ -43,10 +43,13 @@ def layer_norm(ctx: KernelContext, node) -> None:
     if not 1 <= k <= x.dim():
         ctx.fail(f"layer norm over {k} trailing axes of a rank-{x.dim()} tensor")
     axes = list(range(x.dim() - k, x.dim()))
-    mean = x.mean(axes, keepdim=True)
-    var = (x - mean).square().mean(axes, keepdim=True)
-    norm = (x - mean) / torch.sqrt(var + f32(node["eps"]))
-    y = checked(ctx, "layer norm weight/bias broadcast", lambda: norm * w + b)
+    # separate MPSGraph ops in x's dtype (semantics §5.13): in float16 each intermediate is a float16
+    # tensor, so a deviation beyond 255 squares to inf, as on the device
+    mean = round_to(x.mean(axes, keepdim=True), dt)
+    centered = round_to(x - mean, dt)
+    var = round_to(round_to(centered.square(), dt).mean(axes, keepdim=True), dt)
+    norm = round_to(centered / round_to(torch.sqrt(round_to(var + f32(node["eps"]), dt)), dt), dt)
+    y = checked(ctx, "layer norm weight/bias broadcast", lambda: round_to(norm * w, dt) + b)
     _set(ctx, node["output1_id"], to(y, dt))
     _set(ctx, node["output2_id"], to(mean, dt))
     third = var if ctx.faithful else torch.rsqrt(var + f32(node["eps"]))  # device bug: variance, not rstd
