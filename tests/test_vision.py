@@ -244,3 +244,19 @@ def test_other_vision_language_models_refused(tmp_path, model_type):
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert code == 2 and len(errors) == 1, err
     assert f"model type {model_type!r} is a vision-language model" in errors[0] and "Missing:" in errors[0]
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--quantize", "int8"), "--quantize: not done for vision-language models (llava)"),
+        (("--prefill-chunk", "8"), "its rows per call must be at least 16"),
+        (("--max-seq-len", "16"), "the cache must hold more than the 16 rows of one call"),
+    ],
+)
+def test_export_refusals_are_one_line(tmp_path, args, says):
+    folder = save_vlm(tmp_path / "llava", "llava")
+    code, _, err = _run("export", "--model", f"hf:{folder}", *args, "-o", tmp_path / "x.pte")
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(errors) == 1 and says in errors[0], err
+    assert not (tmp_path / "x.pte").exists()

@@ -382,6 +382,11 @@ def export_llm(
             check_kv_cache_size(lm.n_layers, kv_heads(cfg), head_dim, seq_len, lm.dtype)
         if note:
             notes.append(note)
+        vision = is_vision_language(lm.model_type)
+        if vision and (quantize or quantize_embedding):
+            raise CheckpointError(
+                f"--quantize: not done for vision-language models ({lm.model_type}): export them in fp16 or fp32"
+            )
         if quantize:
             from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size  # noqa: PLC0415
 
@@ -394,11 +399,6 @@ def export_llm(
 
             with prog.stage("quantize embedding int8"):
                 quantize_embeddings(lm.model)
-        vision = is_vision_language(lm.model_type)
-        if vision and (quantize or quantize_embedding):
-            raise CheckpointError(
-                f"--quantize: not done for vision-language models ({lm.model_type}): export them in fp16 or fp32"
-            )
         if vision:  # the rows of one text_decoder call: at least an image's embeddings
             from mps_backend.llm.vision import check_rows  # noqa: PLC0415
 
