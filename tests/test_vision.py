@@ -185,23 +185,33 @@ def _text_program() -> bytes:
 
 @pytest.fixture(scope="module")
 def outliers(tmp_path_factory):
-    return save_vlm(tmp_path_factory.mktemp("outliers") / "gemma3", "gemma3", outliers=True)
+    """The planted-outlier checkpoint of a family, made once on first use."""
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            made[family] = save_vlm(tmp_path_factory.mktemp("outliers") / family, family, outliers=True)
+        return made[family]
+
+    return get
 
 
-def test_outlier_variant_reaches_the_planted_magnitudes(outliers):
+@pytest.mark.parametrize("family", ["gemma3", "llava"])
+def test_outlier_variant_reaches_the_planted_magnitudes(outliers, family):
     """Eager float32 hidden states of the planted words reach 1e4..2e5 in the planted channels (beyond
     float16's range), at those positions only."""
     from mps_backend.llm.multimodal import load_processor
 
-    batch = processor_inputs(outliers)
+    folder = outliers(family)
+    batch = processor_inputs(folder)
     ids = batch["input_ids"][0].tolist()
-    tok = load_processor(outliers).tokenizer
+    tok = load_processor(folder).tokenizer
     planted = {t for w in OUTLIER_WORDS for t in tok.encode(w, add_special_tokens=False)}
     where = [i for i, t in enumerate(ids) if t in planted]
     assert where
     with torch.no_grad():
-        states = eager(outliers)(**batch, output_hidden_states=True).hidden_states
-    layer0 = states[1][0]
+        states = eager(folder)(**batch, output_hidden_states=True).hidden_states
+    layer0 = states[1][0]  # the residual stream after layer 0
     values = layer0[where][:, list(OUTLIER_CHANNELS)].abs()
     low, high = OUTLIER_RANGE
     assert values.min() >= low and values.max() <= high and values.max() > 65504, values
@@ -211,10 +221,11 @@ def test_outlier_variant_reaches_the_planted_magnitudes(outliers):
 
 
 @pytest.mark.parametrize(
-    "dtype",
+    "family, dtype",
     [
-        "fp32",
+        ("gemma3", "fp32"),
         pytest.param(
+            "gemma3",
             "fp16",
             marks=pytest.mark.xfail(
                 strict=True,
@@ -222,14 +233,17 @@ def test_outlier_variant_reaches_the_planted_magnitudes(outliers):
                 "float16 and overflows to inf before the delegate (the policy keeps the delegate's residual float32)",
             ),
         ),
+        ("llava", "fp32"),
+        ("llava", "fp16"),  # the amplification is inside the delegate, whose residual the precision policy keeps float32
     ],
 )
-def test_outlier_variant(outliers, tmp_path, dtype):
-    pte, _, _ = _export(outliers, tmp_path / f"{dtype}.pte", dtype, "--no-verify")
-    run = _run_python(pte, outliers, stop_at_eos=dtype == "fp32")
+def test_outlier_variant(outliers, tmp_path, family, dtype):
+    folder = outliers(family)
+    pte, _, _ = _export(folder, tmp_path / f"{dtype}.pte", dtype, "--no-verify")
+    run = _run_python(pte, folder, stop_at_eos=dtype == "fp32")
     if dtype == "fp32":
-        assert run.tokens == eager_generate(outliers, STEPS)
-    ref = eager_reference(outliers, processor_inputs(outliers), run.tokens)
+        assert run.tokens == eager_generate(folder, STEPS)
+    ref = eager_reference(folder, processor_inputs(folder), run.tokens)
     err = ((torch.stack(run.logits) - ref).abs().max() / ref.abs().max()).item()
     assert err <= TOLERANCE[dtype], f"{dtype} logits off by {err:.3g} of their scale"
 

@@ -31,8 +31,8 @@ TEXT = {
 }
 #: the vision tower's shape: 32-pixel images
 VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 32}
-#: planted outliers (``outliers=True``, Gemma 3): these hidden channels of the text tokens of :data:`OUTLIER_WORDS`
-#: reach 1e4..2e5 in the residual stream (the scaled embedding: 2e4 x sqrt(64))
+#: planted outliers (``outliers=True``, Gemma 3 and LLaVA): these hidden channels of the text tokens of
+#: :data:`OUTLIER_WORDS` reach 1e4..2e5 in the residual stream (:func:`plant_outliers`)
 OUTLIER_CHANNELS = (3, 17)
 OUTLIER_WORDS = (" quick", " fox")  # as the prompt holds them (byte-level BPE: the space is part of the token)
 OUTLIER_RANGE = (1e4, 2e5)
@@ -57,8 +57,9 @@ def _fast(tok, extra: dict):
     )
 
 
-def build(family: str):
-    """(model, processor) of ``family``: random weights, transformers' own classes."""
+def build(family: str, *, mlp_bias: bool = False):
+    """(model, processor) of ``family``: random weights, transformers' own classes (``mlp_bias``: LLaVA's
+    Llama with MLP biases, for the planted outliers)."""
     import transformers
 
     if family == "gemma3":
@@ -112,7 +113,7 @@ def build(family: str):
         fast = _fast(tok, {"image_token": "<image>"})
         cfg = transformers.LlavaConfig(
             vision_config=transformers.CLIPVisionConfig(patch_size=8, projection_dim=32, **VISION),
-            text_config=transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), **TEXT),
+            text_config=transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), mlp_bias=mlp_bias, **TEXT),
             image_token_id=tok.token_to_id("<image>"),
             vision_feature_layer=-2,
             vision_feature_select_strategy="default",
@@ -132,21 +133,34 @@ def build(family: str):
 
 
 def plant_outliers(model, processor) -> None:
-    """Gemma 3: the embedding rows of :data:`OUTLIER_WORDS` carry 2e4 in :data:`OUTLIER_CHANNELS` (float16
-    weights), which Gemma's embedding scale (sqrt(hidden) = 8) makes 1.6e5 in the residual stream of those
-    tokens' positions: a few massive activations, above float16's 65504."""
+    """A few massive activations above float16's 65504, built from float16-representable weights: the
+    embedding rows of :data:`OUTLIER_WORDS` carry 2e4 in :data:`OUTLIER_CHANNELS`. Gemma 3's embedding scale
+    (sqrt(hidden) = 8) makes that 1.6e5 in the residual stream of those tokens' positions; LLaVA's Llama
+    amplifies it in layer 0's MLP as training builds such channels (one unit per channel reads it through
+    the RMSNorm, silent below a bias of -40, and writes it back 1000-fold: ~1.1e5)."""
     embed = model.get_input_embeddings().weight
     for word in OUTLIER_WORDS:
         for t in processor.tokenizer.encode(word, add_special_tokens=False):
             for c in OUTLIER_CHANNELS:
                 embed[t, c] = 2e4
+    if model.config.model_type == "llava":
+        mlp = model.model.language_model.layers[0].mlp
+        for u, c in enumerate(OUTLIER_CHANNELS):  # unit u amplifies channel c
+            mlp.gate_proj.weight[u].zero_()
+            mlp.gate_proj.weight[u, c] = 10.0
+            mlp.gate_proj.bias[u] = -40.0
+            mlp.up_proj.weight[u].zero_()
+            mlp.up_proj.weight[u, c] = 1.0
+            mlp.up_proj.bias[u] = 0.0
+            mlp.down_proj.weight[c].zero_()
+            mlp.down_proj.weight[c, u] = 1000.0
 
 
 def save_vlm(folder: pathlib.Path, family: str, *, seed: int | None = None, outliers: bool = False) -> pathlib.Path:
     """Write a random ``family`` checkpoint with its processor into ``folder``."""
     seed = SEEDS[family] if seed is None else seed
     torch.manual_seed(seed)
-    model, processor = build(family)
+    model, processor = build(family, mlp_bias=outliers)
     with torch.no_grad():
         gen = torch.Generator().manual_seed(seed)
         for name, p in model.named_parameters():
