@@ -15,7 +15,9 @@ after the delegate, on CPU: its only CPU operator is ``aten::index_put_`` (in th
 as the export-time kernel check says and each runtime's registry confirms), writing the new rows only
 (no ``aten::copy_`` of a whole cache: :mod:`mps_backend.cost`). The Whisper program runs as executorch's ASR
 runner calls it: ``encoder`` once, then ``text_decoder`` steps each handed the encoder's output (its inputs
-unplanned: the runtime points them at the caller's tensors). With ``MPS_BACKEND_COMPAT_REPORT=FILE``
+unplanned: the runtime points them at the caller's tensors). The vision-language program (Gemma 3) runs as
+executorch's MultimodalRunner calls it: ``vision_encoder`` / ``token_embedding`` per input, each output
+handed to ``text_decoder`` (any row count up to ``get_max_seq_len``), then decode steps. With ``MPS_BACKEND_COMPAT_REPORT=FILE``
 the table is written there (docs/runtime-compat.md).
 """
 
@@ -103,6 +105,7 @@ def _cases(folder: Path) -> list[str]:
         "llm_kv_cache": (_llm(folder, 1), [[torch.tensor([[t]]), torch.tensor([p])] for p, t in enumerate((1, 7, 3))]),
         "llm_prefill_chunk": (_llm(folder, LLM_CHUNK), _chunk_steps()),
         "whisper_asr": _whisper(folder),
+        "vlm_multimodal": _vision(folder),
     }
     # past the cache: the runner of 1.3/1.4 skips its capacity check for this program (max_seq_len <
     # max_context_len); the program itself refuses, on CPU, before the delegate runs
@@ -145,6 +148,31 @@ def _whisper(folder: Path) -> tuple[bytes, list]:
     steps: list = [{"method": "encoder", "inputs": [features(ckpt, utterance())]}]
     for pos, token in enumerate((START, 7, 3)):
         steps.append({"method": "text_decoder", "inputs": [torch.tensor([[token]]), {"output_of": 0}, torch.tensor([pos])]})
+    return out.read_bytes(), steps
+
+
+def _vision(folder: Path) -> tuple[bytes, list]:
+    """A tiny Gemma 3 in float16 and the MultimodalRunner's calls on the processor's inputs: each input's
+    ``vision_encoder`` or ``token_embedding``, then ``text_decoder`` handed its output at the runner's
+    position, then two decode steps (``token_embedding`` of one token, ``text_decoder``)."""
+    from mps_backend.llm import export_llm  # noqa: PLC0415
+    from mps_backend.llm.multimodal import prompt_inputs  # noqa: PLC0415
+    from tests.vlm_helpers import PROMPT, picture, save_vlm  # noqa: PLC0415
+
+    ckpt = save_vlm(folder / "gemma3", "gemma3")
+    out = folder / "vlm.bin"
+    export_llm(f"hf:{ckpt}", out, dtype="fp16", max_seq_len=LLM_MAX_SEQ_LEN)
+    steps: list = []
+    pos = 0
+    inputs = prompt_inputs(out, ckpt, PROMPT, picture()) + [("tokens", [7]), ("tokens", [3])]
+    for kind, value in inputs:
+        if kind == "image":
+            steps.append({"method": "vision_encoder", "inputs": [value]})
+        else:
+            steps.append({"method": "token_embedding", "inputs": [torch.tensor([value])]})
+        rows = 16 if kind == "image" else len(value)  # the image's N embeddings
+        steps.append({"method": "text_decoder", "inputs": [{"output_of": len(steps) - 1}, torch.tensor([pos])]})
+        pos += rows
     return out.read_bytes(), steps
 
 
@@ -250,7 +278,9 @@ def _write_report(path: Path, results: dict[str, dict[str, dict]], folder: Path)
         "same as in 1.5.1; *kernels*: every operator registered; *load*: the method loads (MPS delegates "
         "initialised); *steps*: calls of forward through the runtime's own module (the language model: "
         "three decode steps on its KV cache; Whisper: `encoder`, then three `text_decoder` steps handed its "
-        "output, as executorch's ASR runner calls them); *outputs*: compared with the 1.5.1 run. *CPU operators*: "
+        "output, as executorch's ASR runner calls them; the vision-language program: `vision_encoder` or "
+        "`token_embedding` per input, each output handed to `text_decoder`, as executorch's MultimodalRunner "
+        "calls them); *outputs*: compared with the 1.5.1 run. *CPU operators*: "
         "the operators the program runs outside the delegate (the language model's KV-cache row writes: "
         "one in-place `aten::index_put_` per cache buffer, no `aten::copy_` of a cache).",
     ]
@@ -332,6 +362,11 @@ def test_programs_run_in_the_runtimes_apps_ship(tmp_path):
     # the decode steps ran (each gives its own logits), they did not repeat one result
     llm = outputs("llm_kv_cache", base["llm_kv_cache"])
     assert not torch.equal(llm[0][0], llm[1][0])
+    # the image's 16 embeddings, and the decode steps' own logits
+    vlm = [o[0] for o in outputs("vlm_multimodal", base["vlm_multimodal"])]
+    methods = [s["method"] for s in torch.load(tmp_path / "vlm_multimodal.inputs.pt")]
+    assert [tuple(vlm[i].shape) for i, m in enumerate(methods) if m == "vision_encoder"] == [(1, 16, 64)]
+    assert vlm[-1].shape == vlm[-3].shape and not torch.equal(vlm[-1], vlm[-3])
     asr = outputs("whisper_asr", base["whisper_asr"])
     assert asr[0][0].dim() == 3 and asr[1][0].shape == asr[2][0].shape and not torch.equal(asr[1][0], asr[2][0])
     # the chunked program: every step's logits of the token after its last row; past the cache refused

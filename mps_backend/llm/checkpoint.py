@@ -31,7 +31,19 @@ from mps_backend.pages import PageReleaser, ScratchFile, map_copy_on_write, mapp
 from mps_backend.passes import FP16_MAX, largest_magnitude
 
 #: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
-TESTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text", "whisper")
+TESTED_MODEL_TYPES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "phi3",
+    "gemma2",
+    "gemma3_text",
+    "whisper",
+    "gemma3",
+    "llava",
+    "smolvlm",
+)
 #: encoder-decoder model types exported (to executorch's ASR runner: mps_backend.llm.whisper)
 ENCODER_DECODER_TYPES = ("whisper",)
 
@@ -462,10 +474,19 @@ def load_hf(
     weight_bytes = _hf_weight_bytes(folder)
     from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
         MODEL_FOR_CAUSAL_LM_MAPPING,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
         MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
     )
 
-    mapping = MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING if model_type in ENCODER_DECODER_TYPES else MODEL_FOR_CAUSAL_LM_MAPPING
+    from mps_backend.llm.vision import VISION_LANGUAGE_TYPES  # noqa: PLC0415
+
+    mapping = (
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING
+        if model_type in ENCODER_DECODER_TYPES
+        else MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+        if model_type in VISION_LANGUAGE_TYPES
+        else MODEL_FOR_CAUSAL_LM_MAPPING
+    )
     if type(config) not in mapping:
         raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
     model_class = mapping[type(config)]
@@ -516,6 +537,15 @@ def refuse_unsupported_kind(folder: pathlib.Path, config: dict) -> None:
         from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES  # noqa: PLC0415
 
         raise CheckpointError(encoder_decoder_refusal(folder, model_type, model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES))
+    from mps_backend.llm.vision import VISION_LANGUAGE_TYPES  # noqa: PLC0415
+
+    if isinstance(config.get("vision_config"), dict) and model_type not in VISION_LANGUAGE_TYPES and "audio_config" not in config:
+        raise CheckpointError(
+            f"{folder}: model type {model_type!r} is a vision-language model; mps-backend exports only "
+            f"{', '.join(VISION_LANGUAGE_TYPES)} among those. Missing: its vision_encoder, token_embedding and text_decoder "
+            "methods for executorch's MultimodalRunner (mps_backend.llm.vision builds them for a vision tower whose "
+            "output replaces one run of image tokens at a fixed resolution)"
+        )
     if isinstance(config.get("audio_config"), dict) and model_type not in ENCODER_DECODER_TYPES:
         raise CheckpointError(
             f"{folder}: model type {model_type!r} is an audio-language model (an audio encoder feeding a language "

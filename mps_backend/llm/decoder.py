@@ -157,6 +157,9 @@ class StaticCache:
 class HFDecoder(torch.nn.Module):
     """One decode step of a transformers causal LM over a static KV cache (see the module doc)."""
 
+    #: the model's keyword for what ``forward`` is given (a vision-language text decoder: ``inputs_embeds``)
+    input_key = "input_ids"
+
     def __init__(self, model: torch.nn.Module, max_seq_len: int, chunk: int = 1):
         super().__init__()
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -235,16 +238,20 @@ class HFDecoder(torch.nn.Module):
             return None
         return (args[0].index_select(1, self._row), *args[1:])
 
-    def _chunk_masks(self, input_pos: torch.Tensor):
+    def _chunk_rows_visible(self, i: torch.Tensor, j: torch.Tensor, n) -> torch.Tensor:
+        """Which of the chunk's own rows ``j`` query row ``i`` sees (``n``: the rows given): causal, ``j <= i``."""
+        return j <= i
+
+    def _chunk_masks(self, input_pos: torch.Tensor, n=None):
         """Additive masks ``[1, 1, C, S + C]`` of a chunk: query row ``i`` (position ``input_pos + i``) sees
-        the old cache's positions ``< input_pos`` and the chunk's rows ``j <= i``; a sliding layer of width
-        ``w`` only those less than ``w`` positions back. Padding rows come after the prompt's rows, so no
-        prompt row sees one."""
+        the old cache's positions ``< input_pos`` and the chunk's rows ``j <= i`` (:meth:`_chunk_rows_visible`);
+        a sliding layer of width ``w`` only those less than ``w`` positions back. Padding rows come after the
+        prompt's ``n`` rows, so no prompt row sees one."""
         c, s = self.chunk, self.max_seq_len
         i = torch.arange(c, dtype=input_pos.dtype).view(c, 1)
         j = torch.arange(c, dtype=input_pos.dtype).view(1, c)
         k = torch.arange(s, dtype=input_pos.dtype).view(1, s)
-        old, new = (k < input_pos).expand(c, s), j <= i
+        old, new = (k < input_pos).expand(c, s), self._chunk_rows_visible(i, j, n)
         full = additive_mask(torch.cat([old, new], dim=1), self.mask_dtype, c)
         sliding = None
         if self.window is not None:
@@ -265,12 +272,12 @@ class HFDecoder(torch.nn.Module):
         cache = StaticCache(self, input_pos)
         if self.chunk > 1:
             n, positions, last, tokens, rows = chunk_inputs(tokens, input_pos, self.positions, self.chunk)
-            masks, position_ids, self._row = self._chunk_masks(input_pos), rows.view(1, -1), last - input_pos
+            masks, position_ids, self._row = self._chunk_masks(input_pos, n), rows.view(1, -1), last - input_pos
         else:
             n, positions, masks, position_ids = None, None, self._masks(input_pos), input_pos.view(1, -1)
         try:
             out = self.model(
-                input_ids=tokens, attention_mask=masks, position_ids=position_ids, past_key_values=cache, use_cache=True
+                **{self.input_key: tokens}, attention_mask=masks, position_ids=position_ids, past_key_values=cache, use_cache=True
             )
         finally:
             self._row = None
@@ -321,16 +328,16 @@ class ExecutorchLlamaDecoder(torch.nn.Module):
 
 
 def chunk_inputs(tokens: torch.Tensor, input_pos: torch.Tensor, positions_table: torch.Tensor, chunk: int):
-    """The CPU side of a chunk (``tokens [1, n]``, ``1 <= n <= chunk``): ``(n, positions [n], last [1],
-    padded tokens [1, chunk], rows [chunk])``. ``positions`` are the prompt rows' (where their keys and
-    values are written); ``last`` the last one, gathered from ``positions_table`` (``0 .. S-1``) by
-    executorch's portable ``index_select``, which refuses an index past the cache: a clean error before
-    the delegate runs. ``rows`` are the chunk's positions clamped to the cache (padding rows read a
-    valid RoPE row; nothing of theirs is kept)."""
+    """The CPU side of a chunk (``tokens [1, n]``, ``1 <= n <= chunk``; or embeddings ``[1, n, D]``):
+    ``(n, positions [n], last [1], padded tokens [1, chunk] (embeddings [1, chunk, D]), rows [chunk])``.
+    ``positions`` are the prompt rows' (where their keys and values are written); ``last`` the last one,
+    gathered from ``positions_table`` (``0 .. S-1``) by executorch's portable ``index_select``, which
+    refuses an index past the cache: a clean error before the delegate runs. ``rows`` are the chunk's
+    positions clamped to the cache (padding rows read a valid RoPE row; nothing of theirs is kept)."""
     n = tokens.shape[1]
     positions = input_pos + torch.arange(n, dtype=input_pos.dtype)
     last = torch.index_select(positions_table, 0, positions)[-1:]
-    padded = torch.nn.functional.pad(tokens, (0, chunk - n))
+    padded = torch.nn.functional.pad(tokens, (0, 0) * (tokens.dim() - 2) + (0, chunk - n))
     rows = (input_pos + torch.arange(chunk, dtype=input_pos.dtype)).clamp(max=positions_table.shape[0] - 1)
     return n, positions, last, padded, rows
 

@@ -35,6 +35,7 @@ from mps_backend.llm.decoder import (
 )
 from mps_backend.llm.routers import sort_unsorted_topk
 from mps_backend.llm.spec import parse_model_spec
+from mps_backend.llm.vision import is_vision_language
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.runtime_kernels import DEFAULT_TARGET
@@ -98,7 +99,10 @@ class LLMExportResult:
             + (", int8 embedding (a scale per row)" if self.quantize_embedding else "")
             + ")",
             (
-                f"max_seq_len      {self.max_seq_len} (static shapes: {self.signature})"
+                f"max_seq_len      {self.max_seq_len} (KV cache; {self.signature}; the device computes "
+                f"{self.prefill_chunk} rows per text_decoder call)"
+                if is_vision_language(self.model_type)
+                else f"max_seq_len      {self.max_seq_len} (static shapes: {self.signature})"
                 if self.prefill_chunk == 1
                 else f"max_seq_len      {self.max_seq_len} (KV cache; forward tokens [1, n], 1 <= n <= "
                 f"{self.prefill_chunk}, input_pos [1]: the device computes {self.prefill_chunk} rows per call)"
@@ -182,6 +186,10 @@ def program_methods(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> list[tupl
         from mps_backend.llm.whisper import whisper_methods  # noqa: PLC0415
 
         return whisper_methods(lm.model, max_seq_len)
+    if is_vision_language(lm.model_type):  # chunk: the rows of one text_decoder call
+        from mps_backend.llm.vision import vision_methods  # noqa: PLC0415
+
+        return vision_methods(lm.model, max_seq_len, chunk)
     return [("forward", lambda: (decoder_for(lm, max_seq_len, chunk), example_inputs(chunk=chunk), dynamic_shapes(chunk)))]
 
 
@@ -203,6 +211,10 @@ def metadata(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> dict[str, Any]:
         from mps_backend.llm.whisper import whisper_metadata  # noqa: PLC0415
 
         return whisper_metadata(lm, max_seq_len)
+    if is_vision_language(lm.model_type):
+        from mps_backend.llm.vision import vision_metadata  # noqa: PLC0415
+
+        return vision_metadata(lm, max_seq_len, chunk)
     meta: dict[str, Any] = {
         "get_max_seq_len": chunk if chunk > 1 else max_seq_len,
         "get_max_context_len": max_seq_len,
@@ -372,10 +384,16 @@ def export_llm(
         seq_len, note = resolve_max_seq_len(lm, max_seq_len)
         guards.check_verify_steps(verify_steps, seq_len)  # before anything is written
         if lm.kind == "hf":
-            kv, k_cols, v_cols = cache_layout(lm.model, lm.model.config)
+            cfg = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") else lm.model.config
+            kv, k_cols, v_cols = cache_layout(lm.model, cfg)
             check_kv_cache_size(lm.n_layers, kv, (k_cols + v_cols) / 2, seq_len, lm.dtype)
         if note:
             notes.append(note)
+        vision = is_vision_language(lm.model_type)
+        if vision and (quantize or quantize_embedding):
+            raise CheckpointError(
+                f"--quantize: not done for vision-language models ({lm.model_type}): export them in fp16 or fp32"
+            )
         if quantize:
             from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size  # noqa: PLC0415
 
@@ -388,10 +406,15 @@ def export_llm(
 
             with prog.stage("quantize embedding int8"):
                 quantize_embeddings(lm.model)
-        try:
-            chunk = check_chunk(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, seq_len)
-        except ValueError as e:
-            raise CheckpointError(f"--prefill-chunk: {e}") from None
+        if vision:  # the rows of one text_decoder call: at least an image's embeddings
+            from mps_backend.llm.vision import check_rows  # noqa: PLC0415
+
+            chunk = check_rows(lm.model, prefill_chunk, seq_len)
+        else:
+            try:
+                chunk = check_chunk(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, seq_len)
+            except ValueError as e:
+                raise CheckpointError(f"--prefill-chunk: {e}") from None
         if chunk > 1 and lm.model_type == "whisper":
             raise CheckpointError("--prefill-chunk: Whisper's text_decoder reads one token a call (the ASR runner's contract)")
         methods = program_methods(lm, seq_len, chunk)
@@ -399,7 +422,7 @@ def export_llm(
         model_type, weight_bytes = lm.model_type, lm.weight_bytes
         del lm  # the methods hold the model; nothing else may keep the weights alive past lowering
         # a chunk's padding, positions and row slices have the prompt's length: on CPU by design
-        partitioner = MPSPartitioner(use_fp16=dtype == "fp16", dynamic_ok=chunk > 1)
+        partitioner = MPSPartitioner(use_fp16=dtype == "fp16", dynamic_ok=chunk > 1 or vision)
         with torch.no_grad():
             eps = {}
             with prog.stage("torch.export"):
@@ -469,6 +492,10 @@ def export_llm(
         from mps_backend.llm.whisper import WHISPER_SIGNATURE  # noqa: PLC0415
 
         result.signature = WHISPER_SIGNATURE
+    if is_vision_language(model_type):
+        from mps_backend.llm.vision import VISION_SIGNATURE  # noqa: PLC0415
+
+        result.signature = VISION_SIGNATURE
     if verify_steps:
         from mps_backend.llm.verify import verify_export  # noqa: PLC0415
 
@@ -494,6 +521,10 @@ def export_llm(
                     from mps_backend.llm.whisper import verify_whisper  # noqa: PLC0415
 
                     result.verification = verify_whisper(result, model, steps=verify_steps, group_size=group_size, pte=written)
+                elif is_vision_language(model_type):
+                    from mps_backend.llm.vision import verify_vision  # noqa: PLC0415
+
+                    result.verification = verify_vision(result, model, steps=verify_steps, pte=written)
                 else:
                     result.verification = verify_export(
                         result,

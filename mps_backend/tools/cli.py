@@ -108,6 +108,8 @@ def cmd_generate(args) -> int:
     if not pte.is_file():
         print(f"error: {pte}: no such file", file=sys.stderr)
         return 2
+    if args.image is not None:
+        return _generate_image(args, pte)
     try:
         tok = Tokenizer(args.tokenizer)
         # --chat: the prompt as a user message in the model's chat template; only the answer is printed
@@ -134,6 +136,27 @@ def cmd_generate(args) -> int:
         return 2
     print()
     _say(str(stats))
+    return 0
+
+
+def _generate_image(args, pte: pathlib.Path) -> int:
+    """``generate --image``: a vision-language program's MultimodalRunner loop on the processor's inputs."""
+    from mps_backend.llm.multimodal import generate_image  # noqa: PLC0415
+
+    if not pathlib.Path(args.image).is_file():
+        print(f"error: {args.image}: no such image file", file=sys.stderr)
+        return 2
+    if args.bos:
+        print("error: --bos applies to text prompts (the processor makes a vision-language prompt's tokens)", file=sys.stderr)
+        return 2
+    try:
+        result = generate_image(pte, args.tokenizer, args.image, args.prompt, args.max_new_tokens, runner=args.runner)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(result.text)
+    if args.runner == "python":
+        _say(result.stats())
     return 0
 
 
@@ -665,11 +688,16 @@ def main(argv: list[str] | None = None) -> int:
         "tokenizer's folder; instruct models expect it) and print only the answer",
     )
     p.add_argument(
+        "--image",
+        metavar="FILE",
+        help="an image for a vision-language .pte (--tokenizer: the checkpoint folder, whose processor makes the inputs)",
+    )
+    p.add_argument(
         "--runner",
         choices=("python", "executorch"),
         default="python",
         help="python: the runner's loop over the emulated runtime (streams tokens, prints tokens/s); "
-        "executorch: executorch's C++ TextLLMRunner binding",
+        "executorch: executorch's C++ TextLLMRunner binding (MultimodalRunner with --image)",
     )
     p.set_defaults(fn=cmd_generate)
     p = sub.add_parser(
