@@ -531,7 +531,7 @@ def mutate(rng: random.Random, folder: Path) -> list[str]:
 # ---------------------------------------------------------------- the worker
 
 
-class _Loaded(Exception):
+class _Loaded(BaseException):  # not an Exception: the export turns those into one-line refusals
     """Raised in place of the export's first step after loading: the case loaded and passed its checks."""
 
 

@@ -225,6 +225,7 @@ def expansion(lowered_modules, use_fp16: bool) -> dict[str, tuple[int, int]]:
     from mps_backend.backend import build_graph  # noqa: PLC0415
     from mps_backend.partitioner import _target_name  # noqa: PLC0415
     from mps_backend.passes._graph import REPLACES  # noqa: PLC0415
+    from mps_backend.precision import PRECISION_INSERTED  # noqa: PLC0415
 
     edge: collections.Counter = collections.Counter()
     mps: collections.Counter = collections.Counter()
@@ -237,6 +238,9 @@ def expansion(lowered_modules, use_fp16: bool) -> dict[str, tuple[int, int]]:
             origin = origin[0] if isinstance(origin, tuple) else origin
             if origin is None or origin.op != "call_function":
                 mps["boundary casts"] += 1
+                continue
+            if origin.meta.get(PRECISION_INSERTED):  # a cast or power-of-two scaling of the precision policy
+                mps["precision casts"] += 1
                 continue
             # a node a lowering pass put in an fx node's place counts for that node
             mps[_target_name(by_name.get(origin.meta.get(REPLACES, origin.name), origin).target)] += 1
@@ -262,6 +266,9 @@ class ZooResult:
     total: int = 0  # operator nodes of the edge program
     mps_nodes: int = 0  # MPSNodes in the blobs
     casts: int = 0  # of which fp16 boundary casts (one per float32 input/output of a delegate)
+    #: of which the precision policy's casts and power-of-two scalings (fp16; counted when MPS nodes exceed
+    #: the edge nodes plus the boundary casts)
+    precision_casts: int = 0
     on_cpu: list[tuple[str, str, str]] = field(default_factory=list)  # (node, target, reason)
     pte_bytes: int = 0
     weight_bytes: int = 0
@@ -320,10 +327,11 @@ class ZooResult:
         entry = ZOO.get(self.spec)
         if self.fused_ratio > FUSED_BOUND and not (entry and entry.cost_note):
             out.append(f"fused bytes per execution {self.fused_ratio:.2f}x the floor > {FUSED_BOUND} with no reason named")
-        if self.mps_nodes > self.delegated + self.casts:
+        if self.mps_nodes > self.delegated + self.casts + self.precision_casts:
             out.append(
                 f"{self.mps_nodes} MPS nodes > {self.delegated} edge nodes in the partition"
                 + (f" + {self.casts} fp16 boundary casts" if self.casts else "")
+                + (f" + {self.precision_casts} precision casts" if self.precision_casts else "")
             )
         return out
 
@@ -372,7 +380,10 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     res.constant_bytes = sum(Header.from_bytes(m.processed_bytes[:24]).segment_size for m in lowered)
     res.mps_nodes = sum(MPSGraph.GetRootAs(m.processed_bytes, 24).MpsNodesLength() for m in lowered)
     if res.mps_nodes > res.delegated + res.casts:  # where the extra MPS nodes come from
-        res.expansion = {t: c for t, c in expansion(lowered, use_fp16).items() if c[1] > c[0]}
+        grown = expansion(lowered, use_fp16)
+        res.precision_casts = grown.get("precision casts", (0, 0))[1]
+        if res.mps_nodes > res.delegated + res.casts + res.precision_casts:
+            res.expansion = {t: c for t, c in grown.items() if c[1] > c[0] and t != "precision casts"}
     del edge, lowered
     if run:
         res.max_abs, res.scale = compare(pte, model, inputs)

@@ -35,6 +35,9 @@ import torch
 
 #: fx node meta key: the device dtype of a node's float results (set by the precision pass)
 DEVICE_DTYPE = "mps_dtype"
+#: fx node meta key: True on the casts and power-of-two scalings the precision pass inserts (the zoo's
+#: node count counts them beside the boundary casts: harness/zoo.py)
+PRECISION_INSERTED = "mps_precision_inserted"
 
 
 @dataclass(frozen=True)

@@ -694,6 +694,9 @@ def test_sigint_is_one_line_and_leaves_nothing(tiny, tmp_path):
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
+        # an xdist worker ignores SIGINT and a child inherits that (Python then installs no handler): a
+        # terminal's process gets SIGINT's default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stderr is not None
     seen = []

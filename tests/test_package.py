@@ -257,7 +257,8 @@ NOT_OURS = set(
     constant_buffer_size segment_offset input_ids input3_id padding_idx graph_type metal_kernel alpha step
     faithful aten hf llama execute upstream_pte_dir export inspect run generate debug ops zoo preserve Tensor
     MPSMin MPSMax MPSAtan2 ne floor ceil hardtanh permute adaptive_max_pool2d not(eq)
-    torch.topk torch.sort as_strided_copy median.dim
+    torch.topk torch.sort as_strided_copy median.dim MPSCast down_proj linalg_vector_norm native_group_norm
+    native_layer_norm var_mean nn.TransformerEncoder
     """.split()
 )
 

@@ -49,7 +49,7 @@ def test_a_lowering_with_a_bad_field_fails_at_its_call(case, relu_program, monke
     lowerings = [dataclasses.replace(relu, lower=broken_relu) if low is relu else low for low in unique]
     monkeypatch.setattr(backend, "default_registry", lambda: reg.Registry(lowerings))
     with pytest.raises(LoweringBug) as err:
-        build_graph(relu_program, use_fp16=False)
+        build_graph(relu_program, precision=False)
     message = str(err.value)
     assert "aten_relu_default" in message, message
     for word in words:

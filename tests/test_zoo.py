@@ -94,9 +94,11 @@ def assert_target(r: zoo.ZooResult, criterion: str, expected_cpu: tuple[str, ...
         entry = zoo.ZOO.get(r.spec)
         assert r.fused_ratio <= zoo.FUSED_BOUND or (entry and entry.cost_note), f"fused {r.fused_ratio:.2f}x the floor"
     elif criterion == "nodes":
-        # no bloat: at most one MPS node per edge node of the partition, plus fp16's boundary casts
-        assert r.mps_nodes <= r.delegated + r.casts, (
-            f"{r.mps_nodes} MPS nodes for {r.delegated} edge nodes + {r.casts} casts: {r.expansion}"
+        # no bloat: at most one MPS node per edge node of the partition, plus fp16's boundary casts and the
+        # precision policy's casts and scalings
+        assert r.mps_nodes <= r.delegated + r.casts + r.precision_casts, (
+            f"{r.mps_nodes} MPS nodes for {r.delegated} edge nodes + {r.casts} casts + {r.precision_casts} precision "
+            f"casts: {r.expansion}"
         )
 
 

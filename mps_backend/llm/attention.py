@@ -26,6 +26,8 @@ import inspect
 
 import torch
 
+from mps_backend.errors import MPSBackendError
+
 #: the AttentionInterface name of :func:`grouped_attention` (K cache transposed: ``[1, KV, d, S]``)
 ATTENTION = "mps_backend_grouped_kt"
 #: the attribute of an old-cache alias holding the step's new rows ``(k_t [B, KV, d, T], v [B, KV, T, d])``
@@ -204,9 +206,9 @@ def use_grouped_attention(model: torch.nn.Module) -> bool:
     return model.config._attn_implementation == ATTENTION
 
 
-class NotCosSin(ValueError):
+class NotCosSin(MPSBackendError, ValueError):
     """A rotary embedding that does not return float32 ``(cos, sin)`` rows per position (DeepSeek V2's
-    complex ``freqs_cis``): it is left as the model computes it."""
+    complex ``freqs_cis``): it is left as the model computes it (caught inside :func:`tabulate_rope`)."""
 
 
 def cos_sin(out, rotary: torch.nn.Module, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:

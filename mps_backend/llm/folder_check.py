@@ -84,7 +84,7 @@ MAX_HEADER_BYTES = 100 << 20  # a safetensors JSON header
 MAX_JSON_BYTES = {"config.json": 16 << 20, "tokenizer.json": 512 << 20}
 DEFAULT_MAX_JSON_BYTES = 64 << 20
 #: safetensors dtypes of the weights the export reads (the rest of DTYPE_BYTES are refused as weights)
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+SAFETENSORS_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 DTYPE_BYTES = {
     "F64": 8,
     "F32": 4,
@@ -339,9 +339,9 @@ def check_safetensors(path: pathlib.Path, real: pathlib.Path, sizes: dict[str, i
         itemsize = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None  # a list is not even hashable
         if itemsize is None:
             raise FolderError(f"{at}: unknown dtype {str(info.get('dtype'))[:40]!r} (known: {', '.join(DTYPE_BYTES)})")
-        if dtype not in FLOAT_DTYPES:
+        if dtype not in SAFETENSORS_FLOAT_DTYPES:
             raise FolderError(
-                f"{at}: dtype {dtype} is not floating point ({', '.join(FLOAT_DTYPES)}): a language model's weights "
+                f"{at}: dtype {dtype} is not floating point ({', '.join(SAFETENSORS_FLOAT_DTYPES)}): a language model's weights "
                 "are float (quantized checkpoints are not exported; --quantize int4|int8 quantizes float weights)"
             )
         shape, offsets = info.get("shape"), info.get("data_offsets")

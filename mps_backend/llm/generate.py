@@ -122,7 +122,7 @@ class Tokenizer:
             import transformers  # noqa: PLC0415
 
             try:
-                tok = transformers.AutoTokenizer.from_pretrained(self.path.parent, local_files_only=True)
+                tok = transformers.AutoTokenizer.from_pretrained(self.path.parent, local_files_only=True, trust_remote_code=False)
             except Exception as e:  # noqa: BLE001 - whatever transformers refuses the folder with
                 raise ValueError(f"{self.path.parent}: no chat template readable ({type(e).__name__}: {str(e)[:160]})") from None
             self._transformers = tok

@@ -84,7 +84,9 @@ def load_config(path: pathlib.Path) -> Any:
     except ImportError as e:
         raise CheckpointError(_NEEDS) from e
     try:
-        return transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        return transformers.AutoConfig.from_pretrained(
+            path.parent, gguf_file=path.name, local_files_only=True, trust_remote_code=False
+        )
     except Exception as e:  # noqa: BLE001 - whatever transformers refuses the metadata with
         detail = " ".join(line.strip() for line in str(e).splitlines() if line.strip())[:300]
         raise CheckpointError(f"{path}: transformers could not read its GGUF metadata: {type(e).__name__}: {detail}") from None
@@ -99,7 +101,9 @@ def load_tokenizer(path: str | pathlib.Path) -> Any:
     except ImportError as e:
         raise CheckpointError(_NEEDS) from e
     try:
-        return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        return transformers.AutoTokenizer.from_pretrained(
+            path.parent, gguf_file=path.name, local_files_only=True, trust_remote_code=False
+        )
     except Exception as e:  # noqa: BLE001
         detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ValueError(f"{path}: transformers could not read its GGUF tokenizer: {type(e).__name__}: {detail}") from None

@@ -97,7 +97,7 @@ def load_processor(folder: str | pathlib.Path):
     if not p.is_dir():
         raise ValueError(f"{folder}: not a checkpoint folder (its processor: preprocessor_config.json and tokenizer files)")
     try:
-        return AutoProcessor.from_pretrained(p, local_files_only=True)
+        return AutoProcessor.from_pretrained(p, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - transformers' refusals of the folder as one line
         raise ValueError(f"{folder}: transformers cannot load its processor: {str(e).splitlines()[0][:200]}") from None
 

@@ -286,7 +286,7 @@ def eager_reference(folder, batch, generated: list[int]) -> torch.Tensor:
     import transformers  # noqa: PLC0415
 
     model = transformers.AutoModelForImageTextToText.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager", local_files_only=True
+        folder, dtype=torch.float32, attn_implementation="eager", local_files_only=True, trust_remote_code=False
     ).eval()
     extra = torch.tensor([generated[:-1]], dtype=torch.long)
     inputs = dict(batch)

@@ -47,7 +47,7 @@ from executorch.exir.passes import dim_order_ops_registry  # noqa: F401  (define
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from mps_backend.precision import DEVICE_DTYPE, Precision
+from mps_backend.precision import DEVICE_DTYPE, PRECISION_INSERTED, Precision
 
 from ._graph import constant_tensor, edge_op, target_of
 
@@ -313,6 +313,7 @@ class _Assignment:
             )
         cast.meta = {k: v for k, v in a.meta.items() if k in ("val", "stack_trace", "nn_module_stack")}
         cast.meta[DEVICE_DTYPE] = dtype
+        cast.meta[PRECISION_INSERTED] = True
         self.dtype[cast] = dtype
         self.counts["casts"] += 1
         return cast
@@ -366,7 +367,7 @@ class _Assignment:
                     self._widen_from(a)
                 with self.graph.inserting_before(mm):
                     s = self.graph.call_function(edge_op(mm, aten.mul.Scalar), (a, 2.0**-k))
-                s.meta = {"val": a.meta["val"]}
+                s.meta = {"val": a.meta["val"], PRECISION_INSERTED: True}
                 self.dtype[s] = self.dtype.get(a, self.p.default_dtype(a.meta["val"].dtype))
                 args[i] = s
             mm.args = tuple(args)
@@ -394,7 +395,7 @@ class _Assignment:
                 with self.graph.inserting_after(cast):
                     u = self.graph.call_function(edge_op(mm, aten.mul.Scalar), (cast, 2.0**k))
                 # the matmul's debug handle goes to the product that holds its (unscaled) result
-                u.meta = {"val": cast.meta["val"]}
+                u.meta = {"val": cast.meta["val"], PRECISION_INSERTED: True}
                 if "debug_handle" in mm.meta:
                     u.meta["debug_handle"] = mm.meta["debug_handle"]
                 self.dtype[u] = _f32
