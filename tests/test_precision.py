@@ -77,3 +77,39 @@ def test_export_model_fp16_on_high_norm_tokens(norm_first):
     with unittest.mock.patch.object(zoo_export, "MPSPartitioner", uniform):
         before = export_model(model, [x])
     assert _gap(run_pte(before.pte, [x])[0], ref) > yard[torch.bfloat16]
+
+
+class _HalfResidual(torch.nn.Module):
+    """A float16 model fed float32 (a vision-language text decoder's embeddings): ``x.to(float16)`` starts a
+    residual stream that a transformers-style RMSNorm reads in float32."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(self.lin.weight.dtype)
+        h32 = h.float()
+        normed = (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+        return (h + self.lin(normed)).float()
+
+
+def test_a_float32_input_cast_down_into_the_float32_residual_stays_float32():
+    """The input's cast to float16 is widened into the float32 residual, so the float32 input is read as
+    float32 (not boundary-cast to float16): 1.6e5 (Gemma's scaled outlier embeddings) stays finite.
+    Before: the input was declared float16 on the device and overflowed to inf (NaN after the norm)."""
+    from mps_backend.export import export_model
+    from mps_backend.runtime import run_pte
+
+    x = torch.randn(1, 4, 16)
+    x[0, 1, 3] = 1.6e5
+    model = _HalfResidual().eval()
+    with torch.no_grad():
+        ref = model(x)  # float32 weights: the casts are no-ops
+        result = export_model(model.half(), [x])
+    assert result.report.on_cpu == [], str(result.report)
+    out = run_pte(result.pte, [x])[0]
+    assert torch.isfinite(out).all(), out
+    gap = _gap(out, ref)
+    assert gap < 2e-3, f"gap {gap:.3g}"

@@ -35,10 +35,14 @@ VISION_LANGUAGE_TYPES = ("gemma3", "llava", "smolvlm")
 #: the method names (extension/llm/runner/constants.h:23-26 at v1.0.0)
 VISION_METHOD, EMBEDDING_METHOD, DECODER_METHOD = "vision_encoder", "token_embedding", "text_decoder"
 
+#: the dtype of the embeddings vision_encoder and token_embedding return and text_decoder takes, whatever the
+#: model's: a float16 model's scaled or outlier embeddings may pass 65,504 (they start the residual stream)
+EMBEDDINGS_DTYPE = torch.float32
+
 #: the static signatures, as the export summary states them
 VISION_SIGNATURE = (
-    "vision_encoder pixel_values float32 [1, 3, H, W] -> [1, N, D]; token_embedding tokens [1, T] -> [1, T, D]; "
-    "text_decoder embeddings [1, S, D], input_pos [1] -> logits [1, vocab] (S <= get_max_seq_len)"
+    "vision_encoder pixel_values float32 [1, 3, H, W] -> float32 [1, N, D]; token_embedding tokens [1, T] -> float32 "
+    "[1, T, D]; text_decoder float32 embeddings [1, S, D], input_pos [1] -> logits [1, vocab] (S <= get_max_seq_len)"
 )
 
 
@@ -69,7 +73,7 @@ def _full_image_position_ids(embeddings: torch.nn.Module, h: int, w: int) -> tor
 
 class VisionEncoderStep(torch.nn.Module):
     """``vision_encoder``: pixel_values float32 ``[1, 3, H, W]`` (the processor's, normalized) ->
-    the embeddings replacing the image's N tokens ``[1, N, D]``, in the model's dtype."""
+    the embeddings replacing the image's N tokens ``[1, N, D]``, float32 (:data:`EMBEDDINGS_DTYPE`)."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
@@ -90,7 +94,7 @@ class VisionEncoderStep(torch.nn.Module):
             emb = vision.embeddings
             x = emb.patch_embedding(pixel_values).flatten(2).transpose(1, 2) + emb.position_embedding(self.position_ids)
             h = vision.post_layernorm(vision.encoder(inputs_embeds=x, attention_mask=None).last_hidden_state)
-            return inner.connector(h)
+            return inner.connector(h).float()
         cfg = self.model.config
         kwargs = {}
         if self.model_type == "llava":
@@ -102,18 +106,24 @@ class VisionEncoderStep(torch.nn.Module):
         features = getattr(out, "pooler_output", out)
         if isinstance(features, (list, tuple)):
             features = torch.stack(list(features))
-        return features.reshape(1, -1, features.shape[-1])
+        return features.reshape(1, -1, features.shape[-1]).float()
 
 
 class TokenEmbeddingStep(torch.nn.Module):
-    """``token_embedding``: tokens int64 ``[1, T]`` -> the text model's input embeddings ``[1, T, D]``."""
+    """``token_embedding``: tokens int64 ``[1, T]`` -> the text model's input embeddings ``[1, T, D]``,
+    float32 (:data:`EMBEDDINGS_DTYPE`): the rows gathered in the table's dtype, then upcast, and a scaled
+    embedding's scale (Gemma's ``sqrt(hidden)``) applied in float32: a float16 row times 50 passes 65,504
+    for a trained model's outlier channels, and the text decoder's residual stream is float32 anyway."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.embed = model.get_input_embeddings()
+        scale = getattr(self.embed, "embed_scale", None)
+        self.scale = None if scale is None else float(scale)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed(tokens)
+        rows = torch.nn.functional.embedding(tokens, self.embed.weight, self.embed.padding_idx).float()
+        return rows if self.scale is None else rows * self.scale
 
 
 class _Logits:
@@ -147,8 +157,10 @@ class _LanguageModel(torch.nn.Module):
         self.language_model.set_attn_implementation(name)
 
     def forward(self, *, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache):
+        # float32 embeddings (EMBEDDINGS_DTYPE) into the model's dtype: on the device, where the precision
+        # policy keeps the residual stream they start float32 (a float16 program never rounds them)
         out = self.language_model(
-            inputs_embeds=inputs_embeds,
+            inputs_embeds=inputs_embeds.to(self.lm_head.weight.dtype),
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,
@@ -219,7 +231,6 @@ def vision_methods(model: torch.nn.Module, max_seq_len: int, rows: int) -> list:
     ``token_embedding`` first (the model's eager attention), then ``text_decoder`` (which switches the
     language model to grouped attention and its rotary embeddings to tables)."""
     h, w = image_shape(model.config)
-    dtype = next(model.parameters()).dtype
     width = int(model.config.get_text_config().hidden_size)
     pixels = torch.zeros(1, 3, h, w, dtype=torch.float32)
     block = image_tokens(model) if model.config.model_type == "gemma3" else None
@@ -235,7 +246,7 @@ def vision_methods(model: torch.nn.Module, max_seq_len: int, rows: int) -> list:
             DECODER_METHOD,
             lambda: (
                 TextDecoderStep(model, max_seq_len, rows, block).eval(),
-                (torch.zeros(1, 2, width, dtype=dtype), torch.zeros(1, dtype=torch.long)),
+                (torch.zeros(1, 2, width, dtype=EMBEDDINGS_DTYPE), torch.zeros(1, dtype=torch.long)),
                 {"tokens": {1: s}, "input_pos": None},
             ),
         ),

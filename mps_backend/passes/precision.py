@@ -279,11 +279,12 @@ class _Assignment:
                 self.dtype[node] = _f32
 
     def _reads_as(self, user: Node) -> torch.dtype | None:
-        """The dtype ``user`` reads its float operands in (None for a cast: it reads any)."""
+        """The dtype ``user`` reads its float operands in (a cast reads any: None, but float32 when it
+        computes in float32, e.g. a model's ``.to(float16)`` of a float32 input widened into the residual)."""
         if user.op != "call_function":
             return None
         if target_of(user) in CASTS:
-            return None
+            return _f32 if self.dtype.get(user) == _f32 else None
         return self.dtype.get(user)
 
     # ---- 4. casts -------------------------------------------------------------------------------
