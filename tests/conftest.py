@@ -47,6 +47,8 @@ def tokenizer():
 #: test files whose tests share a module-level cache (functools.cache) rather than a fixture -> the test
 #: parameters its key is made of (tests/test_zoo.py: one export per case and precision)
 _SHARED_CACHES = {"test_zoo.py": ("case", "precision")}
+#: xdist groups run first: the real-model tests (test_llm_gguf.py, one worker for ~a third of the suite's time)
+EARLY_GROUPS = ("smollm2",)
 
 
 def _shared(item) -> str | None:
@@ -104,5 +106,8 @@ def pytest_collection_modifyitems(config, items):
             group, key = (None if shared is None else f"{item.path}::{shared}"), pos
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None and mark.args and mark.args[0] in EARLY_GROUPS:
+            key = -1  # the longest group starts first, beside the rest on the other worker
         keyed.append((key, pos, item))
     items[:] = [item for _, _, item in sorted(keyed, key=lambda k: k[:2])]

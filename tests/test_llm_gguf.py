@@ -43,36 +43,39 @@ EXPORTS = {
     "int8": ("fp16", "int8", None),
     "int4": ("fp16", "int4", 32),
 }
-#: one xdist group per export (its tests share it)
-PARAMS = [pytest.param(name, marks=[pytest.mark.xdist_group(f"smollm2-{name}")]) for name in EXPORTS]
+PARAMS = list(EXPORTS)
+#: the whole file is one xdist group, scheduled first (tests/conftest.py, EARLY_GROUPS): its exports, eager
+#: references and yardsticks are session fixtures, each made once on the one worker that runs the file
+#: (per-precision groups with module fixtures made them again whenever the worker ran another file between)
+pytestmark = pytest.mark.xdist_group("smollm2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gguf() -> pathlib.Path:
     return smollm2_gguf()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tok(gguf) -> Tokenizer:
     return Tokenizer(gguf)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def text_ids(tok) -> list[int]:
     ids = tok.encode(readme_prose())
     assert len(ids) >= TEXT_TOKENS, len(ids)
     return ids[:TEXT_TOKENS]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def eager32(gguf):
     return eager_gguf(gguf, torch.float32)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def _exports() -> dict:
-    """The exports made so far in this module on this worker, by name: both tests of a precision share
-    its export (one xdist group each), whatever order pytest runs them in."""
+    """The exports made so far on this worker, by name: both tests of a precision share its export,
+    whatever order pytest runs them in."""
     return {}
 
 
@@ -85,7 +88,7 @@ def exported(request, _exports, gguf, tmp_path_factory):
     return _exports[request.param]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def yardsticks(gguf, text_ids, eager32) -> dict:
     """Eager bfloat16's and eager float16's logits over the text, computed once."""
     return {label: eager_logits(eager_gguf(gguf, dtype), text_ids) for label, dtype in YARDSTICKS}
@@ -109,7 +112,7 @@ def _export(name: str, gguf: pathlib.Path, tmp_path_factory):
     return name, out, status, stdout.getvalue()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def references(gguf, eager32):
     """name -> eager float32, or for a quantized export eager float32 with the same quantized weights
     (each built once, when first asked for)."""

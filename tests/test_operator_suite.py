@@ -45,7 +45,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # made once per worker, even if another file's tests run between its users
 def subset_run() -> run_suite.SuiteRun:
     from harness.suite_flow import WHOLE_PROGRAM_ENV
 
