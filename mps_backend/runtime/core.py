@@ -75,6 +75,10 @@ class KernelContext:
     node_index: int | None = None
     op: str | None = None
     graph: Any = None  # serialization.model.Graph
+    #: float16 values (depending on constants only) that the interpreter keeps widened to float32 across
+    #: runs, by value id (``interpreter.Memo``): filled the first time a kernel widens one
+    widened: dict[int, torch.Tensor] | None = None
+    widen_ids: frozenset[int] = frozenset()
 
     def fail(self, reason: str) -> None:
         raise DeviceError(reason, self.node_index, self.op)
@@ -103,6 +107,17 @@ class KernelContext:
         if t.dim() == 0:
             t = t.reshape(1)  # no rank 0 on device
         self.values[vid] = t
+
+    def get_computed(self, vid: int) -> torch.Tensor:
+        """``compute(get(vid))``: the value widened to float32 when float16, for an operand the
+        interpreter keeps widened (``widen_ids``) taken from, or put into, its cache."""
+        t = self.get(vid)
+        if self.widened is None or vid not in self.widen_ids or t.dtype != torch.float16:
+            return compute(t)
+        wide = self.widened.get(vid)
+        if wide is None:
+            wide = self.widened[vid] = compute(t)
+        return wide
 
     @property
     def faithful(self) -> bool:

@@ -5,7 +5,10 @@
     outputs, report = execute(blob, inputs, return_report=True)
 
 ``Interpreter(blob, mode)`` decodes the blob and loads its constants once (zero-copy views of the
-blob bytes); ``run`` / ``run_with_report`` execute it on one set of inputs. ``report`` has one
+blob bytes); ``run`` / ``run_with_report`` execute it on one set of inputs. What depends on constants
+only (a weight's transpose, dequantization or cast, and float16 weights widened for a matmul) is
+computed on the first run and kept for the next ones when it fits ``$MPS_BACKEND_EMULATOR_MEMO_BYTES``
+(:class:`Memo`): the same kernels on the same values, so the same results, once instead of per call. ``report`` has one
 ``OutputInfo`` per output: its ``reinterpreted`` flag is true where the device writes another dtype
 or element count than the declared output tensor holds (ExecuTorch would see reinterpreted bytes).
 
@@ -17,12 +20,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import numpy as np
 import torch
 
+from mps_backend.config import env_bytes
 from mps_backend.serialization.device_facts import IGNORED_IDS, OUTPUT_FIELDS, node_value_ids
 from mps_backend.serialization.model import Blob, DataType, Node, OpType
 
@@ -195,7 +199,7 @@ class Interpreter:
             device_dtype(t.datatype)  # raises where the runtime aborts
         limit = max_tensor_bytes()
         for vid, t in enumerate(g.values):  # declared sizes first: nothing is allocated for them yet
-            nbytes = math.prod(max(int(d), 0) for d in t.dims) * _ITEMSIZE.get(t.datatype, 8)
+            nbytes = _declared_bytes(t)
             if nbytes > limit:
                 raise DeviceError(
                     f"value {vid} is declared {t.datatype.name}{list(t.dims)}: {nbytes / 2**30:.3g} GiB, "
@@ -206,6 +210,7 @@ class Interpreter:
         self._constants = {vid: load_constant(self.blob, vid, vid in self._packed) for vid in g.constant_ids}
         self._plan = [(i, node, KERNELS.get(node.op)) for i, node in enumerate(g.nodes)]
         self._dead_after = _dead_after(g)
+        self.memo = Memo.plan(g, memo_bytes())
 
     # --------------------------------------------------------------------------------------------
 
@@ -243,8 +248,13 @@ class Interpreter:
         ``observer`` (optional) is told when each node starts and what it produced."""
         values = self._bind_inputs(inputs)
         values.update(self._constants)  # constants are built after the placeholders
+        # an observer (ETDump, the debugger) is told about every node: nothing is skipped for it
+        memo = self.memo if observer is None else None
+        ctx = KernelContext(values=values, mode=self.mode, graph=self.graph)
+        if memo is not None:
+            ctx.widened, ctx.widen_ids = memo.widened, memo.widen
         with torch.no_grad():
-            self._run_nodes(KernelContext(values=values, mode=self.mode, graph=self.graph), observer, release=True)
+            self._run_nodes(ctx, observer, release=True, memo=memo)
         outputs, report = [], []
         for vid in self.graph.output_ids:
             t = values.get(vid)
@@ -255,10 +265,19 @@ class Interpreter:
             report.append(OutputInfo(vid, decl.datatype, tuple(decl.dims), t.dtype, tuple(t.shape)))
         return outputs, report
 
-    def _run_nodes(self, ctx: KernelContext, observer: NodeObserver | None = None, release: bool = False) -> None:
+    def _run_nodes(
+        self, ctx: KernelContext, observer: NodeObserver | None = None, release: bool = False, memo: Memo | None = None
+    ) -> None:
         """Run every node; with ``release``, each value is dropped after the last node that reads it
-        (as MPSGraph frees its intermediates), so a run holds only the live ones."""
+        (as MPSGraph frees its intermediates), so a run holds only the live ones. With ``memo``, the
+        nodes that read constants only run on the first call; later calls bind their kept results."""
+        skip = frozenset()
+        if memo is not None and memo.filled:
+            skip = memo.nodes
+            ctx.values.update(memo.values)
         for i, node, fn in self._plan:
+            if i in skip:
+                continue
             ctx.node_index, ctx.op = i, node.op
             if fn is None:
                 ctx.fail(f"{node.op} has no dispatch case in the runtime (NotImplemented)")
@@ -277,9 +296,13 @@ class Interpreter:
                 raise DeviceError(f"the device model ran out of host memory ({e or 'MemoryError'})", i, node.op) from e
             if observer is not None:
                 observer.end(i, node, [ctx.values[v] for v in node_outputs(node) if v in ctx.values])
+            if memo is not None and not memo.filled:
+                memo.values.update((v, ctx.values[v]) for v in memo.keep_after.get(i, ()) if v in ctx.values)
             if release:
                 for vid in self._dead_after[i]:
                     ctx.values.pop(vid, None)
+        if memo is not None:
+            memo.filled = True
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return self.run_with_report(inputs)[0]
@@ -293,6 +316,88 @@ class Interpreter:
             self._run_nodes(KernelContext(values=values, mode=self.mode, graph=self.graph))
         values.update({vid: load_constant(self.blob, vid) for vid in self._packed})
         return values
+
+
+#: bytes an interpreter may keep of what depends on constants only (:class:`Memo`); the default holds a
+#: 135M-parameter model's float16 weights widened to float32 with room to spare, and nothing of a 1B one
+DEFAULT_MEMO_BYTES = 1 << 30
+
+
+def memo_bytes() -> int:
+    return env_bytes("MPS_BACKEND_EMULATOR_MEMO_BYTES", DEFAULT_MEMO_BYTES)
+
+
+#: (op, operand field) of the matmuls, whose float16 operands the kernels widen to float32
+_MATMUL_OPERANDS = frozenset(
+    {("MPSMatMul", "input1_id"), ("MPSMatMul", "input2_id"), ("MPSAddmm", "input2_id"), ("MPSAddmm", "input3_id")}
+)
+
+
+@dataclass
+class Memo:
+    """What one interpreter keeps across runs of values that depend on constants only.
+
+    ``nodes``: the nodes every input of which is a constant or such a node's result (a weight's
+    MPSPermute, its dequantization, a cast): the same kernel on the same values gives the same result
+    each run, so they run once. ``keep``: their results that another node reads (or the graph
+    outputs), bound on later runs in their place; ``keep_after`` says which node defines each.
+    ``widen``: float16 values of that kind (constants included) that a matmul reads, kept widened to
+    float32 (``widened``; the kernels widen float16 operands exactly, so the same numbers). The plan
+    is made from the declared shapes before anything runs: ``keep`` when its bytes fit the budget,
+    then ``widen`` when the rest fits too; a model beyond it runs as before, nothing kept."""
+
+    nodes: frozenset[int]
+    keep_after: dict[int, tuple[int, ...]]
+    widen: frozenset[int]
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+    widened: dict[int, torch.Tensor] = field(default_factory=dict)
+    filled: bool = False
+
+    @classmethod
+    def plan(cls, graph, budget: int) -> Memo | None:
+        static = set(graph.constant_ids) - set(graph.input_ids)
+        # a value defined twice, or a constant or input a node writes over: not memoized (a kept result
+        # bound at the start of a run would shadow what the first part of the run reads)
+        defined: dict[int, int] = {}
+        for node in graph.nodes:
+            for vid in node_outputs(node):
+                defined[vid] = defined.get(vid, 0) + 1
+        redefined = {v for v, n in defined.items() if n > 1} | set(graph.constant_ids) | set(graph.input_ids)
+        nodes: list[int] = []
+        reads_of: list[list[tuple[str, int]]] = []
+        for i, node in enumerate(graph.nodes):
+            reads = [
+                (name, vid)
+                for name, value in node.fields.items()
+                if (node.op, name) not in IGNORED_IDS
+                for vid in node_value_ids({name: value}, outputs=False)
+                if vid >= 0
+            ]
+            reads_of.append(reads)
+            outs = node_outputs(node)
+            if all(vid in static for _, vid in reads) and not redefined.intersection(outs):
+                nodes.append(i)
+                static.update(outs)
+        node_set = frozenset(nodes)
+        needed = set(graph.output_ids)
+        widen: set[int] = set()
+        for i, node in enumerate(graph.nodes):
+            for name, vid in reads_of[i]:
+                if vid in static and (node.op, name) in _MATMUL_OPERANDS and graph.values[vid].datatype == DataType.float16:
+                    widen.add(vid)
+                if i not in node_set:
+                    needed.add(vid)
+        keep_after = {i: tuple(v for v in node_outputs(graph.nodes[i]) if v in needed) for i in nodes}
+        keep_after = {i: vs for i, vs in keep_after.items() if vs}
+        keep_bytes = sum(_declared_bytes(graph.values[v]) for vs in keep_after.values() for v in vs)
+        if keep_bytes > budget:
+            return None
+        widen_bytes = sum(2 * _declared_bytes(graph.values[v]) for v in widen)
+        return cls(node_set, keep_after, frozenset(widen) if keep_bytes + widen_bytes <= budget else frozenset())
+
+
+def _declared_bytes(t) -> int:
+    return math.prod(max(int(d), 0) for d in t.dims) * _ITEMSIZE.get(t.datatype, 8)
 
 
 def _dequantized_only(graph) -> set[int]:
@@ -356,4 +461,4 @@ def execute(
     return (outputs, report) if return_report else outputs
 
 
-__all__ = ["DECLARED_DTYPE", "MODES", "Interpreter", "OutputInfo", "execute", "load_constant", "unpack_int4"]
+__all__ = ["DECLARED_DTYPE", "MODES", "Interpreter", "Memo", "OutputInfo", "execute", "load_constant", "unpack_int4"]
