@@ -8,7 +8,8 @@ vision tests' tokenizer standing in, only the config's ``vocab_size`` matters) i
 model alone (``LlamaForCausalLM``, the static one-row decode step) beside it. ``mps-backend cost`` then
 counts what one ``text_decoder`` call of a decode step moves and computes (the device computes
 ``get_max_seq_len`` = 64 rows for the one token), one ``vision_encoder`` call (one image), and the
-one-row step of the text-only program, with the roofline's decode tokens/s on an M2 and an M4 Max. A
+one-row step of the text-only program, with the roofline's decode tokens/s on an M2 and an M4 Max; then
+the same VLM with ``--quantize int4`` (the text decoder's weights int4, the vision encoder in float16). A
 model with listed assumptions (docs/device-cost.md), not a device measurement.
 
     python benchmarks/vision_cost.py     # ~5 minutes, < 4 GiB
@@ -69,8 +70,8 @@ def checkpoints(folder: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     return folder / "smolvlm", folder / "text"
 
 
-def export(folder: pathlib.Path, pte: pathlib.Path) -> None:
-    cli = [sys.executable, "-m", "mps_backend.tools.cli", "export", "--model", f"hf:{folder}", "--dtype", "fp16"]
+def export(folder: pathlib.Path, pte: pathlib.Path, *extra: str) -> None:
+    cli = [sys.executable, "-m", "mps_backend.tools.cli", "export", "--model", f"hf:{folder}", "--dtype", "fp16", *extra]
     run = subprocess.run([*cli, "--no-verify", "--max-seq-len", "2048", "-o", str(pte)], capture_output=True, text=True)
     if run.returncode:
         raise SystemExit(run.stderr[-2000:])
@@ -95,6 +96,10 @@ def main() -> int:
         print(line("smolvlm-256m text_decoder (1 token)", cost_of_program(pathlib.Path(tmp) / "vlm.pte", "text_decoder")))
         print(line("smolvlm-256m vision_encoder (image)", cost_of_program(pathlib.Path(tmp) / "vlm.pte", "vision_encoder")))
         print(line("smollm2-135m forward (1-row step)", cost_of_program(pathlib.Path(tmp) / "text.pte", "forward")))
+        export(vlm, pathlib.Path(tmp) / "vlm-int4.pte", "--quantize", "int4")
+        q = pathlib.Path(tmp) / "vlm-int4.pte"
+        print(line("smolvlm-256m int4 text_decoder", cost_of_program(q, "text_decoder")))
+        print(line("smolvlm-256m int4 vision_encoder", cost_of_program(q, "vision_encoder")))
     return 0
 
 

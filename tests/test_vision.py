@@ -255,7 +255,7 @@ def test_other_vision_language_models_refused(tmp_path, model_type):
 @pytest.mark.parametrize(
     "args, says",
     [
-        (("--quantize", "int8"), "--quantize: not done for vision-language models (llava)"),
+        (("--quantize-embedding",), "--quantize-embedding: not done for vision-language models (llava)"),
         (("--prefill-chunk", "8"), "its rows per call must be at least 16"),
         (("--max-seq-len", "16"), "the cache must hold more than the 16 rows of one call"),
     ],
@@ -266,3 +266,34 @@ def test_export_refusals_are_one_line(tmp_path, args, says):
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert code == 2 and len(errors) == 1 and says in errors[0], err
     assert not (tmp_path / "x.pte").exists()
+
+
+@pytest.mark.parametrize("family, scheme", [("gemma3", "int4"), ("smolvlm", "int4"), ("llava", "int4"), ("llava", "int8")])
+def test_quantized_text_decoder_passes_its_self_check(tmp_path, family, scheme):
+    """``--quantize`` quantizes the text decoder and its head (what every decode step reads); the vision
+    encoder runs once an image and stays in float16. The self-check compares with eager float32 with the
+    same quantized text weights (it exits 1 on a wrong program)."""
+    import collections
+
+    from mps_backend.llm.vision import text_part
+    from mps_backend.serialization import read_blob
+    from mps_backend.serialization.pte import delegate_blobs
+
+    folder = save_vlm(tmp_path / family, family)
+    out = tmp_path / f"{scheme}.pte"
+    code, stdout, err = _run("export", "--model", f"hf:{folder}", "--quantize", scheme, "--max-seq-len", MAX_SEQ_LEN, "-o", out)
+    assert code == 0 and "greedy tokens agree 4/4: ok" in stdout, stdout + err
+    assert f"{scheme} weight-only" in stdout and "the vision encoder stays in float" in stdout
+    assert "quantized alike" in stdout  # the reference has the same quantized weights
+    text = text_part(eager(folder))
+    linears = [m for m in text.modules() if isinstance(m, torch.nn.Linear)]
+    graphs = [read_blob(d.blob).graph for d in delegate_blobs(out.read_bytes())]
+    dequantized = {}
+    for graph in graphs:
+        image = any(list(graph.values[i].dims) == [1, 3, 32, 32] for i in graph.input_ids)  # the pixels
+        ops = collections.Counter(n.op for n in graph.nodes)
+        dequantized["vision_encoder" if image else "text_decoder"] = ops["MPSDequantizePerChannelGroup"]
+    if scheme == "int4":  # the int4 layout takes every text linear but a head of another width
+        assert dequantized["vision_encoder"] == 0 and len(linears) - 1 <= dequantized["text_decoder"] <= len(linears)
+    else:  # int8 is stored as int8 values: no int4 dequantize node, and no quantized vision weight either
+        assert dequantized == {"vision_encoder": 0, "text_decoder": 0}

@@ -390,17 +390,26 @@ def export_llm(
         if note:
             notes.append(note)
         vision = is_vision_language(lm.model_type)
-        if vision and (quantize or quantize_embedding):
+        if vision and quantize_embedding:
             raise CheckpointError(
-                f"--quantize: not done for vision-language models ({lm.model_type}): export them in fp16 or fp32"
+                f"--quantize-embedding: not done for vision-language models ({lm.model_type}): their token_embedding "
+                "method reads the float table"
             )
         if quantize:
             from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size  # noqa: PLC0415
 
             group = resolve_group_size(quantize, group_size)
-            notes.append(quantization_count(lm.model, quantize, group))  # none quantized: an error, not a label
+            # a vision-language model: its text decoder and head (what each decode step reads); the vision
+            # encoder runs once an image and stays in float (mps_backend.llm.vision.text_part)
+            target = lm.model
+            if vision:
+                from mps_backend.llm.vision import text_part  # noqa: PLC0415
+
+                target = text_part(lm.model)
+            note = quantization_count(target, quantize, group)  # none quantized: an error, not a label
+            notes.append(note + ("; the vision encoder stays in float" if vision else ""))
             with prog.stage(f"quantize {quantize}"):
-                quantize_model(lm.model, quantize, group, scratch=scratch)
+                quantize_model(target, quantize, group, scratch=scratch)
         if quantize_embedding:
             from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
 
@@ -524,7 +533,7 @@ def export_llm(
                 elif is_vision_language(model_type):
                     from mps_backend.llm.vision import verify_vision  # noqa: PLC0415
 
-                    result.verification = verify_vision(result, model, steps=verify_steps, pte=written)
+                    result.verification = verify_vision(result, model, steps=verify_steps, pte=written, group_size=group_size)
                 else:
                     result.verification = verify_export(
                         result,

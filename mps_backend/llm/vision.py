@@ -290,15 +290,32 @@ def verification_image(h: int = 64, w: int = 80):
     return Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8))
 
 
-def eager_reference(folder, batch, generated: list[int]) -> torch.Tensor:
+def text_part(model: torch.nn.Module) -> torch.nn.Module:
+    """The language model of a vision-language model and its head, as one container of those same
+    modules: what ``--quantize`` quantizes (the weights every decode step reads). The vision encoder
+    and its projector run once an image, compute-bound, and stay in the export's float precision."""
+    return torch.nn.ModuleDict({"language_model": model.get_decoder(), "lm_head": model.get_output_embeddings()})
+
+
+def eager_reference(
+    folder, batch, generated: list[int], *, quantize: str | None = None, group_size: int | None = None, dtype: str = "fp32"
+) -> torch.Tensor:
     """transformers' eager float32 model on the processor's ``batch`` followed by ``generated`` (teacher-forced,
     one forward): the logits after the prompt's last token and after each generated token but the last,
-    ``[len(generated), vocab]``."""
+    ``[len(generated), vocab]``. With ``quantize``, the text part's weights (:func:`text_part`) are
+    quantized as an export in ``dtype`` quantizes them (from weights in that precision) and
+    dequantized, then computed in float32: the same quantized weights, eagerly."""
     import transformers  # noqa: PLC0415
 
+    load = torch.float16 if quantize and dtype == "fp16" else torch.float32
     model = transformers.AutoModelForImageTextToText.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation="eager", local_files_only=True, trust_remote_code=False
+        folder, dtype=load, attn_implementation="eager", local_files_only=True, trust_remote_code=False
     ).eval()
+    if quantize:
+        from mps_backend.quantize import quantize_dequantized, resolve_group_size  # noqa: PLC0415
+
+        quantize_dequantized(text_part(model), quantize, resolve_group_size(quantize, group_size))
+        model.float()
     extra = torch.tensor([generated[:-1]], dtype=torch.long)
     inputs = dict(batch)
     inputs["input_ids"] = torch.cat([batch["input_ids"], extra], dim=1)
@@ -312,7 +329,7 @@ def eager_reference(folder, batch, generated: list[int]) -> torch.Tensor:
     return logits[n - 1 : n - 1 + len(generated)].float()
 
 
-def verify_vision(result, model: str, *, steps: int, pte=None):
+def verify_vision(result, model: str, *, steps: int, pte=None, group_size: int | None = None):
     """The export's self-check: the written ``.pte`` on the emulated runtime (the python MultimodalRunner
     loop on :func:`verification_image` and :data:`VERIFY_PROMPT` through the folder's processor, then
     ``steps`` greedy tokens) against transformers' eager float32 model on the same inputs, teacher-forced;
@@ -327,15 +344,16 @@ def verify_vision(result, model: str, *, steps: int, pte=None):
     run = ImageGeneration(logits=[])
     tokens = generate_ids(where, prompt_inputs(where, folder, VERIFY_PROMPT, image), steps, result=run, stop_at_eos=False)
     batch = process(load_processor(folder), VERIFY_PROMPT, image)
-    ref = eager_reference(folder, batch, tokens)
-    dev = torch.stack(run.logits)
     dtype = "fp16" if result.precision == "float16" else "fp32"
+    ref = eager_reference(folder, batch, tokens, quantize=result.quantize, group_size=group_size, dtype=dtype)
+    dev = torch.stack(run.logits)
+    quantized = f" ({result.quantize} text weights quantized alike, dequantized)" if result.quantize else ""
     return LLMVerification(
         steps=len(tokens),
         max_abs_diff=float((dev - ref).abs().max()),
         scale=float(ref.abs().max()),
-        tolerance=tolerance(dtype),
+        tolerance=tolerance(dtype, result.quantize),
         tokens_agree=sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens)),
-        reference=f"eager transformers float32, after a test image and {VERIFY_PROMPT!r} through the checkpoint's "
-        f"processor ({run.prompt_rows} rows), teacher-forced",
+        reference=f"eager transformers float32{quantized}, after a test image and {VERIFY_PROMPT!r} through the "
+        f"checkpoint's processor ({run.prompt_rows} rows), teacher-forced",
     )
