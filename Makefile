@@ -40,7 +40,7 @@ $(COMPAT_STAMP): $(STAMP) Makefile
 	@touch $(COMPAT_STAMP)
 
 test: $(STAMP) $(COMPAT_STAMP)  ## the whole test suite (with the executorch 1.3.1 and 1.4.0 runtimes for the compatibility matrix)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)
 
 bench: $(STAMP)  ## every benchmark in benchmarks/ (ratios to yardsticks measured in the same run); exit 1 on a missed target
 	$(BIN)/python benchmarks/run.py

@@ -190,8 +190,19 @@ _MLP_IN = (
     "fc1.weight",
     "c_fc.weight",
     "dense_h_to_4h.weight",
+    "feed_forward.w1.weight",  # LFM2 (gate)
+    "feed_forward.w3.weight",  # LFM2 (up)
+    "shared_mlp.input_linear.weight",  # Granite 4 hybrid (gate and up)
 )
-_MLP_OUT = ("down_proj.weight", "down_proj", "fc2.weight", "mlp.c_proj.weight", "dense_4h_to_h.weight")
+_MLP_OUT = (
+    "down_proj.weight",
+    "down_proj",
+    "fc2.weight",
+    "mlp.c_proj.weight",
+    "dense_4h_to_h.weight",
+    "feed_forward.w2.weight",  # LFM2
+    "shared_mlp.output_linear.weight",  # Granite 4 hybrid
+)
 _POST_MLP_NORM = ("post_feedforward_layernorm.weight", "post_mlp_layernorm.weight")
 
 

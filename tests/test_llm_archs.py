@@ -45,6 +45,10 @@ MLA = {
     "v_head_dim": 16,
     "num_key_value_heads": 4,
 }
+#: linear attention (gated delta rule) of Qwen3-Next, Qwen3.5 and OLMo hybrid: 4 value heads, 2 key heads of 16
+LINEAR = {"linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
+#: Mamba-2 heads (Granite 4 hybrid, Falcon-H1): 8 x 16 = the expanded width 128
+MAMBA = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 16}
 #: greedy steps of the self-check every export here runs (a failed check leaves no .pte at the output path)
 VERIFY_STEPS = 4
 
@@ -90,6 +94,30 @@ TABLE = {
     "deepseek_v3": ("deepseek_v3", MLA | DEEPSEEK_MOE | {"n_group": 2, "topk_group": 1}, 1, None),  # grouped sigmoid routing
     "glm4_moe_lite": ("glm4_moe_lite", MLA | DEEPSEEK_MOE | {"mlp_layer_types": ["sparse"]}, 1, None),
     "minicpm3": ("minicpm3", MLA, 1, None),
+    # issue #39 item 2: recurrent layers, their states as mutable buffers (mps_backend.llm.recurrent)
+    "lfm2": ("lfm2", {"layer_types": ["conv", "full_attention"]}, 2, None),  # short convolutions
+    "qwen3_next": (
+        "qwen3_next",
+        QWEN_MOE
+        | LINEAR
+        | {"layer_types": ["linear_attention", "full_attention"], "head_dim": 16, "shared_expert_intermediate_size": 32},
+        2,
+        None,
+    ),  # fmt: skip
+    "qwen3_5_text": (
+        "qwen3_5_text",
+        LINEAR | {"layer_types": ["linear_attention", "full_attention"], "head_dim": 16},
+        2,
+        None,
+    ),  # fmt: skip
+    "olmo_hybrid": ("olmo_hybrid", LINEAR | {"layer_types": ["linear_attention", "full_attention"]}, 2, None),
+    "granitemoehybrid": (
+        "granitemoehybrid",
+        MAMBA | {"layer_types": ["mamba", "attention"], "num_local_experts": 0},
+        2,
+        None,
+    ),  # fmt: skip
+    "falcon_h1": ("falcon_h1", MAMBA | {"mamba_d_ssm": 128, "head_dim": 16}, 1, None),  # Mamba-2 beside attention in every layer
     # sizes under the config's own names (n_heads, d_model: read through its attribute_map), then ALiBi
     "mpt": ("mpt", {"d_model": 64, "n_heads": 4}, 1, "modeling_mpt.forward: a tensor size computed from the values"),
     "jetmoe": (

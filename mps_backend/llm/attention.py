@@ -250,7 +250,9 @@ class RopeTable(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
         i = self.keys.index(layer_type if self.keys != (None,) else None)
-        idx = position_ids.reshape(-1)
+        # multimodal RoPE (Qwen3.5: [3, B, T], temporal, height and width positions): a text-only step has the
+        # same position in each section, which the table (computed from [1, S] positions) holds
+        idx = (position_ids[0] if position_ids.dim() == 3 else position_ids).reshape(-1)
         cos = torch.index_select(getattr(self, f"cos_{i}"), 1, idx)
         sin = torch.index_select(getattr(self, f"sin_{i}"), 1, idx)
         return cos.to(x.dtype), sin.to(x.dtype)

@@ -19,7 +19,8 @@ the query at position ``p`` when ``k <= p`` (and, for a sliding-window layer of 
 - :class:`HFDecoder` wraps a transformers ``*ForCausalLM`` (Llama, Qwen2/3, Mistral, Phi-3,
   Gemma 2/3, SmolLM, ...): transformers' own modeling code runs with the cache passed as
   ``past_key_values`` and the mask(s) passed precomputed, so no transformers cache or mask machinery
-  (data-dependent lengths, vmap) enters the graph.
+  (data-dependent lengths, vmap) enters the graph. Recurrent layers (short convolutions, linear
+  attention, Mamba) keep their states in buffers beside the cache (:mod:`mps_backend.llm.recurrent`).
 - :class:`ExecutorchLlamaDecoder` wraps executorch's example llama (``use_kv_cache=True``), whose
   own KV cache already has this shape.
 """
@@ -37,6 +38,14 @@ from mps_backend.llm.attention import (
     with_new_rows,
     write_kv_rows,
     write_rows,
+)
+from mps_backend.llm.recurrent import (
+    ATTENTION_KINDS,
+    States,
+    probe_states,
+    register_states,
+    restart_at_zero,
+    state_buffer,
 )
 from mps_backend.pages import untouched_zeros
 
@@ -92,6 +101,7 @@ def register_kv_caches(
     *,
     grouped: bool,
     v_head_dim: int | None = None,
+    without: frozenset[int] | set[int] = frozenset(),
 ) -> None:
     """Give ``module`` its KV-cache buffers ``k_cache_{i}`` / ``v_cache_{i}`` (what :class:`StaticCache`
     reads and writes): V ``[1, kv_heads, max_seq_len, v_head_dim]`` (default ``head_dim``), K
@@ -99,6 +109,8 @@ def register_kv_caches(
     shape = (1, kv_heads, max_seq_len, v_head_dim or head_dim)
     k_shape = (1, kv_heads, head_dim, max_seq_len) if grouped else (1, kv_heads, max_seq_len, head_dim)
     for i in range(n_layers):
+        if i in without:  # a layer that keeps a recurrent state and no attention (mps_backend.llm.recurrent)
+            continue
         # zero pages the kernel supplies when written: no memory until a step writes rows
         module.register_buffer(f"k_cache_{i}", untouched_zeros(k_shape, dtype), persistent=False)
         module.register_buffer(f"v_cache_{i}", untouched_zeros(shape, dtype), persistent=False)
@@ -149,9 +161,44 @@ class StaticCache:
                 write_rows(v_cache, 2, positions, value)
         self.pending = {}
 
+    # the states of recurrent layers (mps_backend.llm.recurrent): always present, so the layer takes its
+    # one-token path; written back in place (copy_) by the layer or through update_*_state
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return state_buffer(self.owner, "conv", layer_idx, state_idx)
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return state_buffer(self.owner, "recurrent", layer_idx, state_idx)
+
+    def update_conv_state(self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs) -> torch.Tensor:
+        """The state followed by the new columns (what the layer's convolution reads); the state keeps the last ones."""
+        state = state_buffer(self.owner, "conv", layer_idx, state_idx)
+        full = torch.cat([state, conv_states.to(state.dtype)], dim=-1)
+        state.copy_(full[..., -state.shape[-1] :])
+        return full
+
+    def update_recurrent_state(
+        self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs
+    ) -> torch.Tensor:
+        state = state_buffer(self.owner, "recurrent", layer_idx, state_idx)
+        state.copy_(recurrent_states)
+        return state
+
+    def is_recording_past(self, layer_idx: int) -> bool:
+        return False
+
     def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
         """The positions before this step's token (models that ask, e.g. Falcon, get ``input_pos``)."""
         return self.input_pos.view(())
+
+
+def has_recurrent_layers(config) -> bool:
+    """A config whose layers keep a recurrent state (a layer type beyond attention, or a convolution or
+    Mamba size): its model is probed for the states' shapes (mps_backend.llm.recurrent)."""
+    kinds = getattr(config, "layer_types", None)
+    if isinstance(kinds, (list, tuple)) and any(k not in ATTENTION_KINDS for k in kinds):
+        return True
+    names = config.to_dict() if hasattr(config, "to_dict") else {}
+    return any(("conv" in k and "kernel" in k) or k.startswith("mamba_") or k == "conv_L_cache" for k in names)
 
 
 class HFDecoder(torch.nn.Module):
@@ -177,6 +224,12 @@ class HFDecoder(torch.nn.Module):
             head.register_forward_pre_hook(self._last_row)
         self.n_layers = int(config.num_hidden_layers)
         dtype = next(model.parameters()).dtype
+        # recurrent layers (short convolutions, linear attention, Mamba): their states as buffers, their shapes
+        # from one eager step (before the attention is replaced: transformers' own cache and attention)
+        self.states = probe_states(model) if has_recurrent_layers(config) else States()
+        if self.states and self.chunk > 1:
+            raise ValueError("--prefill-chunk with recurrent layers (their state carried across a chunk's rows) is not done")
+        register_states(self, self.states)
         # grouped attention (no repeat_kv, K cache transposed) where the modeling code dispatches
         # through transformers' AttentionInterface; RoPE from float32 tables (mps_backend.llm.attention)
         self.grouped = use_grouped_attention(model)
@@ -184,7 +237,17 @@ class HFDecoder(torch.nn.Module):
         # multi-head latent attention: the compressed latent and rotary key cached, attention absorbed
         self.latent = latent_attention_layers(model) if self.grouped else {}
         kv, head_dim, v_dim = cache_layout(model, config)
-        register_kv_caches(self, self.n_layers, kv, head_dim, self.max_seq_len, dtype, grouped=self.grouped, v_head_dim=v_dim)
+        register_kv_caches(
+            self,
+            self.n_layers,
+            kv,
+            head_dim,
+            self.max_seq_len,
+            dtype,
+            grouped=self.grouped,
+            v_head_dim=v_dim,
+            without=self.states.recurrent_only,
+        )
         self.mask_dtype = dtype
         window = getattr(config, "sliding_window", None)
         layer_types = getattr(config, "layer_types", None)
@@ -224,13 +287,20 @@ class HFDecoder(torch.nn.Module):
 
     def _by_kind(self, full: torch.Tensor, sliding: torch.Tensor | None, chunked: torch.Tensor | None = None):
         """The mask(s) the model takes: one (sliding where the config sets a window) or one per layer type."""
+        one = sliding if sliding is not None else full
+        # a model with recurrent layers keys its masks by its own layer types or by transformers' two
+        # (full_attention, linear_attention; Falcon-H1's layers are all "hybrid"): both given, a
+        # recurrent kind None (its layers read no mask: nothing padded to zero)
+        recurrent = {"full_attention": one, "linear_attention": None} if self.states else {}
         if self.mask_kinds is None:
-            return sliding if sliding is not None else full
+            return recurrent or one
         masks = {"full_attention": full, "sliding_attention": sliding, "chunked_attention": chunked}
         for kind in self.mask_kinds:
-            if masks.get(kind) is None:
+            if kind not in ATTENTION_KINDS and self.states:
+                masks[kind] = None
+            elif masks.get(kind) is None:
                 raise ValueError(f"layer type {kind!r} is not supported by the static decode step")
-        return {kind: masks[kind] for kind in self.mask_kinds}
+        return recurrent | {kind: masks[kind] for kind in self.mask_kinds}
 
     def _last_row(self, module: torch.nn.Module, args: tuple):
         """lm_head's forward pre-hook: in a chunk, only the last prompt row's logits are computed."""
@@ -270,6 +340,8 @@ class HFDecoder(torch.nn.Module):
         pads them to ``C`` rows, the delegate computes the chunk (static shapes), the CPU writes the first
         ``n`` rows of keys and values into the cache."""
         cache = StaticCache(self, input_pos)
+        if self.states:
+            restart_at_zero(self, self.states, input_pos)
         if self.chunk > 1:
             n, positions, last, tokens, rows = chunk_inputs(tokens, input_pos, self.positions, self.chunk)
             masks, position_ids, self._row = self._chunk_masks(input_pos, n), rows.view(1, -1), last - input_pos

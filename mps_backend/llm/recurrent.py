@@ -1,0 +1,82 @@
+"""Recurrent layers in the static decode step: short convolutions (LFM2), and the conv and recurrent states
+of transformers' other linear-attention layers, as mutable buffers beside the KV cache (issue #39 item 2).
+
+transformers 5 gives every such layer one cache API (``cache_utils.LinearAttentionCacheLayerMixin``): a
+layer reads ``past_key_values.get_conv_state(i)`` / ``get_recurrent_state(i)`` (``None`` before the first
+step: the prompt path) and writes them back in place (``copy_``) or through ``update_conv_state`` /
+``update_recurrent_state``. The decode step's cache (:class:`mps_backend.llm.decoder.StaticCache`)
+answers those calls with buffers of the model's own state shapes, found by running the model eagerly on
+one token with transformers' own cache (:func:`probe_states`), so every family with that API gets the
+shapes it computes with:
+
+- a state is small and fixed (a short convolution's last ``L`` inputs, ``[1, D, L]``): a step reads and
+  writes it whole, which is its floor; the write-back is executorch's copy of a mutated buffer;
+- the states are always present, so the model takes its one-token path at every position, the first too
+  (a zero state is what its prompt path pads with);
+- at ``input_pos == 0`` the step starts from a zero state (:func:`restart_at_zero`): the runner starts a new
+  prompt at position 0 in the same loaded program, and a state, unlike the KV cache's rows, is not masked
+  by position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: the layer types the masks serve; a ``layer_types`` entry beyond these whose layers keep recurrent state
+#: only (LFM2's ``conv``) takes no mask
+ATTENTION_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
+#: buffer name of a layer's state: (kind, layer, state index)
+STATE_NAME = "{kind}_state_{layer}_{index}"
+
+
+class States(dict):
+    """``(kind, layer, index) -> (shape, dtype)`` of every conv and recurrent state; ``recurrent_only``: the
+    layers that keep a state and no attention (no KV cache for them)."""
+
+    def __init__(self, *args, recurrent_only: frozenset[int] = frozenset(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recurrent_only = recurrent_only
+
+
+def probe_states(model: torch.nn.Module) -> States:
+    """``(kind, layer, index) -> (shape, dtype)`` of every conv and recurrent state the model keeps, from
+    one eager step on one token with transformers' own cache (empty for a model without such layers),
+    and which layers keep a state only (``recurrent_only``: their cache layer holds no keys and values)."""
+    from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, StaticLayer  # noqa: PLC0415
+
+    with torch.no_grad():
+        out = model(input_ids=torch.zeros(1, 1, dtype=torch.long), use_cache=True)
+    cache = getattr(out, "past_key_values", None)
+    states: dict[tuple[str, int, int], tuple[tuple[int, ...], torch.dtype]] = {}
+    only: set[int] = set()
+    for i, layer in enumerate(getattr(cache, "layers", ()) or ()):
+        if not isinstance(layer, LinearAttentionCacheLayerMixin):
+            continue
+        if not isinstance(layer, (DynamicLayer, StaticLayer)):
+            only.add(i)
+        for s in range(layer.number_of_states):
+            for kind, table in (("conv", layer.conv_states), ("recurrent", layer.recurrent_states)):
+                t = table.get(s)
+                if isinstance(t, torch.Tensor):
+                    states[(kind, i, s)] = (tuple(t.shape), t.dtype)
+    return States(states, recurrent_only=frozenset(only))
+
+
+def register_states(owner: torch.nn.Module, states) -> None:
+    """Zero buffers of the probed shapes (:data:`STATE_NAME`), in the model's dtype."""
+    for (kind, i, s), (shape, dtype) in sorted(states.items()):
+        owner.register_buffer(STATE_NAME.format(kind=kind, layer=i, index=s), torch.zeros(shape, dtype=dtype), persistent=False)
+
+
+def state_buffer(owner: torch.nn.Module, kind: str, layer: int, index: int) -> torch.Tensor | None:
+    return getattr(owner, STATE_NAME.format(kind=kind, layer=layer, index=index), None)
+
+
+def restart_at_zero(owner: torch.nn.Module, states, input_pos: torch.Tensor) -> None:
+    """Every state multiplied in place by ``input_pos != 0``: a new prompt starts from zero states."""
+    for kind, i, s in sorted(states):
+        buf = state_buffer(owner, kind, i, s)
+        buf.mul_((input_pos != 0).to(buf.dtype))
+
+
+__all__ = ["ATTENTION_KINDS", "States", "probe_states", "register_states", "restart_at_zero", "state_buffer"]

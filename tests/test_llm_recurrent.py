@@ -1,0 +1,97 @@
+"""Recurrent layers (issue #39 item 2, mps_backend.llm.recurrent): their states are mutable buffers of the
+decode step beside the KV cache. tests/test_llm_archs.py runs the six families (LFM2, Qwen3-Next, Qwen3.5,
+OLMo hybrid, Granite 4 hybrid, Falcon-H1) against transformers' own generate, in float32 and with planted
+outliers in float16; here what is particular to a state:
+
+- a new prompt at position 0 in the same loaded program starts from zero states (the runner does so
+  after a reset; a state, unlike the cache's rows, is not masked by position);
+- a layer that keeps a state and no attention gets no KV cache; the cost model's floor counts every
+  state once;
+- a chunked prefill (the state carried across a chunk's rows) is refused in one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mps_backend.llm import CheckpointError, export_llm
+from mps_backend.runtime import LoadedMethod
+from tests.llm_helpers import save_checkpoint
+
+LFM2 = ("lfm2", {"layer_types": ["conv", "full_attention"]})
+GATED_DELTA = (
+    "qwen3_next",
+    {
+        "layer_types": ["linear_attention", "full_attention"],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "head_dim": 16,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+    },
+)
+MAX_SEQ_LEN = 32
+
+
+def _logits(step: LoadedMethod, tokens: list[int]) -> torch.Tensor:
+    rows = [step([torch.tensor([[t]]), torch.tensor([pos])])[0].reshape(-1) for pos, t in enumerate(tokens)]
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("family", [LFM2, GATED_DELTA], ids=["lfm2", "qwen3_next"])
+def test_a_new_prompt_at_position_zero_starts_from_zero_states(tmp_path, tokenizer, family, monkeypatch):
+    model_type, config = family
+    folder = save_checkpoint(tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=2, config=config)
+    pte = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN).path
+    first, second = [5, 17, 9, 40, 3, 22], [8, 30, 12, 4]
+    step = LoadedMethod(pte)
+    _logits(step, first)
+    again = _logits(step, second)  # the same loaded program: its states hold the first prompt
+    fresh = _logits(LoadedMethod(pte), second)
+    assert torch.equal(again, fresh)
+    # the control: without the restart, the first prompt's states leak into the second
+    from mps_backend.llm import decoder
+
+    monkeypatch.setattr(decoder, "restart_at_zero", lambda *args: None)
+    leaky = export_llm(f"hf:{folder}", tmp_path / "leaky.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN).path
+    step = LoadedMethod(leaky)
+    _logits(step, first)
+    assert not torch.allclose(_logits(step, second), fresh, atol=1e-4)
+
+
+def test_states_are_buffers_beside_a_kv_cache_only_where_layers_attend(tmp_path, tokenizer):
+    from mps_backend.cost import cost_of_program
+    from mps_backend.llm.checkpoint import load_hf
+    from mps_backend.llm.decoder import HFDecoder
+
+    model_type, config = LFM2
+    folder = save_checkpoint(tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=2, config=config)
+    decoder = HFDecoder(load_hf(folder, torch.float32).model, MAX_SEQ_LEN)
+    buffers = dict(decoder.named_buffers())
+    # layer 0 a short convolution (its last 3 inputs of the 64 channels), layer 1 attention
+    assert buffers["conv_state_0_0"].shape == (1, 64, 3)
+    assert "k_cache_0" not in buffers and "v_cache_0" not in buffers and "k_cache_1" in buffers
+    state_bytes = sum(
+        b.numel() * b.element_size() for n, b in buffers.items() if n.startswith(("conv_state", "k_cache", "v_cache"))
+    )
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+    assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
+    cost = cost_of_program(result.path)
+    assert cost.floor_parts["state"] == state_bytes  # every state once: the KV cache and the convolution's
+    # the state's write-back is executorch's copy of the mutated buffer (the state is its own size: its floor)
+    assert cost.cpu_kernels.get("aten::copy_.default") == 1
+
+
+def test_chunked_prefill_is_refused_in_one_line(tmp_path, tokenizer):
+    model_type, config = LFM2
+    folder = save_checkpoint(tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=2, config=config)
+    with pytest.raises(CheckpointError) as e:
+        export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN, prefill_chunk=4)
+    message = str(e.value)
+    assert "\n" not in message and "lfm2" in message and "recurrent layers" in message, message
+    assert not (tmp_path / "m.pte").exists()
