@@ -126,12 +126,15 @@ TABLE = {
         1,
         "modeling_jetmoe.forward: a tensor size computed",
     ),
-    "deepseek_v2": ("deepseek_v2", MLA | DEEPSEEK_MOE, 1, "DeepseekV2RotaryEmbedding computes RoPE as complex numbers"),
+    # RoPE as complex numbers (freqs_cis), applied in real arithmetic (mps_backend.llm.attention.real_complex_rope)
+    "deepseek_v2": ("deepseek_v2", MLA | DEEPSEEK_MOE, 1, None),
+    # Llama 4: 4 layers (the 4th NoPE, full attention; the others chunked attention over 8 positions), MoE
+    # with a shared expert
     "llama4_text": (
         "llama4_text",
-        MOE | {"num_experts_per_tok": 1, "intermediate_size_mlp": 128, "head_dim": 16},
-        1,
-        "Llama4TextRotaryEmbedding computes RoPE as complex numbers",
+        MOE | {"num_experts_per_tok": 1, "intermediate_size_mlp": 128, "head_dim": 16, "attention_chunk_size": 8},
+        4,
+        None,
     ),
 }
 
@@ -204,3 +207,23 @@ def test_unsorted_router_topk_is_made_sorted():
     assert flags == [True, True]
     x = torch.randn(3, 8)
     assert torch.equal(ep.module()(x), 2 * torch.topk(x, 2).indices)
+
+
+def test_complex_rope_is_real_arithmetic_only_inside_the_decode_step(tmp_path, tokenizer):
+    """Llama 4's and DeepSeek V2's ``apply_rotary_emb`` multiply complex numbers; the decode step's forward
+    swaps in the real-arithmetic one (the same numbers: the arch tests' tokens equal transformers') and puts
+    transformers' own back when it returns, also when it raises."""
+    from transformers.models.llama4 import modeling_llama4
+
+    from mps_backend.llm.attention import real_complex_rope, real_rotary
+
+    own = modeling_llama4.apply_rotary_emb
+    x, k = torch.randn(1, 3, 4, 16), torch.randn(1, 3, 2, 16)
+    angles = torch.randn(1, 3, 8)
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    for got, want in zip(real_rotary(2)(x, k, freqs), own(x, k, freqs)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(RuntimeError), real_complex_rope((modeling_llama4.__name__,)):
+        assert modeling_llama4.apply_rotary_emb is not own
+        raise RuntimeError("the forward failed")
+    assert modeling_llama4.apply_rotary_emb is own

@@ -17,12 +17,16 @@
 - :class:`RopeTable`: a model's rotary embedding replaced by its own cos/sin computed at export in
   float32 for every position ``0 .. max_seq_len-1``, stored in the model's dtype and gathered by
   position: the program has no position-dependent float16 arithmetic (an fp16 angle ``p * inv_freq``
-  is off by up to 0.25 rad at positions 512-1023).
+  is off by up to 0.25 rad at positions 512-1023). A model whose RoPE is complex (``freqs_cis``, Llama 4,
+  DeepSeek V2) gets its table as real ``(cos, sin)`` pairs and its ``apply_rotary_emb`` in real arithmetic
+  for the decode step's forward (:func:`real_complex_rope`): the device has no complex dtype.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import sys
 
 import torch
 
@@ -206,6 +210,58 @@ def use_grouped_attention(model: torch.nn.Module) -> bool:
     return model.config._attn_implementation == ATTENTION
 
 
+#: transformers modeling modules whose rotary embedding returns complex ``freqs_cis [B, T, d/2]`` and whose
+#: ``apply_rotary_emb(xq, xk, freqs_cis)`` multiplies complex pairs -> the axis at which that function
+#: broadcasts ``freqs_cis`` against the queries (Llama 4: ``[B, T, 1, d/2]`` for ``[B, T, H, d]``;
+#: DeepSeek V2: ``[B, 1, T, d/2]`` for ``[B, H, T, d]``)
+COMPLEX_ROPE = {
+    "transformers.models.llama4.modeling_llama4": 2,
+    "transformers.models.deepseek_v2.modeling_deepseek_v2": 1,
+}
+
+
+def real_rotary(axis: int):
+    """``apply_rotary_emb(xq, xk, freqs)`` of a :data:`COMPLEX_ROPE` module in real arithmetic: ``freqs`` as
+    :class:`RopeTable` gives it, ``[B, T, d/2, 2]`` (cos, sin) pairs (or complex, as the model's own
+    rotary module gives it); each pair ``(a, b)`` of the last axis of ``xq`` / ``xk`` becomes
+    ``(a cos - b sin, a sin + b cos)``, computed in float32 as the complex product is."""
+
+    def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs: torch.Tensor):
+        pairs = torch.view_as_real(freqs) if freqs.is_complex() else freqs
+        f = pairs.unsqueeze(axis).float()
+        cos, sin = f[..., 0], f[..., 1]
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:
+            xy = x.float().reshape(*x.shape[:-1], -1, 2)
+            a, b = xy[..., 0], xy[..., 1]
+            return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(3).type_as(x)
+
+        return rotate(xq), rotate(xk)
+
+    return apply_rotary_emb
+
+
+def complex_rope_modules(model: torch.nn.Module) -> tuple[str, ...]:
+    """The :data:`COMPLEX_ROPE` modeling modules ``model`` is built from."""
+    return tuple(sorted({type(m).__module__ for m in model.modules()} & COMPLEX_ROPE.keys()))
+
+
+@contextlib.contextmanager
+def real_complex_rope(modules: tuple[str, ...]):
+    """While it is open (the decode step's forward, which torch.export traces), each of ``modules`` applies
+    RoPE with :func:`real_rotary`; its own ``apply_rotary_emb`` is put back when it closes."""
+    saved = []
+    try:
+        for name in modules:
+            module = sys.modules[name]
+            saved.append((module, module.apply_rotary_emb))
+            module.apply_rotary_emb = real_rotary(COMPLEX_ROPE[name])
+        yield
+    finally:
+        for module, fn in saved:
+            module.apply_rotary_emb = fn
+
+
 class NotCosSin(MPSBackendError, ValueError):
     """A rotary embedding that does not return float32 ``(cos, sin)`` rows per position (DeepSeek V2's
     complex ``freqs_cis``): it is left as the model computes it (caught inside :func:`tabulate_rope`)."""
@@ -213,6 +269,8 @@ class NotCosSin(MPSBackendError, ValueError):
 
 def cos_sin(out, rotary: torch.nn.Module, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``out`` of a rotary embedding as its ``(cos, sin)`` rows, or :class:`NotCosSin`."""
+    if isinstance(out, torch.Tensor) and out.is_complex() and type(rotary).__module__ in COMPLEX_ROPE:
+        return out.real.contiguous(), out.imag.contiguous()  # the pairs real_rotary reads
     if isinstance(out, torch.Tensor) and out.is_complex():
         raise ValueError(
             f"{type(rotary).__name__} computes RoPE as complex numbers (freqs_cis, applied with "
@@ -240,6 +298,8 @@ class RopeTable(torch.nn.Module):
             if hasattr(rotary, attr):
                 setattr(self, attr, getattr(rotary, attr))
         self.keys = tuple(sorted(set(layer_types))) if "layer_type" in params and layer_types else (None,)
+        # complex RoPE (COMPLEX_ROPE): gathered as (cos, sin) pairs [1, T, d/2, 2] for real_rotary
+        self.pairs = type(rotary).__module__ in COMPLEX_ROPE
         x = torch.zeros(1, dtype=torch.float32)
         pos = torch.arange(max_seq_len, dtype=torch.long).view(1, -1)
         with torch.no_grad():
@@ -255,6 +315,8 @@ class RopeTable(torch.nn.Module):
         idx = (position_ids[0] if position_ids.dim() == 3 else position_ids).reshape(-1)
         cos = torch.index_select(getattr(self, f"cos_{i}"), 1, idx)
         sin = torch.index_select(getattr(self, f"sin_{i}"), 1, idx)
+        if self.pairs:
+            return torch.stack([cos, sin], dim=-1)
         return cos.to(x.dtype), sin.to(x.dtype)
 
 

@@ -31,8 +31,10 @@ import torch
 
 from mps_backend.llm.attention import (
     LatentAttention,
+    complex_rope_modules,
     group_llama_attention,
     latent_attention_layers,
+    real_complex_rope,
     tabulate_rope,
     use_grouped_attention,
     with_new_rows,
@@ -234,6 +236,8 @@ class HFDecoder(torch.nn.Module):
         # through transformers' AttentionInterface; RoPE from float32 tables (mps_backend.llm.attention)
         self.grouped = use_grouped_attention(model)
         self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype)
+        # RoPE as complex numbers (Llama 4, DeepSeek V2): applied in real arithmetic in the forward
+        self.complex_rope = complex_rope_modules(model)
         # multi-head latent attention: the compressed latent and rotary key cached, attention absorbed
         self.latent = latent_attention_layers(model) if self.grouped else {}
         kv, head_dim, v_dim = cache_layout(model, config)
@@ -348,9 +352,14 @@ class HFDecoder(torch.nn.Module):
         else:
             n, positions, masks, position_ids = None, None, self._masks(input_pos), input_pos.view(1, -1)
         try:
-            out = self.model(
-                **{self.input_key: tokens}, attention_mask=masks, position_ids=position_ids, past_key_values=cache, use_cache=True
-            )
+            with real_complex_rope(self.complex_rope):
+                out = self.model(
+                    **{self.input_key: tokens},
+                    attention_mask=masks,
+                    position_ids=position_ids,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
         finally:
             self._row = None
         cache.write_pending(positions, n)  # the cache writes after attention: index_put on CPU, in place
