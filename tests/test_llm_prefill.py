@@ -55,6 +55,9 @@ CASES = {
         24,
     ),
     "falcon-eager": ("falcon", {}, 1, 2, 24),
+    # short convolutions (a state of the last 3 inputs, kept across chunks from the prompt rows only)
+    "lfm2-conv": ("lfm2", {"layer_types": ["conv", "full_attention"]}, 2, 2, 24),
+    "lfm2-conv-chunk4": ("lfm2", {"layer_types": ["conv", "full_attention"]}, 2, 4, 24),
     "llama-meta": ("llama:", {}, 2, 2, 24),
 }
 LONG = 16  # the decode check: a prompt of 10 tokens (5 calls of 2), then 5 decode steps

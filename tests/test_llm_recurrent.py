@@ -7,7 +7,8 @@ outliers in float16; here what is particular to a state:
   after a reset; a state, unlike the cache's rows, is not masked by position);
 - a layer that keeps a state and no attention gets no KV cache; the cost model's floor counts every
   state once;
-- a chunked prefill (the state carried across a chunk's rows) is refused in one line.
+- a chunked prefill of linear-attention or Mamba states (which a chunk's padding rows would update) is
+  refused in one line; short convolutions take chunks (tests/test_llm_prefill.py).
 """
 
 from __future__ import annotations
@@ -87,11 +88,13 @@ def test_states_are_buffers_beside_a_kv_cache_only_where_layers_attend(tmp_path,
     assert cost.cpu_kernels.get("aten::copy_.default") == 1
 
 
-def test_chunked_prefill_is_refused_in_one_line(tmp_path, tokenizer):
-    model_type, config = LFM2
+def test_chunked_prefill_of_recurrent_states_is_refused_in_one_line(tmp_path, tokenizer):
+    """Short convolutions take chunks (tests/test_llm_prefill.py, lfm2); a gated-delta or Mamba state would
+    take the padding rows' updates: refused, naming the model type and why."""
+    model_type, config = GATED_DELTA
     folder = save_checkpoint(tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=2, config=config)
     with pytest.raises(CheckpointError) as e:
         export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN, prefill_chunk=4)
     message = str(e.value)
-    assert "\n" not in message and "lfm2" in message and "recurrent layers" in message, message
+    assert "\n" not in message and model_type in message and "recurrent states" in message, message
     assert not (tmp_path / "m.pte").exists()

@@ -131,6 +131,9 @@ class StaticCache:
     def __init__(self, owner: torch.nn.Module, input_pos: torch.Tensor):
         self.owner, self.input_pos = owner, input_pos
         self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        #: a chunk's prompt rows, int64 ``[1]`` (its first ``given`` rows; the rest are padding): what a conv
+        #: state keeps
+        self.given: torch.Tensor | None = None
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         if layer_idx in getattr(self.owner, "latent", ()):  # latent attention: (c, k_rot) -> K rows [c, k_rot], V rows c
@@ -172,10 +175,16 @@ class StaticCache:
         return state_buffer(self.owner, "recurrent", layer_idx, state_idx)
 
     def update_conv_state(self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs) -> torch.Tensor:
-        """The state followed by the new columns (what the layer's convolution reads); the state keeps the last ones."""
+        """The state followed by the new columns (what the layer's convolution reads); the state keeps the last
+        ones, in a chunk the last of its prompt rows (columns ``given .. given + K - 1``: the padding after them
+        is never kept)."""
         state = state_buffer(self.owner, "conv", layer_idx, state_idx)
         full = torch.cat([state, conv_states.to(state.dtype)], dim=-1)
-        state.copy_(full[..., -state.shape[-1] :])
+        k = state.shape[-1]
+        if self.given is None:
+            state.copy_(full[..., -k:])
+        else:
+            state.copy_(full.index_select(-1, torch.arange(k, dtype=torch.long) + self.given))
         return full
 
     def update_recurrent_state(
@@ -229,8 +238,13 @@ class HFDecoder(torch.nn.Module):
         # recurrent layers (short convolutions, linear attention, Mamba): their states as buffers, their shapes
         # from one eager step (before the attention is replaced: transformers' own cache and attention)
         self.states = probe_states(model) if has_recurrent_layers(config) else States()
-        if self.states and self.chunk > 1:
-            raise ValueError("--prefill-chunk with recurrent layers (their state carried across a chunk's rows) is not done")
+        if self.chunk > 1 and any(kind != "conv" for kind, _, _ in self.states):
+            # a short convolution's state is its last inputs (the chunk keeps its prompt rows' columns); a
+            # recurrent state would take the padding rows' updates too
+            raise ValueError(
+                "--prefill-chunk with recurrent states (linear attention, Mamba: the padding rows of a chunk would "
+                "update them) is not done; short convolutions (LFM2) take it"
+            )
         register_states(self, self.states)
         # grouped attention (no repeat_kv, K cache transposed) where the modeling code dispatches
         # through transformers' AttentionInterface; RoPE from float32 tables (mps_backend.llm.attention)
@@ -349,6 +363,7 @@ class HFDecoder(torch.nn.Module):
         if self.chunk > 1:
             n, positions, last, tokens, rows = chunk_inputs(tokens, input_pos, self.positions, self.chunk)
             masks, position_ids, self._row = self._chunk_masks(input_pos, n), rows.view(1, -1), last - input_pos
+            cache.given = self._row + 1  # n as a tensor [1] (the device adds it to a constant range)
         else:
             n, positions, masks, position_ids = None, None, self._masks(input_pos), input_pos.view(1, -1)
         try:
