@@ -446,3 +446,31 @@ def eager_logits(model, ids: list[int]) -> torch.Tensor:
     """The model's float32 logits after each of ``ids`` (one pass, no cache)."""
     with torch.no_grad():
         return model(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+# ---- recurrent model types (issue #39): tiny configs shared by the prefill and recurrent tests -------------
+
+#: LFM2: a short-convolution layer, then attention
+LFM2_CONFIG = {"layer_types": ["conv", "full_attention"]}
+#: Qwen3-Next: a gated-delta-rule layer (4 value heads, 2 key heads of 16), then attention; MoE of 4 experts
+QWEN3_NEXT_CONFIG = {
+    "layer_types": ["linear_attention", "full_attention"],
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "head_dim": 16,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+}
+#: Granite 4 hybrid: a Mamba-2 layer (8 heads of 16), then attention
+GRANITE_HYBRID_CONFIG = {
+    "layer_types": ["mamba", "attention"],
+    "mamba_n_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 16,
+    "num_local_experts": 0,
+}

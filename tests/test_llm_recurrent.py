@@ -7,8 +7,8 @@ outliers in float16; here what is particular to a state:
   after a reset; a state, unlike the cache's rows, is not masked by position);
 - a layer that keeps a state and no attention gets no KV cache; the cost model's floor counts every
   state once;
-- a chunked prefill of linear-attention or Mamba states (which a chunk's padding rows would update) is
-  refused in one line; short convolutions take chunks (tests/test_llm_prefill.py).
+- chunks (tests/test_llm_prefill.py) need the scan that updates a state for several rows to leave it alone
+  on a chunk's padding rows: a model whose scan the export does not know is refused in one line.
 """
 
 from __future__ import annotations
@@ -18,24 +18,10 @@ import torch
 
 from mps_backend.llm import CheckpointError, export_llm
 from mps_backend.runtime import LoadedMethod
-from tests.llm_helpers import save_checkpoint
+from tests.llm_helpers import LFM2_CONFIG, QWEN3_NEXT_CONFIG, save_checkpoint
 
-LFM2 = ("lfm2", {"layer_types": ["conv", "full_attention"]})
-GATED_DELTA = (
-    "qwen3_next",
-    {
-        "layer_types": ["linear_attention", "full_attention"],
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 32,
-        "head_dim": 16,
-        "linear_num_value_heads": 4,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
-    },
-)
+LFM2 = ("lfm2", LFM2_CONFIG)
+GATED_DELTA = ("qwen3_next", QWEN3_NEXT_CONFIG)
 MAX_SEQ_LEN = 32
 
 
@@ -88,13 +74,17 @@ def test_states_are_buffers_beside_a_kv_cache_only_where_layers_attend(tmp_path,
     assert cost.cpu_kernels.get("aten::copy_.default") == 1
 
 
-def test_chunked_prefill_of_recurrent_states_is_refused_in_one_line(tmp_path, tokenizer):
-    """Short convolutions take chunks (tests/test_llm_prefill.py, lfm2); a gated-delta or Mamba state would
-    take the padding rows' updates: refused, naming the model type and why."""
+def test_a_state_updated_by_an_unknown_scan_refuses_chunks_in_one_line(tmp_path, tokenizer, monkeypatch):
+    """Chunks need the scan that updates a recurrent state for several rows to leave it alone on padding
+    rows (mps_backend.llm.recurrent.CHUNK_SCANS); a model whose scan the export does not know is refused,
+    naming the model type and the scans it knows."""
+    from mps_backend.llm import recurrent
+
     model_type, config = GATED_DELTA
     folder = save_checkpoint(tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=2, config=config)
+    monkeypatch.setattr(recurrent, "CHUNK_SCANS", {"mamba2_chunk_scan": recurrent.CHUNK_SCANS["mamba2_chunk_scan"]})
     with pytest.raises(CheckpointError) as e:
         export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN, prefill_chunk=4)
     message = str(e.value)
-    assert "\n" not in message and model_type in message and "recurrent states" in message, message
+    assert "\n" not in message and model_type in message and "known: mamba2_chunk_scan)" in message, message
     assert not (tmp_path / "m.pte").exists()

@@ -44,6 +44,9 @@ from mps_backend.llm.attention import (
 from mps_backend.llm.recurrent import (
     ATTENTION_KINDS,
     States,
+    chunk_scan_modules,
+    known_scans,
+    padding_rows_keep_state,
     probe_states,
     register_states,
     restart_at_zero,
@@ -238,12 +241,13 @@ class HFDecoder(torch.nn.Module):
         # recurrent layers (short convolutions, linear attention, Mamba): their states as buffers, their shapes
         # from one eager step (before the attention is replaced: transformers' own cache and attention)
         self.states = probe_states(model) if has_recurrent_layers(config) else States()
-        if self.chunk > 1 and any(kind != "conv" for kind, _, _ in self.states):
-            # a short convolution's state is its last inputs (the chunk keeps its prompt rows' columns); a
-            # recurrent state would take the padding rows' updates too
+        # a chunk's padding rows must leave the recurrent states alone: the scans that update them for more
+        # than one row are told which rows are the prompt's (a short convolution's state needs none of it)
+        self.chunk_scans = chunk_scan_modules(model) if self.states else ()
+        if self.chunk > 1 and not self.chunk_scans and any(kind != "conv" for kind, _, _ in self.states):
             raise ValueError(
-                "--prefill-chunk with recurrent states (linear attention, Mamba: the padding rows of a chunk would "
-                "update them) is not done; short convolutions (LFM2) take it"
+                "--prefill-chunk: the recurrent states of this model are updated by a scan the export does not know "
+                f"(known: {known_scans()}), which a chunk's padding rows would update"
             )
         register_states(self, self.states)
         # grouped attention (no repeat_kv, K cache transposed) where the modeling code dispatches
@@ -366,8 +370,12 @@ class HFDecoder(torch.nn.Module):
             cache.given = self._row + 1  # n as a tensor [1] (the device adds it to a constant range)
         else:
             n, positions, masks, position_ids = None, None, self._masks(input_pos), input_pos.view(1, -1)
+        keep = torch.arange(self.chunk, dtype=torch.long) < cache.given if cache.given is not None else None
         try:
-            with real_complex_rope(self.complex_rope):
+            with (
+                real_complex_rope(self.complex_rope),
+                padding_rows_keep_state(self.chunk_scans if keep is not None else (), keep),
+            ):
                 out = self.model(
                     **{self.input_key: tokens},
                     attention_mask=masks,

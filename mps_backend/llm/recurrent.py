@@ -20,6 +20,8 @@ shapes it computes with:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 #: the layer types the masks serve; a ``layer_types`` entry beyond these whose layers keep recurrent state
@@ -62,6 +64,66 @@ def probe_states(model: torch.nn.Module) -> States:
     return States(states, recurrent_only=frozenset(only))
 
 
+def _gated_delta_scan(scan, keep: torch.Tensor):
+    """``torch_chunk_gated_delta_rule`` with the padding rows' decay ``g`` and write strength ``beta`` zero:
+    ``S = exp(0) S + 0``, the state after the prompt's last row."""
+
+    def masked(query, key, value, g, beta, *args, **kwargs):
+        m = keep.view(1, -1, 1)
+        return scan(query, key, value, g * m.to(g.dtype), beta * m.to(beta.dtype), *args, **kwargs)
+
+    return masked
+
+
+def _mamba2_scan(scan, keep: torch.Tensor):
+    """``mamba2_chunk_scan`` with the padding rows' step ``dt`` zero (before the softplus, a large negative
+    value): the decay ``exp(A dt)`` is 1 and the input ``dt B x`` 0, so the state stays the prompt's."""
+
+    def masked(hidden_states, dt, *args, **kwargs):
+        zero = -1e4 if kwargs.get("dt_softplus") else 0.0
+        return scan(hidden_states, torch.where(keep.view(1, -1, 1), dt, torch.full_like(dt, zero)), *args, **kwargs)
+
+    return masked
+
+
+#: the functions transformers' recurrent layers call for more than one row (module-level functions of
+#: their modeling modules), by name -> the wrapper that makes a chunk's padding rows leave the state alone
+CHUNK_SCANS = {"torch_chunk_gated_delta_rule": _gated_delta_scan, "mamba2_chunk_scan": _mamba2_scan}
+
+
+def known_scans() -> str:
+    """The names of :data:`CHUNK_SCANS`, for a refusal."""
+    return ", ".join(CHUNK_SCANS)
+
+
+def chunk_scan_modules(model: torch.nn.Module) -> tuple[str, ...]:
+    """The modeling modules of ``model`` that define one of :data:`CHUNK_SCANS`."""
+    import sys  # noqa: PLC0415
+
+    names = {type(m).__module__ for m in model.modules()}
+    return tuple(sorted(n for n in names if n in sys.modules and any(hasattr(sys.modules[n], f) for f in CHUNK_SCANS)))
+
+
+@contextlib.contextmanager
+def padding_rows_keep_state(modules: tuple[str, ...], keep: torch.Tensor):
+    """While open (a chunk's forward), the scans of ``modules`` see ``keep`` (bool ``[C]``: the prompt's rows)
+    and leave the state as the last prompt row left it; transformers' own functions are put back after."""
+    import sys  # noqa: PLC0415
+
+    saved = []
+    try:
+        for name in modules:
+            module = sys.modules[name]
+            for fn, wrap in CHUNK_SCANS.items():
+                if hasattr(module, fn):
+                    saved.append((module, fn, getattr(module, fn)))
+                    setattr(module, fn, wrap(getattr(module, fn), keep))
+        yield
+    finally:
+        for module, fn, own in reversed(saved):
+            setattr(module, fn, own)
+
+
 def register_states(owner: torch.nn.Module, states) -> None:
     """Zero buffers of the probed shapes (:data:`STATE_NAME`), in the model's dtype."""
     for (kind, i, s), (shape, dtype) in sorted(states.items()):
@@ -79,4 +141,15 @@ def restart_at_zero(owner: torch.nn.Module, states, input_pos: torch.Tensor) -> 
         buf.mul_((input_pos != 0).to(buf.dtype))
 
 
-__all__ = ["ATTENTION_KINDS", "States", "probe_states", "register_states", "restart_at_zero", "state_buffer"]
+__all__ = [
+    "ATTENTION_KINDS",
+    "CHUNK_SCANS",
+    "States",
+    "chunk_scan_modules",
+    "known_scans",
+    "padding_rows_keep_state",
+    "probe_states",
+    "register_states",
+    "restart_at_zero",
+    "state_buffer",
+]
