@@ -126,7 +126,7 @@ TABLE = {
         1,
         "modeling_jetmoe.forward: a tensor size computed",
     ),
-    # RoPE as complex numbers (freqs_cis), applied in real arithmetic (mps_backend.llm.attention.real_complex_rope)
+    # RoPE as complex numbers (freqs_cis), applied in real arithmetic (mps_backend.llm.attention.complex_rope_swaps)
     "deepseek_v2": ("deepseek_v2", MLA | DEEPSEEK_MOE, 1, None),
     # Llama 4: 4 layers (the 4th NoPE, full attention; the others chunked attention over 8 positions), MoE
     # with a shared expert
@@ -215,7 +215,8 @@ def test_complex_rope_is_real_arithmetic_only_inside_the_decode_step(tmp_path, t
     transformers' own back when it returns, also when it raises."""
     from transformers.models.llama4 import modeling_llama4
 
-    from mps_backend.llm.attention import real_complex_rope, real_rotary
+    from mps_backend.llm.attention import real_rotary
+    from mps_backend.llm.swap import swapped
 
     own = modeling_llama4.apply_rotary_emb
     x, k = torch.randn(1, 3, 4, 16), torch.randn(1, 3, 2, 16)
@@ -223,7 +224,7 @@ def test_complex_rope_is_real_arithmetic_only_inside_the_decode_step(tmp_path, t
     freqs = torch.polar(torch.ones_like(angles), angles)
     for got, want in zip(real_rotary(2)(x, k, freqs), own(x, k, freqs)):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    with pytest.raises(RuntimeError), real_complex_rope((modeling_llama4.__name__,)):
+    with pytest.raises(RuntimeError), swapped([(modeling_llama4.__name__, "apply_rotary_emb", lambda f: real_rotary(2))]):
         assert modeling_llama4.apply_rotary_emb is not own
         raise RuntimeError("the forward failed")
     assert modeling_llama4.apply_rotary_emb is own

@@ -88,3 +88,19 @@ def test_a_state_updated_by_an_unknown_scan_refuses_chunks_in_one_line(tmp_path,
     message = str(e.value)
     assert "\n" not in message and model_type in message and "known: mamba2_chunk_scan)" in message, message
     assert not (tmp_path / "m.pte").exists()
+
+
+def test_a_state_a_previous_prompt_left_inf_or_nan_is_cleared_at_position_zero(tmp_path, tokenizer):
+    """The restart selects zeros rather than multiplying by zero: ``nan * 0`` is NaN."""
+    from mps_backend.llm.checkpoint import load_hf
+    from mps_backend.llm.decoder import HFDecoder
+
+    model_type, config = LFM2
+    folder = save_checkpoint(tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=2, config=config)
+    decoder = HFDecoder(load_hf(folder, torch.float32).model, MAX_SEQ_LEN)
+    step = (torch.tensor([[5]]), torch.tensor([0]))
+    with torch.no_grad():
+        clean = decoder(*step)
+        decoder.conv_state_0_0.fill_(float("nan"))
+        again = decoder(*step)
+    assert torch.isfinite(again).all() and torch.equal(again, clean)

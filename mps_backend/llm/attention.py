@@ -19,18 +19,17 @@
   position: the program has no position-dependent float16 arithmetic (an fp16 angle ``p * inv_freq``
   is off by up to 0.25 rad at positions 512-1023). A model whose RoPE is complex (``freqs_cis``, Llama 4,
   DeepSeek V2) gets its table as real ``(cos, sin)`` pairs and its ``apply_rotary_emb`` in real arithmetic
-  for the decode step's forward (:func:`real_complex_rope`): the device has no complex dtype.
+  for the decode step's forward (:func:`complex_rope_swaps`): the device has no complex dtype.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import sys
 
 import torch
 
 from mps_backend.errors import MPSBackendError
+from mps_backend.llm.swap import modeling_modules
 
 #: the AttentionInterface name of :func:`grouped_attention` (K cache transposed: ``[1, KV, d, S]``)
 ATTENTION = "mps_backend_grouped_kt"
@@ -241,25 +240,11 @@ def real_rotary(axis: int):
     return apply_rotary_emb
 
 
-def complex_rope_modules(model: torch.nn.Module) -> tuple[str, ...]:
-    """The :data:`COMPLEX_ROPE` modeling modules ``model`` is built from."""
-    return tuple(sorted({type(m).__module__ for m in model.modules()} & COMPLEX_ROPE.keys()))
-
-
-@contextlib.contextmanager
-def real_complex_rope(modules: tuple[str, ...]):
-    """While it is open (the decode step's forward, which torch.export traces), each of ``modules`` applies
-    RoPE with :func:`real_rotary`; its own ``apply_rotary_emb`` is put back when it closes."""
-    saved = []
-    try:
-        for name in modules:
-            module = sys.modules[name]
-            saved.append((module, module.apply_rotary_emb))
-            module.apply_rotary_emb = real_rotary(COMPLEX_ROPE[name])
-        yield
-    finally:
-        for module, fn in saved:
-            module.apply_rotary_emb = fn
+def complex_rope_swaps(model: torch.nn.Module) -> tuple:
+    """The swaps (:mod:`mps_backend.llm.swap`) that make ``model``'s :data:`COMPLEX_ROPE` modules apply RoPE
+    with :func:`real_rotary` during the decode step's forward."""
+    names = sorted(modeling_modules(model) & COMPLEX_ROPE.keys())
+    return tuple((name, "apply_rotary_emb", lambda own, axis=COMPLEX_ROPE[name]: real_rotary(axis)) for name in names)
 
 
 class NotCosSin(MPSBackendError, ValueError):

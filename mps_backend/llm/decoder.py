@@ -31,10 +31,9 @@ import torch
 
 from mps_backend.llm.attention import (
     LatentAttention,
-    complex_rope_modules,
+    complex_rope_swaps,
     group_llama_attention,
     latent_attention_layers,
-    real_complex_rope,
     tabulate_rope,
     use_grouped_attention,
     with_new_rows,
@@ -45,13 +44,14 @@ from mps_backend.llm.recurrent import (
     ATTENTION_KINDS,
     States,
     chunk_scan_modules,
+    chunk_scan_swaps,
     known_scans,
-    padding_rows_keep_state,
     probe_states,
     register_states,
     restart_at_zero,
     state_buffer,
 )
+from mps_backend.llm.swap import swapped
 from mps_backend.pages import untouched_zeros
 
 
@@ -255,7 +255,7 @@ class HFDecoder(torch.nn.Module):
         self.grouped = use_grouped_attention(model)
         self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype)
         # RoPE as complex numbers (Llama 4, DeepSeek V2): applied in real arithmetic in the forward
-        self.complex_rope = complex_rope_modules(model)
+        self.rope_swaps = complex_rope_swaps(model)
         # multi-head latent attention: the compressed latent and rotary key cached, attention absorbed
         self.latent = latent_attention_layers(model) if self.grouped else {}
         kv, head_dim, v_dim = cache_layout(model, config)
@@ -370,12 +370,11 @@ class HFDecoder(torch.nn.Module):
             cache.given = self._row + 1  # n as a tensor [1] (the device adds it to a constant range)
         else:
             n, positions, masks, position_ids = None, None, self._masks(input_pos), input_pos.view(1, -1)
-        keep = torch.arange(self.chunk, dtype=torch.long) < cache.given if cache.given is not None else None
+        swaps = self.rope_swaps
+        if cache.given is not None and self.chunk_scans:  # the prompt's rows of the chunk
+            swaps += chunk_scan_swaps(self.chunk_scans, torch.arange(self.chunk, dtype=torch.long) < cache.given)
         try:
-            with (
-                real_complex_rope(self.complex_rope),
-                padding_rows_keep_state(self.chunk_scans if keep is not None else (), keep),
-            ):
+            with swapped(swaps):
                 out = self.model(
                     **{self.input_key: tokens},
                     attention_mask=masks,

@@ -20,9 +20,11 @@ shapes it computes with:
 
 from __future__ import annotations
 
-import contextlib
+import sys
 
 import torch
+
+from mps_backend.llm.swap import modeling_modules
 
 #: the layer types the masks serve; a ``layer_types`` entry beyond these whose layers keep recurrent state
 #: only (LFM2's ``conv``) takes no mask
@@ -98,30 +100,19 @@ def known_scans() -> str:
 
 def chunk_scan_modules(model: torch.nn.Module) -> tuple[str, ...]:
     """The modeling modules of ``model`` that define one of :data:`CHUNK_SCANS`."""
-    import sys  # noqa: PLC0415
-
-    names = {type(m).__module__ for m in model.modules()}
-    return tuple(sorted(n for n in names if n in sys.modules and any(hasattr(sys.modules[n], f) for f in CHUNK_SCANS)))
+    names = (n for n in modeling_modules(model) if n in sys.modules)
+    return tuple(sorted(n for n in names if any(hasattr(sys.modules[n], f) for f in CHUNK_SCANS)))
 
 
-@contextlib.contextmanager
-def padding_rows_keep_state(modules: tuple[str, ...], keep: torch.Tensor):
-    """While open (a chunk's forward), the scans of ``modules`` see ``keep`` (bool ``[C]``: the prompt's rows)
-    and leave the state as the last prompt row left it; transformers' own functions are put back after."""
-    import sys  # noqa: PLC0415
-
-    saved = []
-    try:
-        for name in modules:
-            module = sys.modules[name]
-            for fn, wrap in CHUNK_SCANS.items():
-                if hasattr(module, fn):
-                    saved.append((module, fn, getattr(module, fn)))
-                    setattr(module, fn, wrap(getattr(module, fn), keep))
-        yield
-    finally:
-        for module, fn, own in reversed(saved):
-            setattr(module, fn, own)
+def chunk_scan_swaps(modules: tuple[str, ...], keep: torch.Tensor) -> tuple:
+    """The swaps (:mod:`mps_backend.llm.swap`) under which the scans of ``modules`` see ``keep`` (bool ``[C]``:
+    the prompt's rows of a chunk) and leave the state as the last prompt row left it."""
+    return tuple(
+        (name, fn, lambda own, wrap=wrap: wrap(own, keep))
+        for name in modules
+        for fn, wrap in CHUNK_SCANS.items()
+        if hasattr(sys.modules[name], fn)
+    )
 
 
 def register_states(owner: torch.nn.Module, states) -> None:
@@ -135,10 +126,11 @@ def state_buffer(owner: torch.nn.Module, kind: str, layer: int, index: int) -> t
 
 
 def restart_at_zero(owner: torch.nn.Module, states, input_pos: torch.Tensor) -> None:
-    """Every state multiplied in place by ``input_pos != 0``: a new prompt starts from zero states."""
+    """Every state set to zero where ``input_pos == 0``: a new prompt starts from zero states (selected, not
+    multiplied: an inf or NaN a previous prompt left would survive a product with zero)."""
     for kind, i, s in sorted(states):
         buf = state_buffer(owner, kind, i, s)
-        buf.mul_((input_pos != 0).to(buf.dtype))
+        buf.copy_(torch.where(input_pos != 0, buf, torch.zeros_like(buf)))
 
 
 __all__ = [
@@ -147,7 +139,7 @@ __all__ = [
     "States",
     "chunk_scan_modules",
     "known_scans",
-    "padding_rows_keep_state",
+    "chunk_scan_swaps",
     "probe_states",
     "register_states",
     "restart_at_zero",
