@@ -1,0 +1,138 @@
+"""Hostile inputs, round 5 (#47): every file the export reads protected from ``-o``; the new surfaces (GGUF,
+images, chat templates, recurrent state) bounded before the expensive work. Each test is one way in or one
+class of input: a one-line typed error (nonzero exit, nothing written) or a correct, bounded result, never a
+traceback. (The audio findings are #45's.)"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+from mps_backend.llm.checkpoint import CheckpointError
+from mps_backend.tools.cli import main
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from llm_helpers import save_checkpoint  # noqa: E402
+
+EXE = pathlib.Path(sys.executable).parent / "mps-backend"
+
+
+def _one_line_error(err: str) -> bool:
+    return "Traceback" not in err and len([line for line in err.splitlines() if line.startswith("error: ")]) == 1
+
+
+def _error_line(err: str) -> str:
+    return next(line for line in err.splitlines() if line.startswith("error: "))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 1-layer float32 llama checkpoint (with tokenizer and generation config), read-only for the tests."""
+    return save_checkpoint(tmp_path_factory.mktemp("tiny") / "ck", "llama", layers=1)
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    """A tiny LLaVA checkpoint with its processor (processor_config.json), read-only for the tests."""
+    from tests.vlm_helpers import save_vlm
+
+    return save_vlm(tmp_path_factory.mktemp("llava") / "ck", "llava")
+
+
+# ---------------------------------------------------------------- 1. -o never replaces a file the export reads
+
+#: files of a checkpoint folder that round 4's list of names did not protect (transformers' processors and
+#: slow tokenizers read them; the runners read the folder's processor and chat template)
+UNLISTED = (
+    "processor_config.json",
+    "preprocessor_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+def test_output_never_replaces_a_file_of_the_checkpoint_folder(llava, tmp_path, capsys):
+    """`-o FOLDER/processor_config.json` of a LLaVA folder exited 0 and renamed the program over the processor
+    (`generate --image` then failed); so did chat_template.jinja, vocab.json, merges.txt... (round 4 listed the
+    config, weights and tokenizer files only). Now any file of the folder but an ExecuTorch program is refused
+    in one line before anything is loaded, directly, through a symlink, a symlink into the folder, a hard link
+    from outside or a file in a subfolder; the files are unchanged. A new file and a program an earlier export
+    wrote there may be written."""
+    folder = tmp_path / "ck"
+    shutil.copytree(llava, folder)
+    for name in UNLISTED:
+        if not (folder / name).exists():
+            (folder / name).write_text(f"{name} of a hostile test\n")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "notes.txt").write_text("x")
+    before = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    (tmp_path / "link.pte").symlink_to(folder / "processor_config.json")
+    (tmp_path / "dirlink").symlink_to(folder)
+    os.link(folder / "chat_template.jinja", tmp_path / "hard.pte")
+    outs = [folder / name for name in UNLISTED] + [
+        tmp_path / "link.pte",
+        tmp_path / "dirlink" / "vocab.json",
+        tmp_path / "hard.pte",
+        folder / "sub" / "notes.txt",
+    ]
+    for out in outs:
+        assert main(["export", "--model", f"hf:{folder}", "-o", str(out)]) == 2, out
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and "a file the export reads or may read" in _error_line(err), err
+        assert "[load checkpoint]" not in err, err
+    assert {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+
+    from mps_backend.llm.guards import check_output_is_not_an_input, is_program_file
+
+    check_output_is_not_an_input(folder / "new.pte", "hf", str(folder))  # a new file: fine
+    program = folder / "old.pte"
+    program.write_bytes(b"\x1c\x00\x00\x00ET12" + bytes(64))  # the header of a program an earlier export wrote
+    assert is_program_file(program) and not is_program_file(folder / "config.json")
+    check_output_is_not_an_input(program, "hf", str(folder))
+
+
+def test_output_beside_a_gguf_or_llama_checkpoint(tmp_path):
+    """The folder of a gguf: or llama: file is the checkpoint's folder (transformers' GGUF tokenizer, the
+    tokenizer beside a .pth): its files are kept as an hf: folder's."""
+    from mps_backend.llm.guards import check_output_is_not_an_input
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(20))
+    for name in ("tokenizer_config.json", "chat_template.jinja", "tokenizer.model"):
+        (tmp_path / name).write_text("x")
+        with pytest.raises(CheckpointError, match="a file the export reads or may read"):
+            check_output_is_not_an_input(tmp_path / name, "gguf", str(gguf))
+    with pytest.raises(CheckpointError, match="is the input checkpoint"):
+        check_output_is_not_an_input(gguf, "gguf", str(gguf))
+    params = tmp_path / "elsewhere" / "params.json"
+    params.parent.mkdir()
+    params.write_text("{}")
+    (params.parent / "tokenizer.model").write_text("x")
+    with pytest.raises(CheckpointError, match="a file the export reads"):
+        check_output_is_not_an_input(params.parent / "tokenizer.model", "llama", str(tmp_path / "c.pth"), str(params))
+
+
+def test_output_onto_a_symlink_loop_is_one_line(tiny, tmp_path, capsys):
+    """`-o` onto a symlink loop was a RuntimeError traceback (pathlib's resolve): one line naming it, exit 2,
+    for the language-model and the plain export; a loop inside the checkpoint folder does not disturb the check."""
+    (tmp_path / "a.pte").symlink_to(tmp_path / "b.pte")
+    (tmp_path / "b.pte").symlink_to(tmp_path / "a.pte")
+    for argv in (["--model", f"hf:{tiny}"], []):
+        assert main(["export", *argv, "-o", str(tmp_path / "a.pte")]) == 2
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and "is a symlink loop" in _error_line(err), err
+    folder = tmp_path / "ck"
+    shutil.copytree(tiny, folder)
+    (folder / "x").symlink_to(folder / "y")
+    (folder / "y").symlink_to(folder / "x")
+    from mps_backend.llm.guards import check_output_is_not_an_input
+
+    check_output_is_not_an_input(tmp_path / "new.pte", "hf", str(folder))
+    with pytest.raises(OSError, match="symlink loop"):
+        check_output_is_not_an_input(folder / "x", "hf", str(folder))
