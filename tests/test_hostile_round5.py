@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -136,3 +137,120 @@ def test_output_onto_a_symlink_loop_is_one_line(tiny, tmp_path, capsys):
     check_output_is_not_an_input(tmp_path / "new.pte", "hf", str(folder))
     with pytest.raises(OSError, match="symlink loop"):
         check_output_is_not_an_input(folder / "x", "hf", str(folder))
+
+
+# ---------------------------------------------------------------- 2. no wrong success
+
+
+@pytest.fixture(scope="module")
+def tiny_pte(tiny, tmp_path_factory):
+    from mps_backend.llm import export_llm
+
+    out = tmp_path_factory.mktemp("pte") / "tiny.pte"
+    export_llm(f"hf:{tiny}", out, dtype="fp32", max_seq_len=32)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llava_pte(llava, tmp_path_factory):
+    from mps_backend.llm import export_llm
+
+    out = tmp_path_factory.mktemp("pte") / "llava.pte"
+    export_llm(f"hf:{llava}", out, dtype="fp32")
+    return out
+
+
+#: LLaVA-1.5's chat template (llava-hf), the image before the text of a user message
+LLAVA_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}{% endfor %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+
+def _with_template(src: pathlib.Path, dst: pathlib.Path, template: str) -> pathlib.Path:
+    shutil.copytree(src, dst)
+    (dst / "chat_template.jinja").write_text(template)
+    return dst
+
+
+def test_generate_image_chat_applies_the_processor_template(llava, llava_pte, tmp_path, capsys):
+    """`generate --image --chat` ignored --chat (a template that always raises gave rc 0): the image and the
+    prompt now go through the processor's chat template, for both runners: the answer is the one of the rendered
+    prompt given as text, a raising template is one line (exit 2), a processor without a template too."""
+    from mps_backend.llm.multimodal import generate_image
+    from tests.vlm_helpers import picture
+
+    image = tmp_path / "pic.png"
+    picture().save(image)
+    good = _with_template(llava, tmp_path / "good", LLAVA_TEMPLATE)
+    rendered = "USER: <image>\nthe quick ASSISTANT:"
+    expected = generate_image(llava_pte, good, image, rendered, 3).text
+    assert expected != generate_image(llava_pte, good, image, "the quick", 3).text  # the template matters
+    for runner in ("python", "executorch"):
+        argv = ["generate", str(llava_pte), "--tokenizer", str(good), "--image", str(image), "--prompt", "the quick"]
+        assert main([*argv, "--max-new-tokens", "3", "--chat", "--runner", runner]) == 0
+        assert capsys.readouterr().out == expected + "\n", runner
+    bad = _with_template(llava, tmp_path / "bad", "{{ raise_exception('images are not allowed') }}")
+    for folder, says in ((bad, "the chat template failed: TemplateError: images are not allowed"), (llava, "no chat template")):
+        assert (
+            main(["generate", str(llava_pte), "--tokenizer", str(folder), "--image", str(image), "--prompt", "x", "--chat"]) == 2
+        )
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and says in _error_line(err), err
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(EXE), *argv], capture_output=True, text=True, timeout=600)
+
+
+def test_executorch_runner_prints_the_answer_once(tiny, tiny_pte, llava, llava_pte, tmp_path):
+    """`generate --runner executorch` printed the answer twice on standard output with a `PyTorchObserver {json}`
+    line between (the C++ runner prints each piece itself): standard output now holds the prompt and answer
+    once, the stats line goes to standard error; the same with --image (MultimodalRunner)."""
+    from tests.vlm_helpers import picture
+
+    python = _cli("generate", str(tiny_pte), "--tokenizer", str(tiny), "--prompt", "the quick", "--max-new-tokens", "4")
+    runner = _cli(
+        "generate",
+        str(tiny_pte),
+        "--tokenizer",
+        str(tiny),
+        "--prompt",
+        "the quick",
+        "--max-new-tokens",
+        "4",
+        "--runner",
+        "executorch",
+    )
+    assert python.returncode == runner.returncode == 0, runner.stderr[-2000:]
+    assert runner.stdout == python.stdout and runner.stdout.count("the quick") == 1, (runner.stdout, python.stdout)
+    assert "PyTorchObserver" not in runner.stdout and "PyTorchObserver {" in runner.stderr
+    image = tmp_path / "pic.png"
+    picture().save(image)
+    argv = ["generate", str(llava_pte), "--tokenizer", str(llava), "--image", str(image), "--prompt", "the quick"]
+    python, runner = _cli(*argv, "--max-new-tokens", "3"), _cli(*argv, "--max-new-tokens", "3", "--runner", "executorch")
+    assert python.returncode == runner.returncode == 0, runner.stderr[-2000:]
+    assert runner.stdout == python.stdout and len(runner.stdout.splitlines()) == 1, (runner.stdout, python.stdout)
+
+
+def test_executorch_runner_honours_bos(tiny, tiny_pte, tmp_path, capsys):
+    """`generate --runner executorch --bos` ignored --bos. The runner is now asked for the BOS
+    (GenerationConfig.num_bos) and its prefilled prompt is counted: a tokenizer.json whose post-processor puts
+    BOS gives the python runner's --bos answer; one without (executorch's reader adds none then) is one line,
+    exit 2, never an answer without the BOS."""
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(str(tiny / "tokenizer.json"))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    (tmp_path / "tp").mkdir()
+    tok.save(str(tmp_path / "tp" / "tokenizer.json"))
+    argv = ["generate", str(tiny_pte), "--prompt", "the quick", "--max-new-tokens", "4", "--bos"]
+    assert main([*argv, "--tokenizer", str(tmp_path / "tp" / "tokenizer.json")]) == 0
+    python = capsys.readouterr().out
+    assert main([*argv, "--tokenizer", str(tmp_path / "tp" / "tokenizer.json"), "--runner", "executorch"]) == 0
+    assert capsys.readouterr().out == python
+    assert main([*argv, "--tokenizer", str(tiny), "--runner", "executorch"]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "--bos: executorch's TextLLMRunner prefilled 2 prompt tokens, not the 3" in err, err
