@@ -5,8 +5,10 @@ traceback. (The audio findings are #45's.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -254,3 +256,163 @@ def test_executorch_runner_honours_bos(tiny, tiny_pte, tmp_path, capsys):
     assert main([*argv, "--tokenizer", str(tiny), "--runner", "executorch"]) == 2
     err = capsys.readouterr().err
     assert _one_line_error(err) and "--bos: executorch's TextLLMRunner prefilled 2 prompt tokens, not the 3" in err, err
+
+
+# ---------------------------------------------------------------- 3. one line, never a traceback; 4. bounded
+
+
+def _tokenizer_with_template(src: pathlib.Path, dst: pathlib.Path, template: str):
+    from mps_backend.llm.generate import Tokenizer
+
+    dst.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, dst / name)
+    (dst / "chat_template.jinja").write_text(template)
+    return Tokenizer(dst)
+
+
+@pytest.mark.parametrize(
+    "template, says",
+    [
+        ("{{ raise_exception('no system role') }}", "the chat template failed: TemplateError: no system role"),
+        ("{% for m in messages %}{{ m['content'] }", "the chat template failed: TemplateSyntaxError: unexpected '}'"),
+        ("{% include 'other.jinja' %}", "the chat template failed: TypeError: no loader for this environment specified"),
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "SecurityError: access to attribute '__class__'"),
+        ("{{ cycler.__init__.__globals__.os.system('touch PWNED') }}", "the chat template failed"),
+    ],
+)
+def test_chat_templates_that_fail_are_one_line(tiny, tmp_path, template, says):
+    """`generate --chat` with a template that calls raise_exception, has a syntax error, uses {% include %} or
+    tries to leave the sandbox was a traceback (the sandbox held): one ChatTemplateError line naming the folder."""
+    from mps_backend.llm.chat_templates import ChatTemplateError
+
+    tok = _tokenizer_with_template(tiny, tmp_path / "t", template)
+    with pytest.raises(ChatTemplateError, match=says.replace("(", r"\(").replace("[", r"\[")) as e:
+        tok.chat("hello")
+    assert "\n" not in str(e.value) and str(tmp_path / "t") in str(e.value)
+    assert not (tmp_path / "t" / "PWNED").exists() and not pathlib.Path("PWNED").exists()
+
+
+def test_chat_template_failure_through_the_cli(tiny, tiny_pte, tmp_path, capsys):
+    _tokenizer_with_template(tiny, tmp_path / "t", "{{ raise_exception('no') }}")
+    assert main(["generate", str(tiny_pte), "--tokenizer", str(tmp_path / "t"), "--prompt", "x", "--chat"]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "the chat template failed: TemplateError: no" in _error_line(err), err
+
+
+@pytest.mark.parametrize(
+    "template, says",
+    [
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x", "ran past its 10 s CPU limit"),
+        ("{{ 99 ** 999999999 }}", "ran past its 10 s CPU limit"),
+        ("{{ 'A' * 2000000000 }}", "needed more than its 1024 MiB memory limit"),
+        ("{{ 'A' * 2e9 }}", "TypeError: can't multiply sequence by non-int of type 'float'"),
+        ("{% for i in range(100000) %}{{ 'A' * 2000 }}{% endfor %}", "200,000,000 characters rendered"),
+    ],
+)
+def test_chat_template_time_and_memory_are_bounded(tiny, tmp_path, template, says):
+    """Nested range(100000) loops and `99 ** 999999999` ran past 120 s; `'A' * 2000000000` and a 200 MB rendered
+    prompt passed 4 GB in 10 s. The rendering runs in a child process under a CPU limit (the kernel's: it stops
+    the power inside its one C call), a memory limit, and an output bound: one line each, within seconds."""
+    import time
+
+    from mps_backend.llm.chat_templates import ChatTemplateError
+
+    tok = _tokenizer_with_template(tiny, tmp_path / "t", template)
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match=says.replace("(", r"\(")) as e:
+        tok.chat("hello")
+    assert "\n" not in str(e.value) and time.monotonic() - start < 90, (str(e.value), time.monotonic() - start)
+
+
+def _png(path: pathlib.Path, width: int, height: int) -> pathlib.Path:
+    """A 1-bit grayscale PNG of ``width`` x ``height`` zeros: a few KB declaring any number of pixels."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    row = bytes(1 + (width + 7) // 8)  # filter byte 0, then the row's bits
+    comp = zlib.compressobj(9)
+    per = max(1, (1 << 22) // len(row))
+    parts, left = [], height
+    while left:
+        n = min(left, per)
+        parts.append(comp.compress(row * n))
+        left -= n
+    parts.append(comp.flush())
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"".join(parts)) + chunk(b"IEND", b""))
+    return path
+
+
+def test_image_bombs_are_refused_from_the_header(llava, llava_pte, tmp_path):
+    """`generate --image` with a 48 KB 20000x20000 PNG was a DecompressionBombError traceback, a 39 KB 40,000,000x1
+    PNG a traceback too; a 2 KB 2,000,000x1 PNG was killed at 8 GB and a 565-byte 500,000x1 one finished at 5.6 GB
+    (LLaVA's processor resizes the shorter side to 32 pixels: 32 x 16,000,000). Each is one line from the header
+    (pixels, aspect ratio), exit 2, in a process whose address space is capped at 4 GiB."""
+    import resource
+
+    cases = {
+        _png(tmp_path / "square.png", 20000, 20000): "could be decompression bomb",
+        _png(
+            tmp_path / "line40m.png", 40_000_000, 1
+        ): "40000000 x 1 pixels, an aspect ratio of 40,000,000:1, beyond the bound of 200:1",
+        _png(tmp_path / "line2m.png", 2_000_000, 1): "aspect ratio of 2,000,000:1",
+        _png(tmp_path / "line500k.png", 500_000, 1): "aspect ratio of 500,000:1",
+        _png(tmp_path / "big.png", 10000, 9000): "10000 x 9000 = 90,000,000 pixels, beyond the bound of 89,478,485",
+    }
+    assert max(p.stat().st_size for p in cases) < 64 << 10
+    calls = "; ".join(
+        f"codes.append(main(['generate', {str(llava_pte)!r}, '--tokenizer', {str(llava)!r}, '--image', {str(p)!r}, "
+        "'--prompt', 'x', '--max-new-tokens', '2']))"
+        for p in cases
+    )
+    code = f"import sys; from mps_backend.tools.cli import main; codes = []; {calls}; print(codes)"
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=cap, timeout=900)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.stdout.strip() == str([2] * len(cases)) and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(errors) == len(cases), errors
+    for line, (path, says) in zip(errors, cases.items()):
+        assert str(path) in line and says in line, (line, says)
+
+
+def test_processor_sizes_are_bounded(llava, tmp_path):
+    """A folder whose processor config asks for `shortest_edge: 40000` was killed at 4 GB with a normal image:
+    the processor's sizes (edges, crops, image tokens) are bounded when it is loaded, and the size an image
+    would be resized to before its pixels are decoded (a shortest edge of 4096 with a 100:1 image)."""
+    from mps_backend.llm.image_bounds import ImageBoundError
+    from mps_backend.llm.multimodal import load_processor, process
+    from tests.vlm_helpers import picture
+
+    def folder(name: str, **image_processor) -> pathlib.Path:
+        dst = tmp_path / name
+        shutil.copytree(llava, dst)
+        config = json.loads((dst / "processor_config.json").read_text())
+        config["image_processor"].update(image_processor)
+        (dst / "processor_config.json").write_text(json.dumps(config))
+        return dst
+
+    for name, values, says in (
+        (
+            "edge",
+            {"size": {"shortest_edge": 40000}},
+            "image_processor size.shortest_edge = {'shortest_edge': 40000} outside [1, 4096]",
+        ),
+        ("crop", {"crop_size": {"height": 10**9, "width": 32}}, "crop_size.height"),
+        ("tokens", {"crop_size": {"height": 4096, "width": 4096}}, "expands an image to 262,144 image tokens"),
+        ("nan", {"size": {"shortest_edge": float("nan")}}, "outside [1, 4096]"),
+    ):
+        with pytest.raises(ImageBoundError, match=re.escape(says)):
+            load_processor(folder(name, **values))
+    wide = tmp_path / "wide.png"
+    picture().resize((4000, 40)).save(wide)
+    processor = load_processor(folder("resize", size={"shortest_edge": 4096}))
+    with pytest.raises(ImageBoundError, match=r"would resize this 4000 x 40 image to 1,677,721,600 pixels"):
+        process(processor, "x", wide)
+    assert process(load_processor(llava), "x", wide)["pixel_values"].shape[-2:] == (32, 32)  # the same image, a real size
