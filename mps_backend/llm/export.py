@@ -389,6 +389,7 @@ def export_llm(
             cfg = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") else lm.model.config
             kv, k_cols, v_cols = cache_layout(lm.model, cfg)
             check_kv_cache_size(lm.n_layers, kv, (k_cols + v_cols) / 2, seq_len, lm.dtype)
+            guards.check_state_sizes(lm.model, cfg, lm.dtype)  # recurrent states, before the decode step allocates them
         if note:
             notes.append(note)
         vision = is_vision_language(lm.model_type)

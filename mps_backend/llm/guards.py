@@ -7,6 +7,8 @@
 - :func:`check_export_options`: ``--verify-steps`` and ``--group-size`` are counts the export can honour,
   refused in one line before the checkpoint is read (a negative step count or group size failed only after
   the ``.pte`` was written, or as a traceback).
+- :func:`check_state_sizes`: the recurrent states a decode step will keep, from a fake-tensor run of its probe,
+  bounded before any is allocated (#47: a Qwen3-Next with linear head dims of 16384 was killed at 8 GB).
 - :func:`remove_stale_scratch`: the scratch folders (``.NAME.pte.scratch.*``) of exports killed (SIGKILL runs
   no clean-up) are removed by the next export beside them.
 """
@@ -134,6 +136,52 @@ def check_verify_steps(verify_steps: int, max_seq_len: int) -> None:
     if verify_steps > max_seq_len:
         raise CheckpointError(
             f"--verify-steps {verify_steps} exceeds the KV-cache length {max_seq_len} (--max-seq-len): nothing written"
+        )
+
+
+#: values of one recurrent state (a layer's conv or recurrent state): 8x the largest released model's, Bamba-9B's
+#: and Granite 4.0's Mamba-2 state of 128 heads x 64 x 256 = 2,097,152 (Qwen3-Next's gated delta rule:
+#: 32 x 128 x 128 = 524,288)
+MAX_STATE_VALUES = 1 << 24
+
+
+def check_state_sizes(model, config, dtype) -> None:
+    """Refuse, before the decode step allocates them, recurrent states (a Mamba-2 layer's, a gated-delta-rule
+    layer's, a short convolution's) of more than :data:`MAX_STATE_VALUES` values each, or together beyond a
+    program's planned-memory budget (``MPS_BACKEND_MAX_PLAN_BYTES``). The shapes are the
+    model's own, from the decode step's probe (:func:`mps_backend.llm.recurrent.probe_states`) run on fake
+    tensors: nothing is computed nor allocated. A model the fake run cannot take is left to the probe itself."""
+    import math  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    from mps_backend.llm.decoder import has_recurrent_layers  # noqa: PLC0415
+    from mps_backend.llm.recurrent import probe_states  # noqa: PLC0415
+    from mps_backend.runtime.program_check import max_plan_bytes  # noqa: PLC0415
+
+    if not has_recurrent_layers(config):
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: PLC0415
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            states = probe_states(model)
+    except Exception:  # noqa: BLE001 - an op fake tensors cannot take: the real probe runs as before
+        return
+    total = 0
+    for (kind, layer, _), (shape, state_dtype) in sorted(states.items()):
+        values = math.prod(shape)
+        if values > MAX_STATE_VALUES:
+            raise CheckpointError(
+                f"layer {layer}'s {kind} state {list(shape)} holds {values:,} values, beyond the bound of {MAX_STATE_VALUES:,} "
+                "(8x the largest released model's): its config's state sizes are not a real model's"
+            )
+        total += values * torch.empty((), dtype=state_dtype or dtype).element_size()
+    budget = max_plan_bytes()
+    if total >= budget:
+        raise CheckpointError(
+            f"the recurrent states take {total / 2**30:.3g} GiB, beyond the {budget / 2**30:.3g} GiB a program's planned "
+            "memory may hold (MPS_BACKEND_MAX_PLAN_BYTES)"
         )
 
 
