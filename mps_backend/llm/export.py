@@ -267,9 +267,11 @@ def output_target(path: str | os.PathLike) -> pathlib.Path:
     """The file an export to ``path`` replaces, checked before any work: ``path`` itself, or for a
     symlink the file it points to (written through: the link stays, its target gets the new program,
     as ``cp`` does). A directory, or anything else that is not a regular file (a device such as
-    /dev/full, a FIFO, a socket), is refused with OSError; so is a missing folder."""
+    /dev/full, a FIFO, a socket), is refused with OSError; so are a missing folder and a symlink loop."""
+    from mps_backend.llm.guards import real_path  # noqa: PLC0415
+
     path = pathlib.Path(path)
-    target = path.resolve() if path.is_symlink() else path
+    target = real_path(path) if path.is_symlink() else path  # a symlink loop: one OSError line
     shown = f"{path} (a symlink to {target})" if target != path else str(path)
     if target.is_dir():
         raise IsADirectoryError(f"{shown} is a directory, not a file to write")
@@ -387,6 +389,7 @@ def export_llm(
             cfg = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") else lm.model.config
             kv, k_cols, v_cols = cache_layout(lm.model, cfg)
             check_kv_cache_size(lm.n_layers, kv, (k_cols + v_cols) / 2, seq_len, lm.dtype)
+            guards.check_state_sizes(lm.model, cfg, lm.dtype)  # recurrent states, before the decode step allocates them
         if note:
             notes.append(note)
         vision = is_vision_language(lm.model_type)

@@ -120,7 +120,7 @@ def cmd_generate(args) -> int:
     echo = "" if args.chat else args.prompt
     if args.runner == "executorch":
         try:
-            pieces = generate_with_executorch_runner(pte, tok, prompt, args.max_new_tokens)
+            pieces = generate_with_executorch_runner(pte, tok, prompt, args.max_new_tokens, bos=args.bos)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -150,7 +150,9 @@ def _generate_image(args, pte: pathlib.Path) -> int:
         print("error: --bos applies to text prompts (the processor makes a vision-language prompt's tokens)", file=sys.stderr)
         return 2
     try:
-        result = generate_image(pte, args.tokenizer, args.image, args.prompt, args.max_new_tokens, runner=args.runner)
+        result = generate_image(
+            pte, args.tokenizer, args.image, args.prompt, args.max_new_tokens, runner=args.runner, chat=args.chat
+        )
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
