@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from mps_backend._notices import quiet_reraised_failures
 from mps_backend.errors import MPSBackendError
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
 from mps_backend.llm.decoder import (
@@ -372,6 +373,8 @@ def export_llm(
         contextlib.ExitStack() as cleanup,
     ):
         cleanup.callback(release_export_caches)  # first out: the cache keeps the weights mapped
+        # a model's code torch cannot trace is refused in one line (_refusal), not after torch's own traceback
+        cleanup.enter_context(quiet_reraised_failures())
         with prog.stage("load checkpoint", ticker=False):
             lm = load_checkpoint(
                 model,
