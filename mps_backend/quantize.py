@@ -1,38 +1,65 @@
-"""Weight-only quantization before export (torchao), for ``mps-backend export --quantize``.
+"""Weight-only quantization before export, for ``mps-backend export --quantize``.
 
-    model = quantize_model(model, "int4", group_size=32)   # int4 weights, one scale per 32 columns
-    model = quantize_model(model, "int8")                  # int8 weights, one scale per output channel
+    model = quantize_model(model, "int4", group_size=32)   # int4, a scale and an offset per 32 columns
+    model = quantize_model(model, "int8")                  # int8, a scale and an offset per output channel
 
-Applies ``torchao.quantization.quantize_(model, IntxWeightOnlyConfig(...))`` to the
-``nn.Linear`` layers (and, with ``embeddings=True``, the ``nn.Embedding`` tables) in place.
-Symmetric by default; ``asymmetric=True`` adds zero points (the lowering folds them exactly).
-The exported edge graph then holds ``torchao.dequantize_affine`` on int8 weights, which
-``mps_backend.operators.quant`` lowers:
+Each float weight of an ``nn.Linear`` (and, with ``embeddings=True``, of an ``nn.Embedding``) becomes a
+:class:`~mps_backend.quant_tensor.GroupQuantizedTensor` in place (:func:`plan_quantization` says which
+and how; the export prints its summary, ``quantized 210 of 211 linear layers (int4, group 32, ...);
+output head int8 groups of 32, symmetric (one table with the tied embedding)``):
 
-- ``int4``: ``MPSDequantizePerChannelGroup`` on a packed 4-bit weight (0.5 byte per weight plus
-  float16 scales). **The device needs macOS 15 / iOS 18** for that node (older systems fail at
-  model load with NotImplemented). Layers with ``out_features % 8 != 0`` or
-  ``in_features % 32 != 0`` stay in float (the device int4 layout cannot take them, and their
-  dequantization left on CPU would have no kernel in the runtime).
-- ``int8``: int8 weight constant (1 byte per weight), cast, scale multiply and matmul on the device
-  (any OS the MPS delegate supports).
+- **asymmetric** groups: a float16 scale and a float16 offset per group of ``group`` columns of a row,
+  the range being the group's minimum and maximum (``scale = (max - min) / 15`` for int4, the levels
+  shifted to [-8, 7], ``offset`` the value of level 0). Groups above 32 columns get HQQ's refinement of
+  their minimum (:data:`REFINE_ABOVE_GROUP`); measured on SmolLM2 in docs/llm.md, Quality, where the
+  choice is made: min/max reproduces a Q4_1 checkpoint's blocks at group 32, and HQQ gains at 64 and 128.
+- ``int4``: ``MPSDequantizePerChannelGroup`` on the packed 4-bit weight (0.5 byte a weight), then the
+  offsets added per group (``mps_backend.operators.quant``). **The device needs macOS 15 / iOS 18** for
+  that node. A layer whose ``in_features`` the group does not divide gets the largest power-of-two group
+  below it that does (576 columns at group 128: group 64); a layer the device's int4 layout cannot take
+  (``out_features % 8`` or ``in_features % 32``) is int8 per channel. No layer is left in float; the
+  summary names every exception.
+- ``int8``: an int8 constant (1 byte a weight), cast, scale multiply, offset add and matmul on the device
+  (any OS the MPS delegate supports); one scale and offset per output channel unless ``group_size``.
+- **the output head** (transformers' ``get_output_embeddings()``, executorch's llama ``output``):
+  ``head="int8"`` (the default, ``--quantize-head``) stores it as int8 in symmetric groups of 32 (a
+  float16 scale each, llama.cpp's Q8_0 layout), ``"int4"`` as the other layers, ``"float"`` leaves it.
+  A head tied to the embedding table stays one table: the embedding's lookup gathers the token's int8
+  row and its scales, the head dequantizes the whole table (the program stores it once, unpacked).
 
-Layers whose ``in_features`` (embedding dim) the group size does not divide are left in float.
+torchao's ``IntxWeightOnlyConfig`` (:func:`weight_only_config`, symmetric) remains for executorch's
+recipes (:mod:`mps_backend.recipes`); the lowering takes its graphs too.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
 from mps_backend.errors import MPSBackendError
 from mps_backend.pages import PageReleaser
+from mps_backend.quant_tensor import (
+    GroupQuantizedTensor,
+    affine_groups,
+    collect_rows,
+    group_for,
+    storage_dtype,
+    symmetric_groups,
+)
 
 SCHEMES = ("int4", "int8")
-#: group size used by the CLI for int4 when none is given
+SCHEME_BITS = {"int4": 4, "int8": 8}
+#: group size used by the CLI for int4 when none is given (docs/llm.md, Quality: measured)
 DEFAULT_INT4_GROUP_SIZE = 32
+#: ``--quantize-head``: the output head int8 (default), as the other layers (int4), or not quantized
+HEADS = ("int8", "int4", "float")
+#: the int8 head's groups (symmetric, llama.cpp's Q8_0)
+HEAD_INT8_GROUP = 32
+#: int4 groups wider than this get HQQ's refinement of their minimum (docs/llm.md, Quality)
+REFINE_ABOVE_GROUP = 32
 
 
 class QuantizationError(MPSBackendError, ValueError):
@@ -75,9 +102,10 @@ def weight_only_config(scheme: str, group_size: Optional[int] = None, *, asymmet
 
 
 def quantizable(scheme: str, group_size: Optional[int] = None, *, embeddings: bool = False):
-    """The filter ``(module, fqn) -> bool`` of the layers ``scheme`` quantizes: float 2-d weights of
-    ``nn.Linear`` (and ``nn.Embedding`` with ``embeddings``) whose columns the group size divides and,
-    for int4, whose shape the device's packed layout takes."""
+    """The filter ``(module, fqn) -> bool`` of the layers torchao's ``weight_only_config`` quantizes
+    (the executorch recipes, :mod:`mps_backend.recipes`): float 2-d weights of ``nn.Linear`` (and
+    ``nn.Embedding`` with ``embeddings``) whose columns the group size divides and, for int4, whose
+    shape the device's packed layout takes."""
     from mps_backend.operators.quant import int4_layout_fits  # noqa: PLC0415
 
     kinds = (torch.nn.Linear, torch.nn.Embedding) if embeddings else (torch.nn.Linear,)
@@ -86,7 +114,7 @@ def quantizable(scheme: str, group_size: Optional[int] = None, *, embeddings: bo
         if not isinstance(module, kinds):
             return False
         w = getattr(module, "weight", None)
-        if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.dtype.is_floating_point:
+        if not _float_weight(w):
             return False  # not a float weight (e.g. already quantized)
         if scheme == "int4" and not int4_layout_fits(w.shape[0], w.shape[1]):
             return False
@@ -95,45 +123,168 @@ def quantizable(scheme: str, group_size: Optional[int] = None, *, embeddings: bo
     return wanted
 
 
-def quantization_count(model: torch.nn.Module, scheme: str, group_size: Optional[int] = None) -> str:
-    """How many of ``model``'s float linear layers ``scheme`` quantizes, as a note for the summary; a
-    :class:`QuantizationError` naming why when it would quantize none (``--group-size 7``, a model whose
-    shapes the int4 layout cannot take): a program in float labelled int4 is never the result."""
-    from mps_backend.operators.quant import INT4_K_MULTIPLE, INT4_N_MULTIPLE, int4_layout_fits  # noqa: PLC0415
+def _float_weight(w: Any) -> bool:
+    """A plain float 2-d weight (not one already quantized: a tensor subclass)."""
+    return type(w) in (torch.Tensor, torch.nn.Parameter) and w.dim() == 2 and w.dtype.is_floating_point
+
+
+def resolve_head(scheme: str, head: Optional[str]) -> str:
+    """``--quantize-head``: unset means int8 (int4 and int8 exports alike)."""
+    if head is None:
+        return "int8"
+    if head not in HEADS:
+        raise QuantizationError(f"--quantize-head {head!r}: use one of {', '.join(HEADS)}")
+    return head
+
+
+def output_head(model: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """The model's output head (the ``nn.Linear`` giving the logits): transformers'
+    ``get_output_embeddings()``, executorch's example llama's ``output``; None for other models."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else getattr(model, "output", None)
+    if isinstance(model, torch.nn.ModuleDict):  # a vision-language model's text part (mps_backend.llm.vision)
+        head = model["lm_head"] if "lm_head" in model else None
+    return head if isinstance(head, torch.nn.Linear) else None
+
+
+@dataclass
+class LayerPlan:
+    """How one weight is quantized: ``modules`` hold it (a table tied to the head: the embedding and the
+    head), ``bits`` and ``group`` its values and groups, ``offset`` a float offset per group (affine) or
+    none (symmetric), ``packed`` the device's int4 layout, ``refine`` HQQ's refinement of the offsets."""
+
+    fqn: str
+    modules: list[torch.nn.Module]
+    role: str  # "linear", "head" or "embedding"
+    bits: int
+    group: int
+    offset: bool = True
+    packed: bool = False
+    refine: bool = False
+
+    def quantize(self, w: torch.Tensor, store: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """(q, scale, offset) of rows of the weight, scales and offsets in ``store``."""
+        if self.offset:
+            return affine_groups(w, self.bits, self.group, refine=self.refine, store=store)
+        q, s = symmetric_groups(w, self.bits, self.group, store=store)
+        return q, s, None
+
+    def tensor(self, q, scale, offset, dtype) -> GroupQuantizedTensor:
+        return GroupQuantizedTensor(q, scale, self.bits, self.packed, dtype, offset)
+
+
+@dataclass
+class QuantizationPlan:
+    """What :func:`quantize_model` does to a model (:func:`plan_quantization`)."""
+
+    scheme: str
+    group: Optional[int]
+    head: str
+    layers: list[LayerPlan] = field(default_factory=list)
+    linears: int = 0  # the model's float linear layers, the head included
+    head_found: bool = False
+    head_tied: bool = False
+
+    def summary(self) -> str:
+        """``quantized 210 of 211 linear layers (int4, group 32); output head int8 (...)``: what was done,
+        and to which layers not as asked (a smaller group, int8 for shapes the int4 layout cannot take)."""
+        body = [p for p in self.layers if p.role == "linear"]
+        asked = [p for p in body if p.bits == SCHEME_BITS[self.scheme]]
+        grouping = f"group {self.group}" if self.group else "per channel"
+        kind = "asymmetric: a float16 scale and offset per group"
+        text = f"quantized {len(body)} of {self.linears} linear layers ({self.scheme}, {grouping}, {kind})"
+        smaller: dict[tuple[int, int], int] = {}
+        for p in asked:
+            k = p.modules[0].weight.shape[1]
+            if self.group and p.group != self.group:
+                smaller[(k, p.group)] = smaller.get((k, p.group), 0) + 1
+        extras = [f"{n} with in_features {k} at group {g}" for (k, g), n in sorted(smaller.items())]
+        wide = [p for p in body if p.bits != SCHEME_BITS[self.scheme]]
+        if wide:
+            shapes = sorted({tuple(p.modules[0].weight.shape) for p in wide})
+            extras.append(
+                f"{len(wide)} int8 per channel: the device's int4 layout cannot take "
+                + ", ".join(f"[N={n}, K={k}]" for n, k in shapes[:4])
+                + ("..." if len(shapes) > 4 else "")
+            )
+        tables = [p for p in self.layers if p.role == "embedding"]
+        if tables:
+            extras.append(f"{len(tables)} embedding table{'s' if len(tables) > 1 else ''} {self.scheme}")
+        if extras:
+            text += "; " + "; ".join(extras)
+        if self.head_found:
+            head = next((p for p in self.layers if p.role == "head"), None)
+            if head is None:
+                text += "; output head float"
+            else:
+                how = f"int8 groups of {head.group}, symmetric" if head.bits == 8 else f"int4 group {head.group}"
+                text += f"; output head {how}" + (" (one table with the tied embedding)" if self.head_tied else "")
+        return text
+
+
+def plan_quantization(
+    model: torch.nn.Module,
+    scheme: str,
+    group_size: Optional[int] = None,
+    *,
+    head: Optional[str] = None,
+    embeddings: bool = False,
+) -> QuantizationPlan:
+    """How :func:`quantize_model` quantizes ``model``'s float weights (module docstring); a
+    :class:`QuantizationError` naming why when it would quantize none of the linear layers."""
+    from mps_backend.operators.quant import int4_layout_fits  # noqa: PLC0415
 
     weight_only_config(scheme, group_size)  # the scheme and group size themselves
-    wanted = quantizable(scheme, group_size)
-    shapes = [
-        tuple(m.weight.shape)
-        for m in model.modules()
-        if isinstance(m, torch.nn.Linear) and m.weight.dim() == 2 and m.weight.dtype.is_floating_point
-    ]
-    done = sum(1 for fqn, m in model.named_modules() if wanted(m, fqn))
-    grouping = f"group size {group_size}" if group_size else "per channel"
-    if done:
-        return f"{scheme} weight-only, {grouping}: {done} of {len(shapes)} linear layers quantized" + (
-            "; the rest stay in float (shapes the group size or the int4 layout cannot take)" if done < len(shapes) else ""
+    head = resolve_head(scheme, head)
+    bits = SCHEME_BITS[scheme]
+    head_module = output_head(model)
+    holders: dict[int, list[tuple[str, torch.nn.Module]]] = {}
+    for fqn, m in model.named_modules():
+        if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) and _float_weight(getattr(m, "weight", None)):
+            holders.setdefault(id(m.weight), []).append((fqn, m))
+    plan = QuantizationPlan(scheme, group_size, head, head_found=head_module is not None)
+    widths = set()
+    for held in holders.values():
+        fqn, first = held[0]
+        modules = [m for _, m in held]
+        plan.linears += sum(isinstance(m, torch.nn.Linear) for m in modules)
+        n, k = first.weight.shape
+        gathered = any(isinstance(m, torch.nn.Embedding) for m in modules)
+        if head_module is not None and any(m is head_module for m in modules):
+            plan.head_tied = gathered
+            if head == "float":
+                continue
+            if head == "int8":
+                plan.layers.append(LayerPlan(fqn, modules, "head", 8, group_for(k, HEAD_INT8_GROUP, 8) or k, offset=False))
+                continue
+        elif gathered and not any(isinstance(m, torch.nn.Linear) for m in modules):
+            if embeddings:
+                plan.layers.append(LayerPlan(fqn, modules, "embedding", bits, group_for(k, group_size or 0, 8) or k))
+            continue
+        role = "head" if head_module is not None and any(m is head_module for m in modules) else "linear"
+        widths.add(k)
+        group = group_for(k, group_size or 0, bits)
+        if bits == 4 and (group is None or not int4_layout_fits(n, k)):
+            plan.layers.append(LayerPlan(fqn, modules, role, 8, k))  # int8 per channel, with a note
+            continue
+        assert group is not None
+        refine = bits == 4 and group > REFINE_ABOVE_GROUP
+        plan.layers.append(LayerPlan(fqn, modules, role, bits, group, packed=bits == 4 and not gathered, refine=refine))
+    if not plan.linears:
+        raise QuantizationError(f"--quantize {scheme} would quantize none of the model's layers: no float linear weight")
+    if group_size and widths and not any(k % group_size == 0 for k in widths):
+        raise QuantizationError(
+            f"--quantize {scheme} (group size {group_size}) would quantize none of the {plan.linears} linear layers: "
+            f"the group size {group_size} divides none of their in_features ({', '.join(map(str, sorted(widths)[:6]))}): "
+            f"choose a group size that divides in_features{' (a multiple of 32 for int4)' if scheme == 'int4' else ''}"
         )
-    why = []
-    if scheme == "int4" and not any(int4_layout_fits(n, k) for n, k in shapes):
-        why.append(
-            f"the device's int4 layout needs out_features % {INT4_N_MULTIPLE} == 0 and in_features % {INT4_K_MULTIPLE} == 0"
-        )
-    if group_size and not any(k % group_size == 0 for _, k in shapes):
-        widths = sorted({k for _, k in shapes})
-        why.append(f"the group size {group_size} divides none of their in_features ({', '.join(map(str, widths[:6]))})")
-    raise QuantizationError(
-        f"--quantize {scheme} ({grouping}) would quantize none of the {len(shapes)} linear layers: "
-        + (
-            "; ".join(why)
-            or ("no float linear weight" if not shapes else "no layer's shape takes both the group size and the int4 layout")
-        )
-        + (
-            f": choose a group size that divides in_features{' (a multiple of 32 for int4)' if scheme == 'int4' else ''}"
-            if group_size
-            else ""
-        )
-    )
+    return plan
+
+
+def quantization_count(model: torch.nn.Module, scheme: str, group_size: Optional[int] = None, head: Optional[str] = None) -> str:
+    """What :func:`quantize_model` will do to ``model``, as a note for the summary (:meth:`QuantizationPlan.summary`);
+    a :class:`QuantizationError` when it would quantize none as asked."""
+    return plan_quantization(model, scheme, group_size, head=head).summary()
 
 
 class RowQuantizedEmbedding(torch.nn.Module):
@@ -181,34 +332,30 @@ def quantize_model(
     scheme: str,
     group_size: Optional[int] = None,
     *,
-    asymmetric: bool = False,
+    head: Optional[str] = None,
     embeddings: bool = False,
     scratch: Optional[str | os.PathLike] = None,
 ) -> torch.nn.Module:
-    """Quantize ``model``'s linear weights in place (torchao weight-only) and return it.
+    """Quantize ``model``'s linear weights in place (:func:`plan_quantization`, module docstring) and
+    return it.
 
-    ``scheme``: ``"int4"`` or ``"int8"``. ``group_size``: columns sharing one scale (``None`` or 0:
-    one scale per output channel, ``PerAxis(0)``). ``embeddings``: also quantize ``nn.Embedding``.
-    ``scratch``: a folder for the quantized weights (:func:`quantize_weight_spilled`): each weight is
-    quantized on its own, a block of rows at a time, its int8 data written there and mapped back, and
-    the float weight's file pages handed back, so neither all float weights nor all int8 data are
-    ever resident (the values are exactly those of the whole-model call).
-    """
-    from torchao.quantization import quantize_  # noqa: PLC0415
-
-    config = weight_only_config(scheme, group_size, asymmetric=asymmetric)
-    wanted = quantizable(scheme, group_size, embeddings=embeddings)
-    if scratch is None:
-        quantize_(model, config, filter_fn=wanted)
-        return model
+    ``scheme``: ``"int4"`` or ``"int8"``. ``group_size``: columns sharing one scale and offset (``None``
+    or 0: one per output channel). ``head``: the output head's ``--quantize-head`` (default int8).
+    ``embeddings``: also quantize ``nn.Embedding`` tables. ``scratch``: a folder for the quantized data
+    (:func:`quantize_weight_spilled`): each weight is quantized on its own, a block of rows at a time,
+    its data written there and mapped back, and the float weight's file pages handed back, so neither
+    all float weights nor all quantized data are ever resident (the values are those of the whole
+    weight at once: the groups never span rows)."""
+    plan = plan_quantization(model, scheme, group_size, head=head, embeddings=embeddings)
     pages = PageReleaser()
-    for fqn, module in list(model.named_modules()):
-        if wanted(module, fqn):
-            weight = module.weight
-            module.weight = torch.nn.Parameter(quantize_weight_spilled(weight, config, scratch, fqn), requires_grad=False)
-            pages.release(weight)  # a weight mapped from the checkpoint or the scratch folder: its pages go
-            del weight
-            pages.trim()  # and the blocks' temporaries
+    for layer in plan.layers:
+        weight = layer.modules[0].weight
+        quantized = torch.nn.Parameter(quantize_weight_spilled(weight, layer, scratch, layer.fqn), requires_grad=False)
+        for m in layer.modules:
+            m.weight = quantized
+        pages.release(weight)  # a weight mapped from the checkpoint or the scratch folder: its pages go
+        del weight
+        pages.trim()  # and the blocks' temporaries
     return model
 
 
@@ -216,66 +363,57 @@ def quantize_model(
 QUANTIZE_BLOCK_ELEMENTS = 1 << 22
 
 
-def quantize_weight_spilled(weight: torch.Tensor, config: Any, scratch: str | os.PathLike, name: str = "weight") -> torch.Tensor:
-    """torchao's quantized tensor (``IntxUnpackedToInt8Tensor``) of a 2-d ``weight`` under the
-    weight-only ``config``, its int8 data, scales and zero points mapped from files in ``scratch``
-    (:class:`mps_backend.pages.ScratchFile`). Quantized a block of whole rows at a time, each by
-    torchao's own ``quantize_`` on a linear holding those rows: the blocks of ``config`` never span
-    rows (``[1, group]`` or a whole row), so the values equal those of the whole weight at once."""
-    from mps_backend.pages import ScratchFile  # noqa: PLC0415
-
-    n, k = weight.shape
-    if n == 0:  # no rows: torchao's own result on the empty weight
-        return _torchao_quantized(weight.detach(), config)
-    rows = max(1, QUANTIZE_BLOCK_ELEMENTS // max(1, k))
-    files = [ScratchFile(scratch, f"{name}.{part}") for part in ("qdata", "scale", "zero_point")]
-    first = None
-    try:
-        for r in range(0, n, rows):
-            part = _torchao_quantized(weight.detach()[r : r + rows], config)
-            pieces = (part.qdata, part.scale, part.zero_point)
-            if any(t.shape[0] != part.shape[0] for t in pieces):
-                raise ValueError(f"{name}: torchao's {type(part).__name__} has per-tensor data (not rows)")
-            for f, t in zip(files, pieces):
-                f.append(t)
-            first = first or (type(part), [(t.dtype, list(t.shape[1:])) for t in pieces], part)
-            del part, pieces
-    except BaseException:
-        for f in files:
-            f.discard()
-        raise
-    cls, layout, attrs = first
-    qdata, scale, zero = (f.mapped(dtype, [n, *tail]) for f, (dtype, tail) in zip(files, layout))
-    return cls(qdata, scale, zero, attrs.target_dtype, attrs.block_size, attrs.dtype, attrs.activation_quantization)
+def _row_blocks(weight: torch.Tensor):
+    rows = max(1, QUANTIZE_BLOCK_ELEMENTS // max(1, weight.shape[1]))
+    for r in range(0, weight.shape[0], rows):
+        yield r, weight.detach()[r : r + rows]
 
 
-def quantize_dequantized(model: torch.nn.Module, scheme: str, group_size: Optional[int] = None) -> torch.nn.Module:
+def quantize_weight_spilled(
+    weight: torch.Tensor, layer: LayerPlan, scratch: Optional[str | os.PathLike] = None, name: str = "weight"
+) -> GroupQuantizedTensor:
+    """``weight`` (2-d) quantized as ``layer`` says, a block of whole rows at a time; with ``scratch``,
+    its data, scales and offsets written to files there and mapped back
+    (:func:`mps_backend.quant_tensor.collect_rows`)."""
+    store = storage_dtype(weight)
+    if not weight.shape[0]:  # no rows
+        return layer.tensor(*layer.quantize(weight.detach(), store), weight.dtype)
+    q, s, off = collect_rows((layer.quantize(block, store) for _, block in _row_blocks(weight)), weight.shape[0], scratch, name)
+    return layer.tensor(q, s, off, weight.dtype)
+
+
+def quantize_dequantized(
+    model: torch.nn.Module, scheme: str, group_size: Optional[int] = None, head: Optional[str] = None
+) -> torch.nn.Module:
     """Replace each weight :func:`quantize_model` would quantize by the values it takes quantized and
-    then dequantized (torchao's own ``dequantize``), in its own dtype: a reference that computes as
-    the quantized model does. A block of rows at a time (:data:`QUANTIZE_BLOCK_ELEMENTS`), so the
-    temporaries are one block's and no weight is held quantized and dequantized at once; the blocks
-    never span rows, so the values are those of the whole-model call."""
-    config = weight_only_config(scheme, group_size)
-    wanted = quantizable(scheme, group_size)
+    then dequantized (``GroupQuantizedTensor.dequantize``: the device's arithmetic), in its own dtype:
+    a reference that computes as the quantized model does. A block of rows at a time
+    (:data:`QUANTIZE_BLOCK_ELEMENTS`), so the temporaries are one block's; the groups never span rows,
+    so the values are those of the whole weight."""
+    plan = plan_quantization(model, scheme, group_size, head=head)
     pages = PageReleaser()
-    for fqn, module in list(model.named_modules()):
-        if wanted(module, fqn):
-            w = module.weight.detach()
-            out = torch.empty(w.shape, dtype=w.dtype)
-            rows = max(1, QUANTIZE_BLOCK_ELEMENTS // max(1, w.shape[1]))
-            for r in range(0, w.shape[0], rows):
-                out[r : r + rows] = _torchao_quantized(w[r : r + rows], config).dequantize()
-            module.weight = torch.nn.Parameter(out, requires_grad=False)
-            del w
-            pages.trim()  # the blocks' temporaries
+    for layer in plan.layers:
+        w = layer.modules[0].weight.detach()
+        out = torch.empty(w.shape, dtype=w.dtype)
+        store = storage_dtype(w)
+        for r, block in _row_blocks(w):
+            out[r : r + block.shape[0]] = layer.tensor(*layer.quantize(block, store), w.dtype).dequantize()
+        values = torch.nn.Parameter(out, requires_grad=False)
+        for m in layer.modules:
+            m.weight = values
+        del w
+        pages.trim()  # the blocks' temporaries
     return model
 
 
-def _torchao_quantized(weight: torch.Tensor, config: Any) -> Any:
-    """torchao's quantized tensor of a 2-d ``weight``: ``quantize_`` on a linear holding it."""
-    from torchao.quantization import quantize_  # noqa: PLC0415
-
-    holder = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
-    holder.weight = torch.nn.Parameter(weight, requires_grad=False)
-    quantize_(holder, config, filter_fn=lambda m, _fqn: m is holder)
-    return holder.weight.detach()
+def dequantize_weights(model: torch.nn.Module) -> int:
+    """Replace every :class:`GroupQuantizedTensor` weight of ``model`` by its dequantized values (a plain
+    parameter in its dtype, shared by the modules that shared it); returns how many."""
+    done: dict[int, torch.nn.Parameter] = {}
+    for m in model.modules():
+        w = m._parameters.get("weight") if hasattr(m, "_parameters") else None
+        if isinstance(w, GroupQuantizedTensor):
+            if id(w) not in done:
+                done[id(w)] = torch.nn.Parameter(w.dequantize(), requires_grad=False)
+            m.weight = done[id(w)]
+    return len(done)

@@ -347,15 +347,15 @@ def test_a_quantization_that_quantizes_nothing_is_an_error(tiny, tmp_path, capsy
 
 
 def test_a_partial_quantization_says_how_many(tiny, tmp_path, capsys):
-    """A group size only some layers take: those are quantized, and the summary says how many of how many."""
+    """A group size only some layers take: every layer is quantized all the same (issue #43: before,
+    the others stayed float), those it does not divide at a smaller group, and the summary says so."""
     out = tmp_path / "x.pte"
     assert (
         main(["export", "--model", f"hf:{tiny}", "-o", str(out), "--no-verify", "--quantize", "int8", "--group-size", "128"]) == 0
     )
     text = capsys.readouterr().out
-    assert "note             int8 weight-only, group size 128: 1 of 8 linear layers quantized; the rest stay in float" in text, (
-        text
-    )
+    assert "note             quantized 7 of 8 linear layers (int8, group 128, asymmetric" in text, text
+    assert "; 6 with in_features 64 at group 64; output head int8 groups of 32, symmetric" in text, text
 
 
 @pytest.mark.parametrize(

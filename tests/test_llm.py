@@ -457,9 +457,9 @@ def test_quantized_llm(tmp_path, tokenizer, scheme):
 def test_quantized_export_holds_weights_in_scratch_files(tmp_path, tokenizer, monkeypatch):
     """A bfloat16 checkpoint exported --quantize int4 (#24): each weight is converted to float16 into a
     scratch file and mapped back, then quantized on its own a block of rows at a time, its int8 data,
-    scales and zero points written to scratch files and mapped back: no float weight and no int8 data
+    scales and offsets written to scratch files and mapped back: no float weight and no int8 data
     is anonymous memory (the pages are the kernel's to drop; benchmarks/llm_scale.py measures the
-    peak). The values are exactly torchao's on the whole weight, the blocks change no byte of the
+    peak). The values are exactly those of the whole weight at once, the blocks change no byte of the
     .pte, and the scratch folder is gone after the export, also after a failed one. The self-check's
     reference dequantizes the same values a block of rows at a time."""
     import mps_backend.quantize as quantize
@@ -475,23 +475,26 @@ def test_quantized_export_holds_weights_in_scratch_files(tmp_path, tokenizer, mo
     quantized = 0
     for (name, w), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
         assert type(w) is type(r), name
-        for part in ("qdata", "scale", "zero_point") if hasattr(r, "qdata") else ():
-            quantized += 1
+        for part in ("qdata", "scale", "offset") if hasattr(r, "qdata") else ():
             got, want = getattr(w, part), getattr(r, part)
+            if want is None:  # the int8 head: symmetric groups, no offsets
+                assert got is None, (name, part)
+                continue
+            quantized += 1
             assert str(mapped_from(got)).startswith(str(scratch)), (name, part, mapped_from(got))
             assert got.dtype == want.dtype and torch.equal(got, want), (name, part)
         if not hasattr(r, "qdata"):  # embedding, norms: float16, mapped
             assert torch.equal(w, r) and mapped_from(w) is not None, name
-    assert quantized >= 3 * 7 * 2, quantized  # every linear of both layers and the lm_head
+    assert quantized >= 3 * 7 * 2 + 2, quantized  # every linear of both layers (data, scales, offsets) and the lm_head
     assert not list(scratch.iterdir())  # each file unlinked once mapped
-    # the self-check's reference (quantize_dequantized): the values of torchao's dequantize, block by block
+    # the self-check's reference (quantize_dequantized): the values of the quantized weights dequantized, block by block
     deq = quantize.quantize_dequantized(load_checkpoint(f"hf:{folder}", "fp16").model, "int4", 32)
     for (name, d), (_, r) in zip(deq.named_parameters(), ref.named_parameters()):
         assert type(d) is torch.nn.Parameter and torch.equal(d, r.dequantize() if hasattr(r, "qdata") else r), name
     del lm, model, ref, deq
     a = export_llm(f"hf:{folder}", tmp_path / "a.pte", quantize="int4", max_seq_len=MAX_SEQ_LEN, verify_steps=2)
     assert a.verification.ok, a.verification
-    monkeypatch.setattr(quantize, "QUANTIZE_BLOCK_ELEMENTS", 1 << 30)  # one block: torchao on the whole weight
+    monkeypatch.setattr(quantize, "QUANTIZE_BLOCK_ELEMENTS", 1 << 30)  # one block: the whole weight at once
     b = export_llm(f"hf:{folder}", tmp_path / "b.pte", quantize="int4", max_seq_len=MAX_SEQ_LEN)
     assert a.path.read_bytes() == b.path.read_bytes()
     assert sorted(f.name for f in tmp_path.iterdir()) == ["a.pte", "b.pte", "bf16", "scratch"]
@@ -499,7 +502,7 @@ def test_quantized_export_holds_weights_in_scratch_files(tmp_path, tokenizer, mo
     def refuse(*args, **kwargs):
         raise RuntimeError("refused")
 
-    monkeypatch.setattr(quantize, "_torchao_quantized", refuse)
+    monkeypatch.setattr(quantize, "affine_groups", refuse)
     with pytest.raises(RuntimeError, match="refused"):
         export_llm(f"hf:{folder}", tmp_path / "c.pte", quantize="int4", max_seq_len=MAX_SEQ_LEN)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["a.pte", "b.pte", "bf16", "scratch"]

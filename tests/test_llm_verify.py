@@ -156,9 +156,10 @@ def test_help_states_the_tolerances(capsys):
 @pytest.mark.parametrize(("scheme", "group"), [("int4", 128), ("int8", 64)])
 def test_cli_group_size_and_quantized_embedding(tmp_path, scheme, group, capsys, monkeypatch):
     """#24: `--quantize int4|int8 --group-size G --quantize-embedding`: every linear stored at its width
-    with one float16 scale per G columns, the embedding table int8 with one scale per row, gathered
-    (two MPSEmbedding lookups: the int8 row and its scale) and dequantized after the gather, never
-    the whole table; the export verifies itself against eager quantized alike."""
+    with one float16 scale and one float16 offset per G columns (#43), the output head int8 in
+    symmetric groups of 32 (#43: --quantize-head's default), the embedding table int8 with one scale
+    per row, gathered (two MPSEmbedding lookups: the int8 row and its scale) and dequantized after the
+    gather, never the whole table; the export verifies itself against eager quantized alike."""
     import collections
 
     from mps_backend.serialization import read_blob
@@ -178,19 +179,23 @@ def test_cli_group_size_and_quantized_embedding(tmp_path, scheme, group, capsys,
     for c in graph.constant_ids:
         stored[graph.values[c].datatype.name] += graph.values[c].constant_buffer_size
     model = eager_model(folder, torch.float32)
-    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    head = model.lm_head.weight
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not model.lm_head]
     n_linear = sum(w.numel() for w in linears)
     table = model.model.embed_tokens.weight
-    n_other = sum(p.numel() for p in model.parameters()) - n_linear - table.numel()
+    assert table is not head  # qwen2: untied
+    n_other = sum(p.numel() for p in model.parameters()) - n_linear - table.numel() - head.numel()
     ops = collections.Counter(n.op for n in graph.nodes)
     assert ops["MPSEmbedding"] == 2
     width = {"int4": 0.5, "int8": 1}[scheme]
-    assert stored[scheme] == n_linear * width + (table.numel() if scheme == "int8" else 0), stored
+    int8 = table.numel() + head.numel() + (n_linear if scheme == "int8" else 0)
+    assert stored["int8"] == int8, stored
     if scheme == "int4":
-        assert stored["int8"] == table.numel() and ops["MPSDequantizePerChannelGroup"] == len(linears)
-    # float16: norms, biases, one scale per row of the table, one per G columns of each linear, and
-    # RoPE's cos/sin tables (16 positions each, computed in float32 at export)
-    scales = table.shape[0] + n_linear // group
+        assert stored["int4"] == n_linear * width and ops["MPSDequantizePerChannelGroup"] == len(linears)
+    # float16: norms, biases, one scale per row of the table, a scale and an offset per G columns of each
+    # linear, a scale per 32 columns of the head, and RoPE's cos/sin tables (16 positions each, computed
+    # in float32 at export)
+    scales = table.shape[0] + 2 * n_linear // group + head.numel() // 32
     rope = 2 * 16 * (model.config.hidden_size // model.config.num_attention_heads)
     n = n_other + scales + rope
     assert n * 2 <= stored["float16"] <= n * 2 + 64, (stored, n_other, scales, rope)

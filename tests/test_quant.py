@@ -1,5 +1,7 @@
-"""Weight-only int4/int8 quantization (torchao ``quantize_`` and ``quantized_decomposed``) lowered to
-the MPS delegate and executed by the device model.
+"""Weight-only int4/int8 quantization lowered to the MPS delegate and executed by the device model:
+graphs of torchao's ``quantize_`` (integer zero points) and ``quantized_decomposed``, and
+mps_backend's own quantizer (``mps_backend.quantize``: asymmetric groups with a float16 scale and
+offset, ``GroupQuantizedTensor``).
 
 Tolerances (max |device - reference| / max |reference|):
 
@@ -29,7 +31,8 @@ from executorch.exir.lowered_backend_module import get_lowered_submodules
 
 from mps_backend import MPSPartitioner
 from mps_backend.operators.quant import pack_int4
-from mps_backend.quantize import quantize_model
+from mps_backend.quant_tensor import GroupQuantizedTensor
+from mps_backend.quantize import quantizable, quantize_model, weight_only_config
 from mps_backend.runtime.interpreter import execute, unpack_int4
 from mps_backend.serialization import DataType, read_blob
 
@@ -63,10 +66,20 @@ def constants(graph):
     ]
 
 
+def torchao_quantized(model, scheme, group, asymmetric=False, embeddings=False):
+    """``model`` quantized by torchao's own ``quantize_`` (symmetric, or with integer zero points): the
+    graphs a user's torchao model exports to, which the lowering takes as well as mps_backend's own."""
+    from torchao.quantization import quantize_
+
+    config = weight_only_config(scheme, group, asymmetric=asymmetric)
+    quantize_(model, config, filter_fn=quantizable(scheme, group, embeddings=embeddings))
+    return model
+
+
 def linear_pair(n, k, scheme, group, asymmetric, seed=0):
     torch.manual_seed(seed)
     fmodel = torch.nn.Sequential(torch.nn.Linear(k, n)).eval()
-    qmodel = quantize_model(copy.deepcopy(fmodel), scheme, group, asymmetric=asymmetric)
+    qmodel = torchao_quantized(copy.deepcopy(fmodel), scheme, group, asymmetric)
     return fmodel, qmodel, torch.randn(4, k, generator=torch.Generator().manual_seed(seed + 1))
 
 
@@ -209,13 +222,34 @@ def test_int4_shapes_the_device_cannot_pack_stay_on_cpu(n, k, group, why):
 
 
 @pytest.mark.parametrize("n,k", [(12, 64), (16, 48)])
-def test_quantize_model_keeps_unpackable_int4_layers_float(n, k):
-    """quantize_model leaves layers the int4 layout cannot take in float: they are delegated as plain
-    linears instead of leaving a dequantize on CPU that the runtime has no kernel for."""
+def test_recipe_filter_keeps_unpackable_int4_layers_float(n, k):
+    """torchao's path (executorch's recipes: ``quantizable``) leaves layers the int4 layout cannot take
+    in float: they are delegated as plain linears instead of leaving a dequantize on CPU that the
+    runtime has no kernel for."""
     fmodel, qmodel, x = linear_pair(n, k, "int4", 16, False)
     assert type(qmodel[0].weight) is torch.nn.Parameter and torch.equal(qmodel[0].weight, fmodel[0].weight)
     _, report, blobs = lower(qmodel, (x,))
     assert report.on_cpu == [] and len(blobs) == 1
+
+
+@pytest.mark.parametrize("n,k", [(12, 64), (16, 48)])
+def test_quantize_model_makes_unpackable_int4_layers_int8(n, k):
+    """quantize_model never leaves a layer in float (issue #43): one the int4 layout cannot take is int8
+    per channel (scale and offset per row), delegated, and the summary names it."""
+    from mps_backend.quantize import quantization_count
+
+    torch.manual_seed(0)
+    fmodel = torch.nn.Sequential(torch.nn.Linear(k, n)).eval()
+    assert f"1 int8 per channel: the device's int4 layout cannot take [N={n}, K={k}]" in quantization_count(fmodel, "int4", 16)
+    qmodel = quantize_model(copy.deepcopy(fmodel), "int4", 16)
+    w = qmodel[0].weight
+    assert isinstance(w, GroupQuantizedTensor) and (w.bits, w.packed, w.group_size) == (8, False, k)
+    x = torch.randn(4, k)
+    _, report, blobs = lower(qmodel, (x,))
+    assert report.on_cpu == [] and len(blobs) == 1
+    with torch.no_grad():
+        assert rel(execute(blobs[0], [x])[0], qmodel(x)) <= INT8_FP32
+        assert rel(execute(blobs[0], [x])[0], fmodel(x)) <= FLOAT_INT8
 
 
 def test_int8_has_no_shape_limits():
@@ -367,7 +401,7 @@ class Twice(torch.nn.Module):
 @pytest.mark.parametrize("scheme", ["int4", "int8"])
 def test_shared_quantized_weight(scheme):
     torch.manual_seed(0)
-    model = quantize_model(Twice().eval(), scheme, 32, asymmetric=True)
+    model = torchao_quantized(Twice().eval(), scheme, 32, asymmetric=True)
     x = torch.randn(3, 64)
     edge, report, blobs = lower(model, (x,))
     ep = edge.exported_program()
@@ -405,7 +439,8 @@ def test_embedding_weight_only(scheme):
     torch.manual_seed(0)
     fmodel = Embed().eval()
     qmodel = quantize_model(copy.deepcopy(fmodel), scheme, 32, embeddings=True)
-    assert type(qmodel.emb.weight).__name__ == "IntxUnpackedToInt8Tensor"
+    # mps_backend's quantizer: a table read by a gather is stored unpacked (int8 storage, 4-bit values for int4)
+    assert isinstance(qmodel.emb.weight, GroupQuantizedTensor) and not qmodel.emb.weight.packed
     idx = torch.tensor([[1, 5, 63, 0, 7]])
     result = export_model(qmodel, (idx,), use_fp16=False)
     assert not any("dequantize" in c.target for c in result.report.on_cpu), str(result.report)
@@ -413,6 +448,151 @@ def test_embedding_weight_only(scheme):
     with torch.no_grad():
         assert rel(got, qmodel(idx)) <= (INT4_FP32 if scheme == "int4" else INT8_FP32)
         assert rel(got, fmodel(idx)) <= (FLOAT_INT4 if scheme == "int4" else FLOAT_INT8)
+
+
+# ---- mps_backend's quantizer: asymmetric groups (issue #43) ----------------------------------------
+
+
+def own_pair(n, k, scheme, group, seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    fmodel = torch.nn.Sequential(torch.nn.Linear(k, n)).to(dtype).eval()
+    qmodel = quantize_model(copy.deepcopy(fmodel), scheme, group)
+    return fmodel, qmodel, torch.randn(4, k, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+
+
+OWN_CASES = [("int4", 32, 128), ("int4", 64, 128), ("int4", 128, 256), ("int8", None, 96), ("int8", 32, 128)]
+
+
+@pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("scheme,group,k", OWN_CASES, ids=[f"{s}-g{g}-K{k}" for s, g, k in OWN_CASES])
+def test_asymmetric_groups_compute_as_eager(scheme, group, k, fp16):
+    """A float16 scale and a float16 offset per group: int4 packed (0.5 byte a weight) read by
+    MPSDequantizePerChannelGroup, the offsets added per group (MPSAdd of [N, G, 1]); int8 as a 1-byte
+    constant. The eager tensor computes what the device does (float16 ``q * scale`` for int4), so a
+    float32 program equals eager to EXACT."""
+    n = 64
+    dtype = torch.float16 if fp16 else torch.float32
+    fmodel, qmodel, x = own_pair(n, k, scheme, group, dtype=dtype)
+    w = qmodel[0].weight
+    want_group = group or k
+    assert isinstance(w, GroupQuantizedTensor) and w.group_size == want_group and w.offset is not None
+    assert w.scale.dtype == w.offset.dtype == torch.float16
+    _, report, blobs = lower(qmodel, (x,), use_fp16=fp16)
+    assert report.on_cpu == [] and len(blobs) == 1, str(report)
+    g = read_blob(blobs[0]).graph
+    ops = [nd.op for nd in g.nodes]
+    assert ("MPSDequantizePerChannelGroup" in ops) == (scheme == "int4") and "MPSAdd" in ops
+    groups = k // want_group
+    weight = n * k // 2 if scheme == "int4" else n * k
+    bias = n * (2 if fp16 else 4)
+    assert sum(c[2] for c in constants(g)) == weight + 2 * (n * groups * 2) + bias  # weight, f16 scales and offsets, bias
+    got = execute(blobs[0], [x])[0]
+    with torch.no_grad():
+        eager, floaty = qmodel(x), fmodel(x)
+    assert rel(got, eager) <= (FP16 if fp16 else EXACT)
+    assert rel(got, floaty) <= (FLOAT_INT4 if scheme == "int4" else FLOAT_INT8)
+
+
+def q4_1_weight(n, k, seed=0):
+    """A weight llama.cpp's Q4_1 holds exactly: blocks of 32 ``d q + m`` (float16 d and m, q in 0..15
+    with 0 and 15 in every block, as Q4_1's min/max quantizer leaves them)."""
+    gen = torch.Generator().manual_seed(seed)
+    d = (torch.rand(n, k // 32, 1, generator=gen) * 0.02 + 0.001).half().float()
+    m = (-(torch.rand(n, k // 32, 1, generator=gen) * 0.2)).half().float()
+    q = torch.randint(0, 16, (n, k // 32, 32), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15
+    return (d * q + m).reshape(n, k), d, m
+
+
+def test_int4_group_32_reproduces_a_q4_1_checkpoint():
+    """The issue's finding: SmolLM2's Q4_1 weights re-quantized symmetrically landed 0.06 % on the
+    symmetric grid. min/max with a float16 scale and offset per group of 32 gives back every value up
+    to float16 rounding of the stored offset ``m + 8 d`` (the levels shifted to [-8, 7]) and of the
+    device's float16 product; torchao's symmetric mapping is far off (relative error ~ 1e-1)."""
+    n, k = 64, 256
+    w, d, m = q4_1_weight(n, k)
+    model = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False))
+    with torch.no_grad():
+        model[0].weight.copy_(w)
+    ours = quantize_model(copy.deepcopy(model), "int4", 32)[0].weight
+    assert torch.equal(ours.scale.float().reshape(n, -1, 1), d)
+    # float16 rounding of the offset m + 8 d and of the product q' d (what the device's int4 dequantize yields)
+    product = (ours.qdata.float().reshape(n, -1, 32) * d).abs()
+    bound = (2.0**-11) * ((m + 8 * d).abs() + product).reshape(n, k) + 1e-9
+    assert ((ours.dequantize() - w).abs() <= bound).all()
+    theirs = torchao_quantized(copy.deepcopy(model), "int4", 32)[0].weight.dequantize()
+    assert rel(theirs, w) > 0.05 > 100 * rel(ours.dequantize(), w)
+
+
+def test_hqq_refinement_above_group_32():
+    """Groups above 32 columns get HQQ's refinement of their minimum (chosen by measurement, docs/llm.md
+    Quality); it lowers the weight error of a heavy-tailed weight at group 64 (min/max: 4.78e-2 mean
+    squared error; refined: 4.35e-2)."""
+    from mps_backend.quant_tensor import affine_groups
+    from mps_backend.quantize import plan_quantization
+
+    torch.manual_seed(0)
+    w = torch.distributions.StudentT(3.0).sample((256, 512))
+    errors = []
+    for refine in (False, True):
+        q, s, off = affine_groups(w, 4, 64, refine=refine)
+        errors.append(float((GroupQuantizedTensor(q, s, 4, True, torch.float32, off).dequantize() - w).square().mean()))
+    assert errors[1] < 0.95 * errors[0], errors
+    plans = [plan_quantization(torch.nn.Linear(512, 64), "int4", g).layers[0] for g in (32, 64, 128)]
+    assert [p.refine for p in plans] == [False, True, True]
+
+
+class TiedLM(torch.nn.Module):
+    """An embedding table tied to the output head (transformers' ``get_output_embeddings``)."""
+
+    def __init__(self, vocab=64, dim=96):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.mid = torch.nn.Linear(dim, dim)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def forward(self, idx):
+        return self.head(torch.relu(self.mid(self.emb(idx))))
+
+
+@pytest.mark.parametrize("head", [None, "int4", "float"], ids=["default-int8", "int4", "float"])
+def test_tied_head_is_one_table(head):
+    """Under --quantize int4 the head is int8 in symmetric groups of 32 by default (--quantize-head sets
+    it); a table tied to it stays one constant the program reads both ways: the embedding gathers the
+    token's int8 row and scales, the head dequantizes the whole table (before #43 the head was untied
+    and quantized to int4 beside the float table)."""
+    from mps_backend.quantize import quantization_count
+
+    torch.manual_seed(0)
+    fmodel = TiedLM().eval()
+    note = quantization_count(fmodel, "int4", 32, head)
+    qmodel = quantize_model(copy.deepcopy(fmodel), "int4", 32, head=head)
+    table = qmodel.emb.weight
+    assert qmodel.head.weight is table
+    if head == "float":
+        assert type(table) is torch.nn.Parameter and note.endswith("; output head float")
+    else:
+        assert isinstance(table, GroupQuantizedTensor) and not table.packed
+        assert (table.bits, table.group_size, table.offset is None) == ((8, 32, True) if head is None else (4, 32, False))
+        assert note.endswith(
+            ("output head int8 groups of 32, symmetric" if head is None else "output head int4 group 32")
+            + " (one table with the tied embedding)"
+        )
+    assert note.startswith("quantized 1 of 2 linear layers (int4, group 32")
+    idx = torch.tensor([[1, 5, 63, 0, 7]])
+    _, report, blobs = lower(qmodel, (idx,))
+    assert report.on_cpu == [] and len(blobs) == 1, str(report)
+    g = read_blob(blobs[0]).graph
+    tables = [c for c in constants(g) if c[1] == [64, 96]]
+    want = DataType.int8 if head != "float" else DataType.float32
+    assert tables == [(want, [64, 96], 64 * 96 * (1 if head != "float" else 4))], constants(g)
+    with torch.no_grad():
+        assert rel(execute(blobs[0], [idx])[0], qmodel(idx)) <= EXACT
+        assert rel(execute(blobs[0], [idx])[0], fmodel(idx)) <= FLOAT_INT4
 
 
 # ---- llama ------------------------------------------------------------------------------------
@@ -427,12 +607,14 @@ def _llama(**kw):
 
 
 def expected_constant_bytes(model, group: int) -> tuple[int, int]:
-    """(int4 weights + float16 scales, the rest in float16) of an int4 weight-only llama."""
+    """(quantized weights: int4 packed or int8, float16 scales and offsets; the rest in float16) of a
+    weight-only llama."""
     quant, rest = 0, 0
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     for t in tensors.values():
-        if hasattr(t, "qdata"):
-            quant += t.qdata.numel() // 2 + t.scale.numel() * 2
+        if isinstance(t, GroupQuantizedTensor):
+            offsets = t.offset.numel() * 2 if t.offset is not None else 0
+            quant += t.qdata.numel() // (2 if t.packed else 1) + t.scale.numel() * 2 + offsets
         else:
             rest += t.numel() * (2 if t.dtype == torch.float32 else t.element_size())
     return quant, rest
@@ -500,10 +682,14 @@ def test_quantize_model_rejects_unknown_scheme():
         quantize_model(torch.nn.Linear(4, 4), "int2")
 
 
-def test_quantize_model_skips_layers_the_group_does_not_divide():
-    model = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.Linear(8, 8))
-    quantize_model(model, "int4", 32)
-    assert hasattr(model[0].weight, "qdata") and not hasattr(model[1].weight, "qdata")
+def test_quantize_model_quantizes_layers_the_group_does_not_divide():
+    """Every layer is quantized (issue #43; before, the ones the group did not divide stayed float): a
+    smaller power-of-two group where one divides in_features (at least 32 for int4), else int8 per
+    channel."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 96), torch.nn.Linear(96, 8))
+    quantize_model(model, "int4", 64)
+    got = [(m.weight.bits, m.weight.group_size) for m in model]
+    assert got == [(4, 64), (8, 8), (8, 8), (4, 32)], got
     assert math.isfinite(model(torch.randn(1, 64)).sum().item())
 
 
@@ -521,7 +707,7 @@ def make():
 
 @pytest.mark.parametrize(
     "scheme,extra,group_text",
-    [("int4", [], "group size 32"), ("int8", [], "per channel"), ("int8", ["--group-size", "32"], "group size 32")],
+    [("int4", [], "group 32"), ("int8", [], "per channel"), ("int8", ["--group-size", "32"], "group 32")],
 )
 def test_cli_export_quantize(tmp_path, capsys, scheme, extra, group_text):
     from mps_backend.tools.cli import main
@@ -531,7 +717,7 @@ def test_cli_export_quantize(tmp_path, capsys, scheme, extra, group_text):
     out = tmp_path / "q.pte"
     assert main(["export", "--model", f"{src}:make", "--quantize", scheme, *extra, "--fp32", "--verify", "-o", str(out)]) == 0
     cap = capsys.readouterr()
-    assert f"[quantize] {scheme} weight-only, {group_text}" in cap.err
+    assert f"[quantize] quantized 2 of 2 linear layers ({scheme}, {group_text}, asymmetric" in cap.err
     assert "MPS delegates    1" in cap.out and "verify: max abs error" in cap.out and "OK" in cap.out
     assert main(["inspect", str(out)]) == 0
     nodes = capsys.readouterr().out

@@ -85,6 +85,8 @@ class LLMExportResult:
     #: the self-check (``verify_steps``): a :class:`mps_backend.llm.verify.LLMVerification`
     verification: Any = None
     quantize_embedding: bool = False
+    #: ``--quantize-head`` as given (None: the default, :func:`mps_backend.quantize.resolve_head`)
+    quantize_head: str | None = None
     #: MPS delegates of each method of the program
     method_delegates: dict[str, int] = field(default_factory=dict)
     #: the methods' static signatures, as the summary states them
@@ -335,6 +337,7 @@ def export_llm(
     verify_steps: int = 0,
     quantize_embedding: bool = False,
     prefill_chunk: int | None = None,
+    quantize_head: str | None = None,
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER``, ``gguf:FILE.gguf``, or ``llama:CHECKPOINT.pth``
     with ``params``) to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
@@ -346,7 +349,8 @@ def export_llm(
     after writing, run that many decode steps of the ``.pte`` against the eager float32 model
     (:mod:`mps_backend.llm.verify`; the CLI's default is 4) into ``result.verification``.
     ``quantize_embedding``: the embedding table int8 with a scale per row, dequantized after the
-    lookup (:class:`mps_backend.quantize.RowQuantizedEmbedding`)."""
+    lookup (:class:`mps_backend.quantize.RowQuantizedEmbedding`). ``quantize_head``: the output head
+    under ``quantize`` (``int8``, the default; ``int4``; ``float``)."""
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
 
     from mps_backend.export import drop_unused_constants, release_export_caches  # noqa: PLC0415
@@ -359,6 +363,8 @@ def export_llm(
 
     guards.check_output_is_not_an_input(out, kind, source, params)  # -o FOLDER/model.safetensors, a link to it...
     guards.check_export_options(verify_steps, group_size, quantize)
+    if quantize_head is not None and not quantize:
+        raise CheckpointError(f"--quantize-head {quantize_head} applies to --quantize int4|int8")
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     weights = _checkpoint_state(source)  # checked again before the weights are copied and before the write
     # converted weights (bfloat16 -> float16) and quantized int8 data are written here and mapped back,
@@ -412,10 +418,10 @@ def export_llm(
                 from mps_backend.llm.vision import text_part  # noqa: PLC0415
 
                 target = text_part(lm.model)
-            note = quantization_count(target, quantize, group)  # none quantized: an error, not a label
+            note = quantization_count(target, quantize, group, quantize_head)  # none quantized: an error, not a label
             notes.append(note + ("; the vision encoder stays in float" if vision else ""))
             with prog.stage(f"quantize {quantize}"):
-                quantize_model(target, quantize, group, scratch=scratch)
+                quantize_model(target, quantize, group, head=quantize_head, scratch=scratch)
         if quantize_embedding:
             from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
 
@@ -498,6 +504,7 @@ def export_llm(
         metadata=meta,
         quantize=quantize,
         quantize_embedding=quantize_embedding,
+        quantize_head=quantize_head,
         prefill_chunk=chunk,
         seconds=dict(prog.seconds),
         notes=notes,
@@ -528,6 +535,7 @@ def export_llm(
                 allow_missing_kernels=allow_missing_kernels,
                 quantize_embedding=quantize_embedding,
                 prefill_chunk=chunk,
+                quantize_head=quantize_head,
             )
 
         try:

@@ -273,7 +273,16 @@ def prompt_tokens(kind: str, path: pathlib.Path, vocab: int | None, room: int) -
 
 
 def _eager_logits(
-    kind: str, path: pathlib.Path, params, tokens: list[int], quantize, group_size, max_seq_len: int, dtype: str, embedding=False
+    kind: str,
+    path: pathlib.Path,
+    params,
+    tokens: list[int],
+    quantize,
+    group_size,
+    max_seq_len: int,
+    dtype: str,
+    embedding=False,
+    head=None,
 ):
     """Float32 eager logits after each of ``tokens``. A quantized export's reference quantizes the
     weights as the export did (in the export precision: scales of float16 weights differ from those of
@@ -299,7 +308,7 @@ def _eager_logits(
     if quantize:
         from mps_backend.quantize import quantize_dequantized, resolve_group_size  # noqa: PLC0415
 
-        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
+        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size), head)
         reference += f" ({quantize} weights quantized alike, dequantized)"
     if embedding:
         from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
@@ -411,6 +420,7 @@ def verify_llm(
     bos_id: int | None = None,
     quantize_embedding: bool = False,
     prompt: tuple[list[int], str] | None = None,
+    quantize_head: str | None = None,
 ) -> LLMVerification:
     """Compare the ``.pte`` (exported from ``model``, ``hf:``/``gguf:``/``llama:``) with the eager float32 model
     on the same tokens (the module docstring): BOS, the prompt's tokens (``prompt``: tokens and where
@@ -429,8 +439,9 @@ def verify_llm(
     ids, source = prompt
     prefix = [bos_id if bos_id is not None else 0, *ids]
     tokens, dev, rows = _pte_logits(pte, prefix, steps)
+    length = max_seq_len or len(tokens)
     ref, reference = _eager_logits(
-        kind, path, params, tokens[:-1], quantize, group_size, max_seq_len or len(tokens), dtype, quantize_embedding
+        kind, path, params, tokens[:-1], quantize, group_size, length, dtype, quantize_embedding, quantize_head
     )
     if ref.shape[-1:] != dev.shape[-1:] or ref.shape[0] != len(tokens) - 1:
         raise CheckpointError(f"the .pte's logits {list(dev.shape)} and the eager model's {list(ref.shape)} differ in shape")
@@ -488,6 +499,7 @@ def verify_export(
         quantize=result.quantize,
         group_size=group_size,
         quantize_embedding=result.quantize_embedding,
+        quantize_head=getattr(result, "quantize_head", None),
     )
     bos = result.metadata.get("get_bos_id")
     common["prompt"] = prompt_tokens(kind, pathlib.Path(path), result.metadata.get("get_vocab_size"), result.max_seq_len - steps)

@@ -298,7 +298,14 @@ def text_part(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def eager_reference(
-    folder, batch, generated: list[int], *, quantize: str | None = None, group_size: int | None = None, dtype: str = "fp32"
+    folder,
+    batch,
+    generated: list[int],
+    *,
+    quantize: str | None = None,
+    group_size: int | None = None,
+    dtype: str = "fp32",
+    head: str | None = None,
 ) -> torch.Tensor:
     """transformers' eager float32 model on the processor's ``batch`` followed by ``generated`` (teacher-forced,
     one forward): the logits after the prompt's last token and after each generated token but the last,
@@ -314,7 +321,7 @@ def eager_reference(
     if quantize:
         from mps_backend.quantize import quantize_dequantized, resolve_group_size  # noqa: PLC0415
 
-        quantize_dequantized(text_part(model), quantize, resolve_group_size(quantize, group_size))
+        quantize_dequantized(text_part(model), quantize, resolve_group_size(quantize, group_size), head)
         model.float()
     extra = torch.tensor([generated[:-1]], dtype=torch.long)
     inputs = dict(batch)
@@ -345,7 +352,8 @@ def verify_vision(result, model: str, *, steps: int, pte=None, group_size: int |
     tokens = generate_ids(where, prompt_inputs(where, folder, VERIFY_PROMPT, image), steps, result=run, stop_at_eos=False)
     batch = process(load_processor(folder), VERIFY_PROMPT, image)
     dtype = "fp16" if result.precision == "float16" else "fp32"
-    ref = eager_reference(folder, batch, tokens, quantize=result.quantize, group_size=group_size, dtype=dtype)
+    quant = dict(quantize=result.quantize, group_size=group_size, head=result.quantize_head)
+    ref = eager_reference(folder, batch, tokens, dtype=dtype, **quant)
     dev = torch.stack(run.logits)
     quantized = f" ({result.quantize} text weights quantized alike, dequantized)" if result.quantize else ""
     return LLMVerification(

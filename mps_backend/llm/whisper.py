@@ -227,7 +227,7 @@ def verify_whisper(result, model: str, *, steps: int, group_size: int | None, pt
     logits: list[torch.Tensor] = []
     features = verification_features(int(_read_config(folder)["num_mel_bins"]))
     tokens = transcribe_ids(pte or result.path, features, steps, stop_at_eos=False, logits=logits)
-    ref, reference = eager_logits(folder, features, tokens[:-1], result.quantize, group_size, dtype)
+    ref, reference = eager_logits(folder, features, tokens[:-1], result.quantize, group_size, dtype, result.quantize_head)
     dev = torch.stack(logits).float()
     agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
     return LLMVerification(
@@ -247,7 +247,7 @@ def _read_config(folder) -> dict:
     return json.loads((pathlib.Path(folder) / "config.json").read_text())
 
 
-def eager_logits(folder, features: torch.Tensor, tokens: list[int], quantize=None, group_size=None, dtype="fp32"):
+def eager_logits(folder, features: torch.Tensor, tokens: list[int], quantize=None, group_size=None, dtype="fp32", head=None):
     """transformers' eager float32 Whisper: logits after each of ``tokens`` (the decoder's input from
     the start token on), and the reference's name. Quantized exports: the weights quantized alike
     (in the export precision) and dequantized, as :mod:`mps_backend.llm.verify` does."""
@@ -260,7 +260,7 @@ def eager_logits(folder, features: torch.Tensor, tokens: list[int], quantize=Non
     if quantize:
         from mps_backend.quantize import quantize_dequantized, resolve_group_size  # noqa: PLC0415
 
-        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
+        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size), head)
         model.float()
         reference += f" ({quantize} weights quantized alike, dequantized)"
     with torch.no_grad():

@@ -82,6 +82,7 @@ def cmd_export_llm(args) -> int:
             verify_steps=0 if args.no_verify else args.verify_steps,
             quantize_embedding=args.quantize_embedding,
             prefill_chunk=args.prefill_chunk,
+            quantize_head=args.quantize_head,
         )
     except (CheckpointError, FileNotFoundError, RuntimeCompatError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -242,10 +243,12 @@ def cmd_export(args) -> int:
 
         group = resolve_group_size(args.quantize, args.group_size)
         _say(
-            f"[quantize] {quantization_count(model, args.quantize, group)}"
+            f"[quantize] {quantization_count(model, args.quantize, group, args.quantize_head)}"
             + (" (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else "")
         )
-        model = quantize_model(model, args.quantize, group)
+        model = quantize_model(model, args.quantize, group, head=args.quantize_head)
+    elif args.quantize_head is not None:
+        raise SystemExit(f"--quantize-head {args.quantize_head} applies to --quantize int4|int8")
     use_fp16 = _use_fp16(args)
     out = _output_path(args, use_fp16)
     from mps_backend.llm.export import output_target  # noqa: PLC0415
@@ -666,13 +669,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--quantize",
         choices=("int4", "int8"),
-        help="weight-only quantization of the linear layers (torchao); int4 needs macOS 15 / iOS 18",
+        help="weight-only quantization of the linear layers (asymmetric groups: a float16 scale and offset each); "
+        "int4 needs macOS 15 / iOS 18; a gguf: file keeps its own quantized tensors unless this is given",
     )
     p.add_argument(
         "--group-size",
         type=int,
         default=None,
-        help="weights sharing one scale (default: 32 for int4, per output channel for int8; 0 = per channel)",
+        help="weights sharing one scale and offset (default: 32 for int4, per output channel for int8; 0 = per channel)",
+    )
+    p.add_argument(
+        "--quantize-head",
+        choices=("int8", "int4", "float"),
+        default=None,
+        help="with --quantize: the output head (the logits' linear; a tied embedding table with it) as int8 in "
+        "symmetric groups of 32 (default), int4 like the other layers, or float",
     )
     p.add_argument(
         "--quantize-embedding",

@@ -1,0 +1,265 @@
+"""A weight quantized in groups of columns, each group with a float scale and an optional float offset,
+stored the way the device reads it.
+
+    w = GroupQuantizedTensor(q, scale, bits=4, packed=True, dtype=torch.float16, offset=offset)
+    w.dequantize()   # [N, K]: q * scale + offset, per group of K / scale.shape[1] columns
+
+``qdata`` is int8 ``[N, K]``, ``scale`` and ``offset`` ``[N, G]`` (float16, or float32 when a value is
+beyond float16's range), one per group of ``K / G`` columns of a row. A value is ``q * scale + offset``
+(``offset`` None: ``q * scale``). As a module's weight it computes as the device does:
+
+- ``linear``: ``dequantize()`` then the linear. ``dequantize()`` is ``torchao.dequantize_affine`` (no
+  zero point) on ``qdata``, cast to the tensor's dtype, plus the offset broadcast over each group: in
+  the exported graph ``dequantize_affine``, a cast, a ``view`` to ``[N, G, K/G]``, an ``add`` of the
+  ``[N, G, 1]`` offsets and a ``view`` back. ``packed`` (values in [-8, 7]): the dequantize declares the
+  int4 range and yields float16, so ``mps_backend.operators.quant`` lowers it to
+  ``MPSDequantizePerChannelGroup`` on the packed 4-bit weight (0.5 byte a weight), which computes
+  ``float16(q * scale)`` exactly as the eager product here. Otherwise (int8 storage, 1 byte a weight)
+  the generic lowering casts and multiplies in the tensor's dtype, as here.
+- ``embedding``: the rows taken and their scales (and offsets) are gathered, then only those rows are
+  dequantized with the same arithmetic: a table tied to the output head is one constant the program
+  reads both ways (a gather of rows, and the head's dequantize). A table read by a gather is stored
+  unpacked (int8): the device's int4 dequantize takes only a whole constant weight.
+
+:func:`affine_groups` and :func:`symmetric_groups` make the data from float weights.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional
+
+import torch
+from torchao.utils import TorchAOBaseTensor
+
+aten = torch.ops.aten
+
+#: the float16 range: a scale or offset beyond it is stored in float32
+F16_MAX = 65504.0
+
+
+class GroupQuantizedTensor(TorchAOBaseTensor):
+    """``[N, K]`` weight: ``qdata`` int8 ``[N, K]``, ``scale`` ``[N, G]``, ``offset`` ``[N, G]`` or None;
+    ``bits``: the width of the values (4: in [-8, 7]; 8: int8, any of [-128, 127]); ``packed``: 4-bit
+    values the device's int4 dequantize reads packed (module docstring)."""
+
+    tensor_data_names = ["qdata", "scale"]
+    tensor_attribute_names = ["bits", "packed", "dtype"]
+    optional_tensor_data_names = ["offset"]
+
+    def __new__(cls, qdata, scale, bits, packed, dtype, offset=None):
+        return torch.Tensor._make_wrapper_subclass(cls, qdata.shape, dtype=dtype, device=qdata.device, requires_grad=False)
+
+    def __init__(self, qdata, scale, bits, packed, dtype, offset=None):
+        super().__init__()
+        if qdata.dtype != torch.int8 or qdata.dim() != 2 or scale.dim() != 2 or scale.shape[0] != qdata.shape[0]:
+            raise ValueError(f"group quantized weight: qdata int8 [N, K] and scale [N, G], got {qdata.dtype}{list(qdata.shape)}")
+        if qdata.shape[1] % max(1, scale.shape[1]) or (offset is not None and offset.shape != scale.shape):
+            raise ValueError(f"group quantized weight: {scale.shape[1]} groups do not tile {qdata.shape[1]} columns")
+        if packed and bits != 4:
+            raise ValueError("only 4-bit values are packed")
+        self.qdata, self.scale, self.offset = qdata, scale, offset
+        self.bits, self.packed = bits, packed
+
+    @property
+    def group_size(self) -> int:
+        return self.qdata.shape[1] // self.scale.shape[1]
+
+    def _quantization_type(self) -> str:
+        return f"int{self.bits}, group {self.group_size}, {'offset' if self.offset is not None else 'no offset'}" + (
+            ", packed" if self.packed else ""
+        )
+
+    def product_dtype(self) -> torch.dtype:
+        """The dtype ``q * scale`` is computed in: float16 for packed values with float16 scales (what
+        the device's int4 dequantize yields), else the tensor's dtype."""
+        return torch.float16 if self.packed and self.scale.dtype == torch.float16 else self.dtype
+
+    def dequantize(self) -> torch.Tensor:
+        """The ``[N, K]`` weight in the tensor's dtype (module docstring)."""
+        n, k = self.qdata.shape
+        groups = self.scale.shape[1]
+        lo, hi = (-8, 7) if self.packed else (-128, 127)
+        w = torch.ops.torchao.dequantize_affine(
+            self.qdata, [1, k // groups], self.scale, None, torch.int8, lo, hi, output_dtype=self.product_dtype()
+        ).to(self.dtype)
+        if self.offset is None:
+            return w
+        return (w.view(n, groups, k // groups) + self.offset.to(self.dtype).view(n, groups, 1)).view(n, k)
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows ``index`` (any shape) dequantized: ``[*index.shape, K]``, equal to ``dequantize()[index]``."""
+        k, groups = self.qdata.shape[1], self.scale.shape[1]
+        shape = [*index.shape, groups, k // groups]
+        q = torch.nn.functional.embedding(index, self.qdata).view(shape)
+        s = torch.nn.functional.embedding(index, self.scale).unsqueeze(-1)
+        w = (q.to(self.product_dtype()) * s.to(self.product_dtype())).to(self.dtype)
+        if self.offset is not None:
+            w = w + torch.nn.functional.embedding(index, self.offset).to(self.dtype).unsqueeze(-1)
+        return w.view(*index.shape, k)
+
+    def to(self, *args, **kwargs):
+        """Another dtype or device: the same data, dequantized into that dtype."""
+        kw = self._get_to_kwargs(*args, **kwargs)
+        move = [t.to(kw["device"]) if t is not None else None for t in (self.qdata, self.scale, self.offset)]
+        return GroupQuantizedTensor(move[0], move[1], self.bits, self.packed, kw["dtype"], move[2])
+
+
+implements = GroupQuantizedTensor.implements
+implements_torch_function = GroupQuantizedTensor.implements_torch_function
+
+
+@implements(aten.linear.default)
+@implements_torch_function(torch.nn.functional.linear)
+def _linear(func, types, args, kwargs):
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    return torch.nn.functional.linear(x, w.dequantize(), bias)
+
+
+@implements(aten.embedding.default)
+@implements_torch_function(torch.nn.functional.embedding)
+def _embedding(func, types, args, kwargs):
+    index, w = args[0], args[1]
+    return w.rows(index)
+
+
+@implements(aten._to_copy.default)
+def _to_copy(func, types, args, kwargs):
+    return args[0].to(*args[1:], **kwargs)
+
+
+# ---- making the data ------------------------------------------------------------------------------
+
+
+def storage_dtype(w: torch.Tensor) -> torch.dtype:
+    """The dtype of the scales and offsets of ``w``'s groups: float16, or float32 when they could leave
+    float16's range (a refined offset stays within two ranges of its group: ``5 max |w|`` at most)."""
+    if not w.numel():
+        return torch.float16
+    low, high = torch.aminmax(w.detach())
+    return torch.float16 if 5 * max(-float(low), float(high)) <= F16_MAX else torch.float32
+
+
+def _grouped(w: torch.Tensor, group: int) -> torch.Tensor:
+    n, k = w.shape
+    if group < 1 or k % group:
+        raise ValueError(f"group size {group} does not divide {k} columns")
+    return w.detach().float().reshape(n, k // group, group)
+
+
+#: HQQ's refinement (Badri & Shaji, "Half-Quadratic Quantization of Large Machine Learning Models", 2023):
+#: iterations at most, the l_p norm of the error it minimises, its penalty and the penalty's growth
+HQQ_ITERATIONS, HQQ_P, HQQ_BETA, HQQ_KAPPA = 20, 0.7, 10.0, 1.01
+
+
+def _hqq_minimum(x: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, levels: int) -> torch.Tensor:
+    """Each group's minimum (the value of level 0) refined for the fixed ``scale``: the zero point
+    ``z`` (``x ~ (q - z) * scale``) minimising the l_p error (p < 1: most weights exact, a few far)
+    by half-quadratic splitting, stopped when the mean squared error grows."""
+    s = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1)
+    z = (-low / s.squeeze(-1)).unsqueeze(-1)
+    beta, best = HQQ_BETA, None
+    for _ in range(HQQ_ITERATIONS):
+        q = torch.round(x / s + z).clamp(0, levels)
+        err = x - (q - z) * s
+        mse = float(err.square().mean())
+        if best is not None and mse > best[0]:
+            break
+        best = (mse, z)
+        shrunk = torch.sign(err) * torch.relu(err.abs() - err.abs().pow(HQQ_P - 1) / beta)
+        z = (q - (x - shrunk) / s).mean(-1, keepdim=True)
+        beta *= HQQ_KAPPA
+    assert best is not None
+    refined = (-best[1].squeeze(-1) * s.squeeze(-1)).clamp(low - (levels * scale), low + levels * scale)
+    return torch.where(scale > 0, refined, low)
+
+
+def affine_groups(
+    w: torch.Tensor, bits: int, group: int, *, refine: bool = False, store: Optional[torch.dtype] = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``w [N, K]`` in groups of ``group`` columns with a float scale and a float offset each: ``(q
+    int8 [N, K] in [-2**(bits-1), 2**(bits-1) - 1], scale [N, G], offset [N, G])`` in ``store``
+    (default :func:`storage_dtype`). The range of a group is its minimum and maximum (``scale = (max - min) /
+    (2**bits - 1)``), the minimum refined by HQQ when ``refine``; each value is rounded to the nearest
+    level of the stored (rounded) scale and offset."""
+    x = _grouped(w, group)
+    low, high = x.amin(-1), x.amax(-1)
+    levels = 2**bits - 1
+    scale = (high - low) / levels
+    if refine:
+        low = _hqq_minimum(x, scale, low, levels)
+    half = 2 ** (bits - 1)
+    s = scale.to(store or storage_dtype(w))
+    offset = (low + half * s.float()).to(s.dtype)  # the value of q = 0 (levels shifted to be signed)
+    sf, of = s.float().unsqueeze(-1), offset.float().unsqueeze(-1)
+    q = torch.where(sf > 0, torch.round((x - of) / torch.where(sf > 0, sf, 1.0)), 0.0).clamp(-half, half - 1)
+    return q.to(torch.int8).reshape(w.shape), s, offset
+
+
+def symmetric_groups(
+    w: torch.Tensor, bits: int, group: int, *, store: Optional[torch.dtype] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [N, K]`` in groups of ``group`` columns with a float scale each, no offset (llama.cpp's Q8_0
+    for 8 bits): ``scale = max |x| / (2**(bits-1) - 1)``, ``q`` in ``[-(2**(bits-1) - 1), 2**(bits-1) - 1]``."""
+    x = _grouped(w, group)
+    top = 2 ** (bits - 1) - 1
+    s = (x.abs().amax(-1) / top).to(store or storage_dtype(w))
+    sf = s.float().unsqueeze(-1)
+    q = torch.where(sf > 0, torch.round(x / torch.where(sf > 0, sf, 1.0)), 0.0).clamp(-top, top)
+    return q.to(torch.int8).reshape(w.shape), s
+
+
+def group_for(k: int, want: int, bits: int) -> Optional[int]:
+    """The group size a weight of ``k`` columns gets when ``want`` is asked (0: one group a row):
+    ``want`` when it divides ``k``, else the largest power of two below it that does, at least 32 for
+    4-bit values (None when there is none) and 8 for 8-bit ones (else one group a row)."""
+    if not want:
+        return k
+    if k % want == 0:
+        return want
+    g = 1 << (min(want, k).bit_length() - 1)
+    while g >= (32 if bits == 4 else 8):
+        if k % g == 0:
+            return g
+        g //= 2
+    return None if bits == 4 else k
+
+
+def collect_rows(
+    blocks: Iterable[tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]],
+    rows: int,
+    scratch: Optional[str | os.PathLike] = None,
+    name: str = "weight",
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """(q, scale, offset) of a weight of ``rows`` rows from ``blocks`` of whole rows, in order: with
+    ``scratch``, each written to a file there as it comes and mapped back
+    (:class:`mps_backend.pages.ScratchFile`), so the whole is never anonymous memory; else concatenated."""
+    from mps_backend.pages import ScratchFile  # noqa: PLC0415
+
+    files = [ScratchFile(scratch, f"{name}.{part}") for part in ("qdata", "scale", "offset")] if scratch is not None else None
+    parts: list[list[torch.Tensor]] = [[], [], []]
+    layout: list = []
+    try:
+        for pieces in blocks:
+            if not layout:
+                layout = [(t.dtype, list(t.shape[1:])) if t is not None else None for t in pieces]
+            for i, t in enumerate(pieces):
+                if t is not None:
+                    files[i].append(t) if files is not None else parts[i].append(t)
+            del pieces
+        if not layout:
+            raise ValueError(f"{name}: no rows")
+    except BaseException:
+        for f in files or ():
+            f.discard()
+        raise
+    if files is None:
+        q, s, off = (torch.cat(p) if p else None for p in parts)
+    else:
+        for f, lay in zip(files, layout):
+            if lay is None:
+                f.discard()
+        q, s, off = (f.mapped(lay[0], [rows, *lay[1]]) if lay else None for f, lay in zip(files, layout))
+    assert q is not None and s is not None
+    return q, s, off
