@@ -107,9 +107,9 @@ def grouped_attention(
         value = new_rows[2]
     elif value.shape[-2] != rows or value.shape[1] != kv:
         raise ValueError(
-            f"grouped_attention: {type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}) attends with "
-            f"values of {value.shape[-2]} positions and {value.shape[1]} heads to keys of {rows} and {kv}: the cache's "
-            "values or keys transformed apart from this step's new rows, which attention would miss"
+            f"grouped_attention: {type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}): values of "
+            f"{value.shape[-2]} positions, {value.shape[1]} heads for keys of {rows}, {kv}: the cached keys or values "
+            "transformed apart from the step's new rows"
         )
     if scaling is None:
         scaling = float(module.head_dim) ** -0.5
