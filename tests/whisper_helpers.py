@@ -247,3 +247,17 @@ def speech_clip() -> tuple[np.ndarray, int]:
 
     data, rate = soundfile.read(FIXTURE_SPEECH, dtype="float32")
     return data, rate
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Word-level Levenshtein distance over the reference's word count (1.0 for an empty reference unless
+    the hypothesis is empty too)."""
+    ref, hyp = reference.split(), hypothesis.split()
+    if not ref:
+        return 0.0 if not hyp else 1.0
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / len(ref)

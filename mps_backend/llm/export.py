@@ -413,13 +413,17 @@ def export_llm(
             group = resolve_group_size(quantize, group_size)
             # a vision-language model: its text decoder and head (what each decode step reads); the vision
             # encoder runs once an image and stays in float (mps_backend.llm.vision.text_part)
-            target = lm.model
+            target, rest = lm.model, ""
             if vision:
                 from mps_backend.llm.vision import text_part  # noqa: PLC0415
 
-                target = text_part(lm.model)
+                target, rest = text_part(lm.model), "; the vision encoder stays in float"
+            elif lm.model_type == "whisper":  # the decoder and head (mps_backend.llm.whisper.quantize_target)
+                from mps_backend.llm.whisper import quantize_target  # noqa: PLC0415
+
+                target, rest = quantize_target(lm.model), "; the audio encoder stays in float"
             note = quantization_count(target, quantize, group, quantize_head)  # none quantized: an error, not a label
-            notes.append(note + ("; the vision encoder stays in float" if vision else ""))
+            notes.append(note + rest)
             with prog.stage(f"quantize {quantize}"):
                 quantize_model(target, quantize, group, head=quantize_head, scratch=scratch)
         if quantize_embedding:

@@ -90,17 +90,12 @@ def export_preprocessor(fe, output: str | pathlib.Path) -> dict:
         edge = to_edge_transform_and_lower(
             ep, partitioner=[partitioner], constant_methods=preprocessor_metadata(fe), compile_config=edge_compile_config()
         )
+        nodes = [n for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+        names = [getattr(n.target, "__name__", str(n.target)) for n in nodes]
+        delegates = sum(name == "executorch_call_delegate" for name in names)
+        # the operators left on CPU (not the delegate call, its outputs, sizes and their arithmetic)
+        cpu = sorted(name for name in names if name.startswith("aten.") and "sym_size" not in name)
         program = edge.to_executorch(backend_config(edge))
     out = pathlib.Path(output)
     write_atomically(out, lambda f: program.write_to_file(f))
-    cpu = sorted(
-        str(node.target)
-        for node in edge.exported_program().graph.nodes
-        if node.op == "call_function" and "executorch_call_delegate" not in str(node.target) and "getitem" not in str(node.target)
-    )
-    delegates = sum(
-        1
-        for node in edge.exported_program().graph.nodes
-        if node.op == "call_function" and "executorch_call_delegate" in str(node.target)
-    )
     return {"delegates": delegates, "cpu": cpu}
