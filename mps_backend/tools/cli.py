@@ -736,13 +736,18 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args.fn, args)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is (as SIGINT's KeyboardInterrupt is): the same clean-up runs (the
-    export's temporary files and scratch folder are removed on the way out)."""
+#: the KeyboardInterrupt argument that tells SIGTERM from SIGINT
+SIGTERM_NOTE = "SIGTERM"
 
 
 def _terminate(signum, frame) -> None:
-    raise Terminated
+    """SIGTERM raised where the process is, as SIGINT's KeyboardInterrupt is (the same clean-up runs: the export's
+    temporary files and scratch folder are removed on the way out)."""
+    raise KeyboardInterrupt(SIGTERM_NOTE)
+
+
+def _is_sigterm(e: BaseException) -> bool:
+    return isinstance(e, KeyboardInterrupt) and e.args == (SIGTERM_NOTE,)
 
 
 def _run(fn, args) -> int:
@@ -761,7 +766,7 @@ def _run(fn, args) -> int:
 
     def redeliver(info) -> None:
         if previous is not None and isinstance(info.exc_value, KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGTERM if isinstance(info.exc_value, Terminated) else signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM if _is_sigterm(info.exc_value) else signal.SIGINT)
             return
         unraisable(info)
 
@@ -786,10 +791,10 @@ def _run_checked(fn, args) -> int:
     except (MPSBackendError, OSError, MemoryError) as e:  # this input cannot be used: one line, exit 2
         print(f"error: {_runtime_failure(e) or e}", file=sys.stderr)
         return 2
-    except Terminated:
-        print("\nerror: terminated (SIGTERM)", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:  # SIGINT: the export's temporary files and scratch folder are removed on the way out
+    except KeyboardInterrupt as e:  # SIGINT, SIGTERM: the export's temporary files and scratch folder are removed on the way out
+        if _is_sigterm(e):
+            print("\nerror: terminated (SIGTERM)", file=sys.stderr)
+            return 143
         print("\nerror: interrupted (SIGINT)", file=sys.stderr)
         return 130
 
