@@ -21,19 +21,11 @@ import numpy as np
 
 #: GGUF metadata value types
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
-_FORMATS = {
-    U8: "<B",
-    I8: "<b",
-    U16: "<H",
-    I16: "<h",
-    U32: "<I",
-    I32: "<i",
-    F32: "<f",
-    BOOL: "<?",
-    U64: "<Q",
-    I64: "<q",
-    F64: "<d",
-}
+_FORMATS = dict(
+    zip(
+        (U8, I8, U16, I16, U32, I32, F32, BOOL, U64, I64, F64), ("<B", "<b", "<H", "<h", "<I", "<i", "<f", "<?", "<Q", "<q", "<d")
+    )
+)
 #: ggml type ids used here
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0 = 0, 1, 2, 8
 
@@ -140,11 +132,8 @@ def tiny_llama(
     def w(*shape):
         return rng.standard_normal(shape).astype(np.float32) * 0.1
 
-    tensors = [
-        f32("token_embd.weight", w(v, hidden)),
-        f32("output_norm.weight", 1 + w(hidden)),
-        f32("output.weight", w(v, hidden)),
-    ]
+    tensors = [f32("token_embd.weight", w(v, hidden)), f32("output_norm.weight", 1 + w(hidden))]
+    tensors.append(f32("output.weight", w(v, hidden)))
     for i in range(layers):
         tensors += [
             f32(f"blk.{i}.attn_norm.weight", 1 + w(hidden)),

@@ -585,3 +585,109 @@ def test_recurrent_state_size_is_bounded_before_allocation():
         check_state_sizes(big, cfg, torch.float32)
     small, cfg = model(mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16)
     check_state_sizes(small, cfg, torch.float32)
+
+
+# ---------------------------------------------------------------- 5. minor
+
+
+def test_sigterm_is_one_line_and_leaves_nothing(tiny, tmp_path):
+    """SIGTERM left the scratch folder (or, during the self-check, the unverified program) beside -o: it now runs
+    the clean-up SIGINT runs: one line, exit 143, nothing left, whether it comes while lowering or while the
+    written program is being checked."""
+    import signal
+    import time
+
+    for stage, argv in (("[lower to MPS]", ["--no-verify"]), ("[verify", ["--verify-steps", "2"])):
+        out = tmp_path / stage.strip("[") / "x.pte"
+        out.parent.mkdir()
+        proc = subprocess.Popen(
+            [str(EXE), "export", "--model", f"hf:{tiny}", "-o", str(out), "--fp32", *argv],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        assert proc.stderr is not None
+        seen, deadline = [], time.monotonic() + 600
+        for line in proc.stderr:
+            seen.append(line)
+            if stage in line or time.monotonic() > deadline:
+                if stage == "[verify":  # the program is written under its temporary name by now
+                    assert [p.name for p in out.parent.iterdir() if p.name.endswith(".unverified.partial")], seen
+                proc.send_signal(signal.SIGTERM)
+                break
+        err = "".join(seen) + proc.stderr.read()
+        proc.wait(timeout=600)
+        assert proc.returncode == 143 and _one_line_error(err) and "terminated (SIGTERM)" in _error_line(err), err[-3000:]
+        assert list(out.parent.iterdir()) == [], (stage, list(out.parent.iterdir()))
+
+
+def test_a_254_byte_output_name(tiny, tmp_path):
+    """A valid 254-byte -o name was refused as "File name too long" about a temporary name (`.NAME.PID.x.partial`):
+    the temporary names shorten a long name (its first bytes and a digest); the export and its self-check pass,
+    only the program is left."""
+    from mps_backend.llm import export_llm
+    from mps_backend.llm.guards import temp_stem
+
+    name = "m" * 250 + ".pte"
+    assert len(name.encode()) == 254
+    result = export_llm(f"hf:{tiny}", tmp_path / name, dtype="fp32", max_seq_len=16, verify_steps=1)
+    assert result.verification.ok and sorted(p.name for p in tmp_path.iterdir()) == [name]
+    assert temp_stem("a" * 300) != temp_stem("a" * 299 + "b") and len(temp_stem("é" * 300).encode()) <= 160
+
+
+def test_memo_setting_is_checked_up_front(tiny, tiny_pte, tmp_path, monkeypatch, capsys):
+    """A bad MPS_BACKEND_EMULATOR_MEMO_BYTES was refused as "the program's tensors do not match its blob", in the
+    self-check after the program was written, and 0 (the natural "off") was refused: a bad value is one line
+    naming the variable before any work (export and run), 0 turns the memo off (the self-check passes)."""
+    out = tmp_path / "x.pte"
+    monkeypatch.setenv("MPS_BACKEND_EMULATOR_MEMO_BYTES", "lots")
+    for argv in (["export", "--model", f"hf:{tiny}", "-o", str(out), "--fp32"], ["run", str(tiny_pte)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and "$MPS_BACKEND_EMULATOR_MEMO_BYTES='lots': not a number of bytes (0 (off)" in err, err
+        assert "[load checkpoint]" not in err and not out.exists()
+    monkeypatch.setenv("MPS_BACKEND_EMULATOR_MEMO_BYTES", "0")
+    assert main(["export", "--model", f"hf:{tiny}", "-o", str(out), "--fp32", "--max-seq-len", "16", "--verify-steps", "2"]) == 0
+    assert "greedy tokens agree 2/2: ok" in capsys.readouterr().out
+    from mps_backend.runtime.interpreter import memo_bytes
+
+    assert memo_bytes() == 0
+
+
+def test_language_model_flags_on_the_demo_are_one_line(tmp_path, capsys):
+    """`export --prefill-chunk 4` of the demo exited 1 without "error:" (a SystemExit of text)."""
+    for flag in (["--prefill-chunk", "4"], ["--max-seq-len", "8"], ["--no-verify"]):
+        assert main(["export", "-o", str(tmp_path / "d.pte"), *flag]) == 2
+        err = capsys.readouterr().err
+        assert _one_line_error(err) and "apply to language models" in _error_line(err) or "applies to language models" in err, err
+    assert not (tmp_path / "d.pte").exists()
+
+
+def test_a_gguf_table_one_entry_short(tmp_path):
+    """A GGUF whose tensor count is one short of its table reported "weights outside the float16 range" (the data
+    read from the wrong place): the header scan finds the bytes its table does not account for."""
+    import struct
+
+    from mps_backend.llm import export_llm
+    from mps_backend.llm.gguf_check import GGUFError
+
+    path = _gguf(tmp_path / "m.gguf")
+    raw = path.read_bytes()
+    (count,) = struct.unpack_from("<Q", raw, 8)
+    path.write_bytes(raw[:8] + struct.pack("<Q", count - 1) + raw[16:])
+    with pytest.raises(GGUFError, match="a tensor missing from the table"):
+        export_llm(f"gguf:{path}", tmp_path / "x.pte")
+
+
+def test_max_seq_len_beyond_a_learned_position_table(tmp_path, capsys):
+    """`--max-seq-len 65536` on a 128-position GPT-2 exported (rc 0) a program generate refused at position 128
+    (the device model's gather out of its position table): refused at export, naming the table; a rotary model
+    past its positions still exports (with its note)."""
+    gpt2 = save_checkpoint(tmp_path / "gpt2", "gpt2", layers=1, config={"max_position_embeddings": 128})
+    out = tmp_path / "x.pte"
+    assert main(["export", "--model", f"hf:{gpt2}", "-o", str(out), "--max-seq-len", "65536", "--no-verify"]) == 2
+    err = capsys.readouterr().err
+    assert _one_line_error(err) and "learned table of 128 rows (transformer.wpe)" in _error_line(err) and not out.exists(), err
+    rope = save_checkpoint(tmp_path / "rope", "llama", layers=1, config={"max_position_embeddings": 128, "rope_parameters": None})
+    assert main(["export", "--model", f"hf:{rope}", "-o", str(out), "--max-seq-len", "1024", "--no-verify", "--fp32"]) == 0
+    assert "exceeds the model's max_position_embeddings 128" in capsys.readouterr().out

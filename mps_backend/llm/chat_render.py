@@ -1,8 +1,8 @@
 """The child process of :mod:`mps_backend.llm.chat_templates`: renders one chat template with transformers' own
 ``render_jinja_template`` (its sandboxed Jinja environment, ``raise_exception``, ``strftime_now``...) under the
-limits it is given, and answers one JSON line. Run as a script by path (``python -I chat_render.py``), so that
-it imports transformers' chat-template module only, never the mps_backend package (whose imports take
-seconds).
+limits it is given, and answers one JSON object (:func:`answer`). On Linux the child is a fork of the caller
+(transformers already imported: milliseconds); elsewhere this file runs as a script by path (``python -I
+chat_render.py``), importing transformers' chat-template module only, never the mps_backend package.
 
 Input (standard input, JSON): ``{"args": [...], "kwargs": {...}, "cpu_seconds": N, "memory_bytes": M,
 "extra_bytes": E}``. Output: ``{"ok": [rendered, generation_indices]}`` or ``{"error": "...", "kind": K}``
@@ -46,8 +46,8 @@ def _limit(cpu_seconds: float, memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (size + memory_bytes, size + memory_bytes))
 
 
-def main() -> None:
-    request = json.loads(sys.stdin.read())
+def answer(request: dict) -> dict:
+    """Render ``request`` (module docstring) under its limits, in this process: the child's whole work."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     _limit(float(request["cpu_seconds"]), int(request["memory_bytes"]))
@@ -57,20 +57,20 @@ def main() -> None:
         allowed = _text_bytes([args, kwargs]) + int(request["extra_bytes"])
         longest = max((len(r) for r in rendered), default=0)
         if longest > allowed:
-            answer = {
-                "kind": "size",
-                "error": f"{longest:,} characters rendered, the messages hold {allowed - int(request['extra_bytes']):,}",
-            }
-        else:
-            answer = {"ok": [rendered, indices]}
+            held = allowed - int(request["extra_bytes"])
+            return {"kind": "size", "error": f"{longest:,} characters rendered, the messages hold {held:,}"}
+        return {"ok": [rendered, indices]}
     except MemoryError:
-        answer = {"kind": "memory", "error": "MemoryError"}
+        return {"kind": "memory", "error": "MemoryError"}
     except RecursionError as e:
-        answer = {"kind": "template", "error": f"RecursionError: {e}"}
+        return {"kind": "template", "error": f"RecursionError: {e}"}
     except Exception as e:  # noqa: BLE001 - whatever the template raises is its failure, told in one line
         detail = " ".join(str(e).split())[:300] or type(e).__name__
-        answer = {"kind": "template", "error": f"{type(e).__name__}: {detail}"}
-    sys.stdout.write(json.dumps(answer))
+        return {"kind": "template", "error": f"{type(e).__name__}: {detail}"}
+
+
+def main() -> None:
+    sys.stdout.write(json.dumps(answer(json.loads(sys.stdin.read()))))
 
 
 if __name__ == "__main__":

@@ -289,10 +289,11 @@ def _remove_stale_partials(path: pathlib.Path) -> None:
     """Remove the temporary files an earlier write to ``path`` left when its process was killed (SIGKILL
     runs no cleanup): ``.NAME.PID.*.partial`` whose PID is no longer a running process. A live writer's
     (another export to the same path) is left alone."""
-    from mps_backend.llm.guards import writer_gone  # noqa: PLC0415
+    from mps_backend.llm.guards import temp_stem, writer_gone  # noqa: PLC0415
 
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
-        if writer_gone(tmp.name[len(path.name) + 2 :].split(".", 1)[0]):
+    stem = temp_stem(path.name)
+    for tmp in path.parent.glob(f".{glob.escape(stem)}.*.partial"):
+        if writer_gone(tmp.name[len(stem) + 2 :].split(".", 1)[0]):
             tmp.unlink(missing_ok=True)
 
 
@@ -301,10 +302,12 @@ def write_atomically(path: pathlib.Path, write) -> int:
     there: an interrupted export never leaves a truncated file nor destroys the file that was there,
     and a failed write (a full disk) leaves no temporary file; one killed (SIGKILL) leaves its temporary
     file, removed by the next write to the path. Returns the size."""
+    from mps_backend.llm.guards import temp_stem  # noqa: PLC0415
+
     path = output_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".partial", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{temp_stem(path.name)}.{os.getpid()}.", suffix=".partial", dir=path.parent)
     try:
         try:
             with os.fdopen(fd, "wb") as f:
@@ -394,6 +397,7 @@ def export_llm(
         notes = list(lm.notes)
         seq_len, note = resolve_max_seq_len(lm, max_seq_len)
         guards.check_verify_steps(verify_steps, seq_len)  # before anything is written
+        guards.check_positions(lm.model, lm.max_positions, seq_len)  # a learned position table bounds the cache
         if lm.kind == "hf":
             cfg = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") else lm.model.config
             kv, k_cols, v_cols = cache_layout(lm.model, cfg)
@@ -574,14 +578,19 @@ def _staging_path(out: pathlib.Path) -> pathlib.Path:
     """Where an export with a self-check writes its program until the check has passed: a hidden
     file beside the output, named as :func:`write_atomically`'s temporary files are, so that one left
     by a killed export is removed by the next write to the output."""
+    from mps_backend.llm.guards import temp_stem  # noqa: PLC0415
+
     target = output_target(out)
-    return target.with_name(f".{target.name}.{os.getpid()}.unverified.partial")
+    return target.with_name(f".{temp_stem(target.name)}.{os.getpid()}.unverified.partial")
 
 
 def failed_path(out: str | os.PathLike) -> pathlib.Path:
-    """Where a program that failed its self-check is kept, beside the output: ``NAME.failed.pte``."""
+    """Where a program that failed its self-check is kept, beside the output: ``NAME.failed.pte`` (a long NAME
+    shortened as temporary names are: :func:`mps_backend.llm.guards.temp_stem`)."""
+    from mps_backend.llm.guards import temp_stem  # noqa: PLC0415
+
     target = output_target(out)
-    return target.with_name(f"{target.stem}.failed{target.suffix or '.pte'}")
+    return target.with_name(f"{temp_stem(target.stem)}.failed{target.suffix or '.pte'}")
 
 
 def publish_checked(written: pathlib.Path, out: pathlib.Path, ok: bool) -> pathlib.Path:

@@ -119,7 +119,11 @@ def check_output_is_not_an_input(out: str | os.PathLike, kind: str, source: str,
 
 def check_export_options(verify_steps: int, group_size: int | None, quantize: str | None) -> None:
     """Refuse step counts and group sizes no export can honour, before the checkpoint is read. (A step count
-    beyond the KV-cache length is refused once that length is known, still before anything is written.)"""
+    beyond the KV-cache length is refused once that length is known, still before anything is written.) The
+    environment's byte-count settings are parsed too (:func:`mps_backend.config.check_environment`)."""
+    from mps_backend.config import check_environment  # noqa: PLC0415
+
+    check_environment()
     if isinstance(verify_steps, bool) or not isinstance(verify_steps, int) or verify_steps < 0:
         raise CheckpointError(f"--verify-steps {verify_steps}: give a count of 0 (no check) or more")
     if group_size is not None:
@@ -137,6 +141,27 @@ def check_verify_steps(verify_steps: int, max_seq_len: int) -> None:
         raise CheckpointError(
             f"--verify-steps {verify_steps} exceeds the KV-cache length {max_seq_len} (--max-seq-len): nothing written"
         )
+
+
+def check_positions(model, max_positions: int, max_seq_len: int) -> None:
+    """Refuse a KV-cache length beyond a learned position table (GPT-2's ``wpe``, OPT's and Whisper's
+    ``embed_positions``: an embedding of ``max_position_embeddings`` rows the step indexes by position): a
+    program exported with ``--max-seq-len 65536`` on a 128-position GPT-2 was written and refused by the device
+    model's gather at position 128 in ``generate``. Rotary and ALiBi models have no such table: beyond their
+    positions they compute, with the quality the model has there (a note says so)."""
+    import torch  # noqa: PLC0415
+
+    if not max_positions or max_seq_len <= max_positions:
+        return
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Embedding) or not any(k in name.rsplit(".", 1)[-1] for k in ("wpe", "pos")):
+            continue
+        rows = module.num_embeddings - int(getattr(module, "offset", 0) or 0)  # OPT's table starts 2 rows in
+        if rows == max_positions:
+            raise CheckpointError(
+                f"--max-seq-len {max_seq_len}: the model embeds positions with a learned table of {rows} rows ({name}): "
+                f"a position beyond it has none (the program would fail at position {rows}); at most {rows}"
+            )
 
 
 #: values of one recurrent state (a layer's conv or recurrent state): 8x the largest released model's, Bamba-9B's
@@ -185,10 +210,28 @@ def check_state_sizes(model, config, dtype) -> None:
         )
 
 
+#: bytes of an output's name kept in the temporary names beside it: a name holds at most 255 bytes (NAME_MAX),
+#: and a temporary name adds up to ~40 to the output's (a valid 254-byte -o name was refused as "File name too
+#: long" about a temporary name)
+TEMP_NAME_BYTES = 160
+
+
+def temp_stem(name: str) -> str:
+    """``name`` as the temporary names beside it hold it: itself when short enough, else its first bytes, ``~``
+    and a digest of the whole name (two long names still get distinct temporary names)."""
+    import hashlib  # noqa: PLC0415
+
+    raw = name.encode(errors="surrogateescape")
+    if len(raw) <= TEMP_NAME_BYTES:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:12]
+    return raw[: TEMP_NAME_BYTES - 13].decode(errors="ignore") + "~" + digest
+
+
 def scratch_prefix(out: pathlib.Path) -> str:
     """The name prefix of an export's scratch folder beside ``out``: ``.NAME.scratch.PID.`` (the process id
-    tells a later export whether the folder's export still runs)."""
-    return f".{out.name}.scratch.{os.getpid()}."
+    tells a later export whether the folder's export still runs; NAME: :func:`temp_stem`)."""
+    return f".{temp_stem(out.name)}.scratch.{os.getpid()}."
 
 
 def writer_gone(pid: str) -> bool:
@@ -210,8 +253,9 @@ def remove_stale_scratch(out: pathlib.Path) -> list[pathlib.Path]:
     import glob  # noqa: PLC0415
 
     removed = []
-    for folder in out.parent.glob(f".{glob.escape(out.name)}.scratch.*"):
-        pid = folder.name[len(out.name) + len(".scratch.") + 1 :].split(".", 1)[0]
+    stem = temp_stem(out.name)
+    for folder in out.parent.glob(f".{glob.escape(stem)}.scratch.*"):
+        pid = folder.name[len(stem) + len(".scratch.") + 1 :].split(".", 1)[0]
         if folder.is_dir() and not folder.is_symlink() and writer_gone(pid):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)

@@ -232,10 +232,10 @@ def cmd_export(args) -> int:
     if is_llm_spec(args.model):
         return cmd_export_llm(args)
     for flag in ("max_seq_len", "params", "prefill_chunk", "preprocessor"):
-        if getattr(args, flag) is not None:
-            raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model {USAGE})")
+        if getattr(args, flag) is not None:  # one line, exit 2 (a SystemExit of text had no "error:" and exit 1)
+            raise UserError(f"--{flag.replace('_', '-')} applies to language models (--model {USAGE})")
     if args.quantize_embedding or args.no_verify:
-        raise SystemExit(f"--quantize-embedding and --no-verify apply to language models (--model {USAGE})")
+        raise UserError(f"--quantize-embedding and --no-verify apply to language models (--model {USAGE})")
 
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
@@ -813,9 +813,54 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args.fn, args)
 
 
+#: the KeyboardInterrupt argument that tells SIGTERM from SIGINT
+SIGTERM_NOTE = "SIGTERM"
+
+
+def _terminate(signum, frame) -> None:
+    """SIGTERM raised where the process is, as SIGINT's KeyboardInterrupt is (the same clean-up runs: the export's
+    temporary files and scratch folder are removed on the way out)."""
+    raise KeyboardInterrupt(SIGTERM_NOTE)
+
+
+def _is_sigterm(e: BaseException) -> bool:
+    return isinstance(e, KeyboardInterrupt) and e.args == (SIGTERM_NOTE,)
+
+
 def _run(fn, args) -> int:
-    """``fn(args)``, any error of mps_backend (or the file system) told in one line."""
+    """``fn(args)``, any error of mps_backend (or the file system) told in one line; SIGTERM handled as SIGINT
+    for the duration (its previous handler put back after). A SIGINT or SIGTERM whose exception was raised
+    inside a finalizer (a weakref callback, a ``__del__``: Python prints "Exception ignored" and goes on) is
+    delivered again, so that it ends the command all the same."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
     try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: no handler
+        previous = None
+    unraisable = sys.unraisablehook
+
+    def redeliver(info) -> None:
+        if previous is not None and isinstance(info.exc_value, KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM if _is_sigterm(info.exc_value) else signal.SIGINT)
+            return
+        unraisable(info)
+
+    sys.unraisablehook = redeliver
+    try:
+        return _run_checked(fn, args)
+    finally:
+        sys.unraisablehook = unraisable
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run_checked(fn, args) -> int:
+    from mps_backend.config import check_environment  # noqa: PLC0415
+
+    try:
+        check_environment()  # a bad MPS_BACKEND_*_BYTES is one line before any work
         return fn(args)
     except InternalError as e:  # a bug of mps_backend, not the input's fault: one line, exit 1
         print(f"internal error (a bug of mps_backend, please report it): {e}", file=sys.stderr)
@@ -823,7 +868,10 @@ def _run(fn, args) -> int:
     except (MPSBackendError, OSError, MemoryError) as e:  # this input cannot be used: one line, exit 2
         print(f"error: {_runtime_failure(e) or e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # SIGINT: the export's temporary files and scratch folder are removed on the way out
+    except KeyboardInterrupt as e:  # SIGINT, SIGTERM: the export's temporary files and scratch folder are removed on the way out
+        if _is_sigterm(e):
+            print("\nerror: terminated (SIGTERM)", file=sys.stderr)
+            return 143
         print("\nerror: interrupted (SIGINT)", file=sys.stderr)
         return 130
 
