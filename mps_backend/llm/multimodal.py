@@ -102,14 +102,15 @@ def load_processor(folder: str | pathlib.Path):
     p = pathlib.Path(folder)
     if not p.is_dir():
         raise ValueError(f"{folder}: not a checkpoint folder (its processor: preprocessor_config.json and tokenizer files)")
+    from mps_backend.llm.image_bounds import check_processor, check_processor_files  # noqa: PLC0415
+
+    check_processor_files(p)  # its files' values bounded before transformers builds it (#47)
     try:
         processor = AutoProcessor.from_pretrained(p, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - transformers' refusals of the folder as one line
         raise ValueError(
             f"{folder}: transformers cannot load its processor: {(str(e).splitlines() or [type(e).__name__])[0][:200]}"
         ) from None
-    from mps_backend.llm.image_bounds import check_processor  # noqa: PLC0415
-
     for part in ("image_processor", "tokenizer"):  # an unknown processor_class gives a bare tokenizer
         if getattr(processor, part, None) is None:
             raise ValueError(f"{folder}: transformers loaded a {type(processor).__name__}, not a processor with an {part}")
