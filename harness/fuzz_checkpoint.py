@@ -470,6 +470,7 @@ def _mutate_hostile(rng: random.Random, folder: Path) -> str:
                 k
                 for k, v in header.items()
                 if isinstance(v, dict)
+                and isinstance(v.get("dtype"), str)  # an earlier mutation may have made it a list or an object
                 and v.get("dtype") in sizes
                 and isinstance(v.get("shape"), list)
                 and v["shape"]
