@@ -691,3 +691,41 @@ def test_max_seq_len_beyond_a_learned_position_table(tmp_path, capsys):
     rope = save_checkpoint(tmp_path / "rope", "llama", layers=1, config={"max_position_embeddings": 128, "rope_parameters": None})
     assert main(["export", "--model", f"hf:{rope}", "-o", str(out), "--max-seq-len", "1024", "--no-verify", "--fp32"]) == 0
     assert "exceeds the model's max_position_embeddings 128" in capsys.readouterr().out
+
+
+def test_processor_files_are_bounded_before_transformers_builds_them(tmp_path):
+    """Found by the processor fuzzer: Gemma 3's processor writes its `image_seq_length` image tokens into a
+    string when it is built, so a processor_config.json asking for 10^9 was killed at the memory cap inside
+    AutoProcessor, before the built processor could be checked. The files' values are bounded first; the
+    processor configs transformers' processor fails on (image_mean of 4, resample 99, an unknown class giving
+    a bare tokenizer) are one ValueError line."""
+    from harness.fuzz_inputs import bases
+    from mps_backend.llm.image_bounds import ImageBoundError
+    from mps_backend.llm.multimodal import load_processor, process
+    from tests.vlm_helpers import picture
+
+    folders = bases("processors", tmp_path / "bases")
+    image = tmp_path / "pic.png"
+    picture().save(image)
+
+    def edited(family: str, top: dict, inner: dict) -> pathlib.Path:
+        dst = tmp_path / f"{family}-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(folders[family], dst)
+        config = json.loads((dst / "processor_config.json").read_text())
+        config.update(top)
+        config["image_processor"].update(inner)
+        (dst / "processor_config.json").write_text(json.dumps(config))
+        return dst
+
+    with pytest.raises(
+        ImageBoundError, match=r"processor_config.json: processor image_seq_length = 1000000000 outside \[0, 16384\]"
+    ):
+        load_processor(edited("gemma3", {"image_seq_length": 10**9}, {}))
+    for family, top, inner, says in (
+        ("llava", {}, {"image_mean": [0.5] * 4}, "the processor failed on"),
+        ("gemma3", {}, {"resample": 99}, "the processor failed on"),
+        ("llava", {"processor_class": "NoSuchProcessor"}, {}, ""),
+    ):
+        with pytest.raises(ValueError, match=says) as e:
+            process(load_processor(edited(family, top, inner)), "x", image)
+        assert "\n" not in str(e.value)

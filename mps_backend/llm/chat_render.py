@@ -32,18 +32,31 @@ def _text_bytes(value, depth: int = 0) -> int:
     return 0
 
 
+def _lower(kind: int, value: int) -> None:
+    """Set the soft and hard limit ``kind`` to ``value``, or to the hard limit already set when that is lower
+    (a limit can be lowered, never raised)."""
+    _, hard = resource.getrlimit(kind)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(kind, (value, value if hard == resource.RLIM_INFINITY else hard))
+
+
 def _limit(cpu_seconds: float, memory_bytes: int) -> None:
-    """CPU time and address space from now on: ``cpu_seconds`` more CPU (SIGXCPU, then SIGKILL one second
-    later) and ``memory_bytes`` more virtual memory than the process holds after its imports."""
+    """CPU time and address space from now on: ``cpu_seconds`` more CPU (SIGXCPU at the soft limit, SIGKILL at
+    the hard one) and ``memory_bytes`` more virtual memory than the process holds (limits already set lower stay)."""
     used = resource.getrusage(resource.RUSAGE_SELF)
     cpu = int(used.ru_utime + used.ru_stime + cpu_seconds) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard == resource.RLIM_INFINITY:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    else:
+        resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, hard), hard))
     try:
         with open("/proc/self/statm") as f:
             size = int(f.read().split()[0]) * resource.getpagesize()
     except OSError:  # not Linux: the CPU limit and the parent's clock bound it
         return
-    resource.setrlimit(resource.RLIMIT_AS, (size + memory_bytes, size + memory_bytes))
+    _lower(resource.RLIMIT_AS, size + memory_bytes)
 
 
 def answer(request: dict) -> dict:

@@ -9,7 +9,9 @@ config alone:
 
 - :func:`open_image`: at most :data:`MAX_IMAGE_PIXELS` pixels (PIL's own decompression-bomb threshold) and an
   aspect ratio of at most :data:`MAX_ASPECT_RATIO` (transformers' Qwen2-VL processor refuses more);
-- :func:`check_processor`: every edge the image processor resizes or crops to at most
+- :func:`check_processor_files` (the folder's ``processor_config.json`` / ``preprocessor_config.json``, before
+  transformers builds the processor: a constructor may act on its values) and :func:`check_processor` (the
+  processor built): every edge the image processor resizes or crops to at most
   :data:`MAX_PROCESSOR_EDGE`, a pixel budget at most its square, an image-token count at most
   :data:`MAX_IMAGE_TOKENS`, and (:func:`check_resize`) the image as the processor would resize it at most
   :data:`MAX_IMAGE_PIXELS` (a shortest edge ``S`` makes ``S * S * aspect`` pixels).
@@ -123,9 +125,9 @@ def _configs(processor: Any) -> list[tuple[str, dict]]:
     return out
 
 
-def check_processor(processor: Any, where: str) -> None:
-    """Refuse a processor whose config asks for more than the bounds (module docstring), before it sees an image."""
-    for part, config in _configs(processor):
+def _check_configs(parts: list[tuple[str, dict]], where: str) -> None:
+    """The bounds (module docstring) on the values of ``(part name, config dict)`` pairs."""
+    for part, config in parts:
         for key in EDGE_KEYS:
             for sub, v in _edges(config.get(key)):
                 name = f"{part} {key}" + (f".{sub}" if sub else "")
@@ -134,7 +136,7 @@ def check_processor(processor: Any, where: str) -> None:
                 else:
                     bound = MAX_PROCESSOR_EDGE
                 if v is None or not math.isfinite(v) or not 1 <= v <= bound:
-                    raise ImageBoundError(f"{where}: {name} = {config[key]!r} outside [1, {bound}]")
+                    raise ImageBoundError(f"{where}: {name} = {str(config[key])[:80]} outside [1, {bound}]")
         bounds = [(k, MAX_PROCESSOR_EDGE**2) for k in PIXEL_KEYS] + [(k, MAX_IMAGE_TOKENS) for k in TOKEN_KEYS]
         for key, bound in bounds + [(k, MAX_CROPS) for k in CROP_KEYS]:
             if config.get(key) is None:
@@ -142,6 +144,33 @@ def check_processor(processor: Any, where: str) -> None:
             v = _number(config[key])
             if v is None or not math.isfinite(v) or not 0 <= v <= bound:
                 raise ImageBoundError(f"{where}: {part} {key} = {str(config[key])[:40]} outside [0, {bound}]")
+
+
+#: the files a processor is read from: (name, where its image processor's values are)
+PROCESSOR_FILES = (("processor_config.json", "image_processor"), ("preprocessor_config.json", None))
+
+
+def check_processor_files(folder: str | pathlib.Path) -> None:
+    """The bounds on a folder's processor files as JSON, before transformers builds the processor from them (a
+    processor's constructor acts on its values: Gemma 3's writes its ``image_seq_length`` image tokens into a
+    string, 10^9 of them at load time). A file that is not a bounded JSON object is a FolderError."""
+    from mps_backend.llm.folder_check import _json_object  # noqa: PLC0415
+
+    folder = pathlib.Path(folder)
+    for name, sub in PROCESSOR_FILES:
+        config = _json_object(folder, name)
+        if config is None:
+            continue
+        inner = config.get(sub) if sub else config
+        parts = [("processor", config)] if sub else []
+        if isinstance(inner, dict):
+            parts.append(("image_processor", inner))
+        _check_configs(parts, str(folder / name))
+
+
+def check_processor(processor: Any, where: str) -> None:
+    """Refuse a processor whose config asks for more than the bounds (module docstring), before it sees an image."""
+    _check_configs(_configs(processor), where)
     tokens = _patch_tokens(processor)
     if tokens > MAX_IMAGE_TOKENS:
         raise ImageBoundError(

@@ -79,14 +79,20 @@ def _meta(pte) -> dict:
 def image_placeholder(processor) -> str:
     """The text a prompt holds where an image goes: Gemma 3's ``<start_of_image>`` (its processor expands
     it), the image token otherwise."""
-    return str(getattr(processor, "boi_token", None) or processor.image_token)
+    mark = getattr(processor, "boi_token", None) or getattr(processor, "image_token", None)
+    if not isinstance(mark, str) or not mark:
+        raise ValueError(f"the {type(processor).__name__} names no image token (its image_token is {mark!r})")
+    return mark
 
 
 def image_token_id(processor) -> int:
     """The id of the tokens the processor puts where the vision encoder's embeddings go."""
     tok = processor.tokenizer
-    token = getattr(tok, "image_token", None) or processor.image_token
-    return int(tok.convert_tokens_to_ids(token))
+    token = getattr(tok, "image_token", None) or getattr(processor, "image_token", None)
+    found = tok.convert_tokens_to_ids(token) if isinstance(token, str) and token else None
+    if isinstance(found, bool) or not isinstance(found, int) or found < 0 or token not in tok.get_vocab():
+        raise ValueError(f"the image token {token!r} of the {type(processor).__name__} is not a token of its tokenizer")
+    return int(found)
 
 
 def load_processor(folder: str | pathlib.Path):
@@ -96,14 +102,18 @@ def load_processor(folder: str | pathlib.Path):
     p = pathlib.Path(folder)
     if not p.is_dir():
         raise ValueError(f"{folder}: not a checkpoint folder (its processor: preprocessor_config.json and tokenizer files)")
+    from mps_backend.llm.image_bounds import check_processor, check_processor_files  # noqa: PLC0415
+
+    check_processor_files(p)  # its files' values bounded before transformers builds it (#47)
     try:
         processor = AutoProcessor.from_pretrained(p, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - transformers' refusals of the folder as one line
         raise ValueError(
             f"{folder}: transformers cannot load its processor: {(str(e).splitlines() or [type(e).__name__])[0][:200]}"
         ) from None
-    from mps_backend.llm.image_bounds import check_processor  # noqa: PLC0415
-
+    for part in ("image_processor", "tokenizer"):  # an unknown processor_class gives a bare tokenizer
+        if getattr(processor, part, None) is None:
+            raise ValueError(f"{folder}: transformers loaded a {type(processor).__name__}, not a processor with an {part}")
     check_processor(processor, str(folder))  # its sizes bounded before it sees an image (#47)
     return processor
 
@@ -142,7 +152,6 @@ def process(processor, prompt: str, image, *, chat: bool = False, folder: str | 
     check_dimensions(image.width, image.height, where)
     check_resize(processor, image.width, image.height, where)
     image = image.convert("RGB")
-    mark = image_placeholder(processor)
     extra = {}
     if chat:
         text = chat_text(processor, prompt, str(folder))
@@ -150,8 +159,13 @@ def process(processor, prompt: str, image, *, chat: bool = False, folder: str | 
         if bos and text.startswith(bos):
             extra["add_special_tokens"] = False
     else:
+        mark = image_placeholder(processor)
         text = prompt if mark in prompt else mark + prompt
-    return processor(text=text, images=image, return_tensors="pt", **extra)
+    try:
+        return processor(text=text, images=image, return_tensors="pt", **extra)
+    except Exception as e:  # noqa: BLE001 - transformers' processor on the folder's config: its failure in one line
+        detail = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ValueError(f"{folder}: the processor failed on {where}: {type(e).__name__}: {detail}") from None
 
 
 def runner_inputs(batch, image_id: int, rows: int, block: int | None = None) -> list[RunnerInput]:
