@@ -20,9 +20,8 @@ from mps_backend._lazy import lazy_attributes
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load lazily (_LAZY)
     from mps_backend.backend import LoweringBug, LoweringError, MPSBackend  # noqa: F401
-    from mps_backend.errors import InternalError, MPSBackendError, MPSBackendWarning  # noqa: F401
+    from mps_backend.errors import CheckpointError, InternalError, MPSBackendError, MPSBackendWarning  # noqa: F401
     from mps_backend.export import ExportResult, export_model, make_static, verify  # noqa: F401
-    from mps_backend.llm.checkpoint import CheckpointError  # noqa: F401
     from mps_backend.partitioner import (  # noqa: F401
         CpuNode,
         DynamicShapeWarning,
@@ -69,7 +68,7 @@ _LAZY = {
     "InputMismatchError": "runtime.emulator",
     "ProgramFormatError": "runtime.program_check",
     "MPSFormatError": "serialization.errors",
-    "CheckpointError": "llm.checkpoint",
+    "CheckpointError": "errors",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])

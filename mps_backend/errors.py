@@ -20,8 +20,13 @@ class InternalError(MPSBackendError):
     """A bug of mps_backend (a check passed that its lowering contradicts, ...): please report it."""
 
 
+class CheckpointError(MPSBackendError, ValueError):
+    """A checkpoint cannot be exported as asked (missing file, unsupported model, float16 overflow, a request
+    the export cannot honour): one line naming the file or the option and the reason."""
+
+
 class MPSBackendWarning(UserWarning):
     """Base of every warning mps_backend emits."""
 
 
-__all__ = ["InternalError", "MPSBackendError", "MPSBackendWarning"]
+__all__ = ["CheckpointError", "InternalError", "MPSBackendError", "MPSBackendWarning"]

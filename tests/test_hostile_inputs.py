@@ -571,7 +571,7 @@ def test_export_outputs_devices_fifos_symlinks_full_disk(tmp_path, capsys):
     import os
     import stat
 
-    from mps_backend.llm.export import write_atomically
+    from mps_backend.files import write_atomically
 
     fifo = tmp_path / "out.pte"
     os.mkfifo(fifo)

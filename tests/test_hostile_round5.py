@@ -625,8 +625,8 @@ def test_a_254_byte_output_name(tiny, tmp_path):
     """A valid 254-byte -o name was refused as "File name too long" about a temporary name (`.NAME.PID.x.partial`):
     the temporary names shorten a long name (its first bytes and a digest); the export and its self-check pass,
     only the program is left."""
+    from mps_backend.files import temp_stem
     from mps_backend.llm import export_llm
-    from mps_backend.llm.guards import temp_stem
 
     name = "m" * 250 + ".pte"
     assert len(name.encode()) == 254

@@ -213,7 +213,7 @@ def test_real_text_teacher_forced(exported, gguf, text_ids, eager32, yardsticks,
     """Teacher-forced over 256 tokens of the README: the export at least as close to eager float32 (int8/
     int4: eager float32 with the same quantized weights) as eager bfloat16 is, in top-1 agreement and in
     the largest relative logit gap; the figures printed beside eager bfloat16's and eager float16's."""
-    from mps_backend.llm.export import failed_path
+    from mps_backend.files import failed_path
 
     name, pte, status, _ = exported
     if status != 0:  # measured all the same: the program that failed its self-check, kept beside the output

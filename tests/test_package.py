@@ -47,7 +47,7 @@ def test_every_exception_and_warning_class_derives_from_the_base():
         for cls in vars(importlib.import_module(name)).values()
         if inspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == name
     }
-    assert "mps_backend.backend.LoweringError" in classes and "mps_backend.llm.checkpoint.CheckpointError" in classes
+    assert "mps_backend.backend.LoweringError" in classes and "mps_backend.errors.CheckpointError" in classes
     assert "mps_backend.serialization.errors.MPSFormatError" in classes, sorted(classes)
     stray = [
         n
@@ -57,7 +57,7 @@ def test_every_exception_and_warning_class_derives_from_the_base():
     assert not stray, f"not under MPSBackendError / MPSBackendWarning: {stray}"
     # the builtin bases user code may catch are kept
     from mps_backend.backend import LoweringBug, LoweringError
-    from mps_backend.llm.checkpoint import CheckpointError
+    from mps_backend.errors import CheckpointError
     from mps_backend.runtime.emulator import EmulatorError, InputMismatchError
 
     assert issubclass(CheckpointError, ValueError) and issubclass(LoweringError, RuntimeError)

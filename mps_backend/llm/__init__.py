@@ -12,12 +12,12 @@ Needs the ``llm`` extra (transformers): ``pip install 'mps-backend[llm]'``.
 from __future__ import annotations
 
 from mps_backend._lazy import lazy_attributes
+from mps_backend.errors import CheckpointError  # noqa: F401  (public: the refusals of every family)
 
 _LAZY = {
     "export_llm": "export",
     "LLMExportResult": "export",
     "load_checkpoint": "export",
-    "CheckpointError": "checkpoint",
     "generate": "generate",
     "generate_ids": "generate",
     "iter_tokens": "generate",
@@ -26,7 +26,10 @@ _LAZY = {
     "generate_with_executorch_runner": "generate",
 }
 
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_LAZY, "CheckpointError"])
+
+__getattr__, _dir = lazy_attributes(__name__, _LAZY)
 
 
-__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_dir()})

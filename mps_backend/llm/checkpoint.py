@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from mps_backend.errors import MPSBackendError
+from mps_backend.errors import CheckpointError, MPSBackendError
 from mps_backend.pages import PageReleaser, ScratchFile, map_copy_on_write, mapped_tensor
 from mps_backend.passes import FP16_MAX, largest_magnitude
 
@@ -46,10 +46,6 @@ TESTED_MODEL_TYPES = (
 )
 #: encoder-decoder model types exported (to executorch's ASR runner: mps_backend.llm.whisper)
 ENCODER_DECODER_TYPES = ("whisper",)
-
-
-class CheckpointError(MPSBackendError, ValueError):
-    """A checkpoint cannot be exported as asked (missing file, unsupported model, float16 overflow)."""
 
 
 @dataclass

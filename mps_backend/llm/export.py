@@ -12,7 +12,6 @@ partition, plus the constant methods executorch's LLM runner reads (:data:`METAD
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import pathlib
 import re
@@ -24,8 +23,9 @@ from typing import Any, Callable
 import torch
 
 from mps_backend._notices import quiet_reraised_failures
-from mps_backend.errors import MPSBackendError
-from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
+from mps_backend.errors import CheckpointError, MPSBackendError
+from mps_backend.files import output_target, publish_checked, staging_path, write_atomically
+from mps_backend.llm.checkpoint import LoadedLM, check_kv_cache_size, load_hf, load_llama
 from mps_backend.llm.decoder import (
     ExecutorchLlamaDecoder,
     HFDecoder,
@@ -266,64 +266,6 @@ def _check_checkpoint_unchanged(before: dict[str, tuple[int, ...]], when: str) -
             )
 
 
-def output_target(path: str | os.PathLike) -> pathlib.Path:
-    """The file an export to ``path`` replaces, checked before any work: ``path`` itself, or for a
-    symlink the file it points to (written through: the link stays, its target gets the new program,
-    as ``cp`` does). A directory, or anything else that is not a regular file (a device such as
-    /dev/full, a FIFO, a socket), is refused with OSError; so are a missing folder and a symlink loop."""
-    from mps_backend.llm.guards import real_path  # noqa: PLC0415
-
-    path = pathlib.Path(path)
-    target = real_path(path) if path.is_symlink() else path  # a symlink loop: one OSError line
-    shown = f"{path} (a symlink to {target})" if target != path else str(path)
-    if target.is_dir():
-        raise IsADirectoryError(f"{shown} is a directory, not a file to write")
-    if target.exists() and not target.is_file():
-        raise FileExistsError(f"{shown} is not a regular file (a device, FIFO or socket): refusing to replace it")
-    if path.is_symlink() and not target.parent.is_dir():
-        raise FileNotFoundError(f"{shown}: folder {target.parent} does not exist")
-    return target
-
-
-def _remove_stale_partials(path: pathlib.Path) -> None:
-    """Remove the temporary files an earlier write to ``path`` left when its process was killed (SIGKILL
-    runs no cleanup): ``.NAME.PID.*.partial`` whose PID is no longer a running process. A live writer's
-    (another export to the same path) is left alone."""
-    from mps_backend.llm.guards import temp_stem, writer_gone  # noqa: PLC0415
-
-    stem = temp_stem(path.name)
-    for tmp in path.parent.glob(f".{glob.escape(stem)}.*.partial"):
-        if writer_gone(tmp.name[len(stem) + 2 :].split(".", 1)[0]):
-            tmp.unlink(missing_ok=True)
-
-
-def write_atomically(path: pathlib.Path, write) -> int:
-    """``write(f)`` into a temporary file beside the target (:func:`output_target`), then rename it
-    there: an interrupted export never leaves a truncated file nor destroys the file that was there,
-    and a failed write (a full disk) leaves no temporary file; one killed (SIGKILL) leaves its temporary
-    file, removed by the next write to the path. Returns the size."""
-    from mps_backend.llm.guards import temp_stem  # noqa: PLC0415
-
-    path = output_target(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{temp_stem(path.name)}.{os.getpid()}.", suffix=".partial", dir=path.parent)
-    try:
-        try:
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-        except OSError as e:  # ENOSPC, EIO, EDQUOT...: one line, the old file is intact
-            raise OSError(e.errno, f"writing {path} failed ({e.strerror or e}); nothing was replaced") from e
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what open() would have given
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-    return path.stat().st_size
-
-
 def export_llm(
     model: str,
     output: str | os.PathLike,
@@ -494,7 +436,7 @@ def export_llm(
         _check_checkpoint_unchanged(weights, "while its weights were copied into the program")
         # with a self-check, the program is written beside the output under a temporary name and
         # put in place only once it passed (publish_checked): a wrong program never reaches the path
-        written = _staging_path(out) if verify_steps else out
+        written = staging_path(out) if verify_steps else out
         with prog.stage(f"write {out.name}", ticker=False):
             bar = prog.bytes_bar("write", 0)
             size = write_atomically(written, lambda f: program.write_to_file(CountingWriter(f, bar)))
@@ -572,34 +514,6 @@ def export_llm(
         result.path = publish_checked(written, out, result.verification.ok)
         result.seconds = dict(prog.seconds)
     return result
-
-
-def _staging_path(out: pathlib.Path) -> pathlib.Path:
-    """Where an export with a self-check writes its program until the check has passed: a hidden
-    file beside the output, named as :func:`write_atomically`'s temporary files are, so that one left
-    by a killed export is removed by the next write to the output."""
-    from mps_backend.llm.guards import temp_stem  # noqa: PLC0415
-
-    target = output_target(out)
-    return target.with_name(f".{temp_stem(target.name)}.{os.getpid()}.unverified.partial")
-
-
-def failed_path(out: str | os.PathLike) -> pathlib.Path:
-    """Where a program that failed its self-check is kept, beside the output: ``NAME.failed.pte`` (a long NAME
-    shortened as temporary names are: :func:`mps_backend.llm.guards.temp_stem`)."""
-    from mps_backend.llm.guards import temp_stem  # noqa: PLC0415
-
-    target = output_target(out)
-    return target.with_name(f"{temp_stem(target.stem)}.failed{target.suffix or '.pte'}")
-
-
-def publish_checked(written: pathlib.Path, out: pathlib.Path, ok: bool) -> pathlib.Path:
-    """Put a self-checked program in place: at the output path when the check passed (an atomic
-    rename, replacing what was there); otherwise at :func:`failed_path`, leaving the output path as it
-    was (a file that was there stays). Returns where the program is."""
-    where = output_target(out) if ok else failed_path(out)
-    os.replace(written, where)
-    return where
 
 
 def _refusal(model_type: str, error: BaseException) -> CheckpointError:

@@ -51,8 +51,8 @@ import re
 import stat
 from typing import Any
 
-from mps_backend.errors import MPSBackendError
-from mps_backend.llm.checkpoint import CheckpointError, refuse_unsupported_kind
+from mps_backend.errors import CheckpointError, MPSBackendError
+from mps_backend.llm.checkpoint import refuse_unsupported_kind
 
 #: config key -> (smallest, largest) accepted value. Largest released values today: 126 layers
 #: (Llama 3.1 405B), hidden 16384, vocabulary 262144 (Gemma 3), context 10M (Llama 4 Scout).

@@ -34,9 +34,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from mps_backend.errors import CheckpointError
 from mps_backend.llm.checkpoint import (
     TESTED_MODEL_TYPES,
-    CheckpointError,
     LoadedLM,
     _ConvertOnRead,
     _token_ids,

@@ -19,7 +19,8 @@ import os
 import pathlib
 import shutil
 
-from mps_backend.llm.checkpoint import CheckpointError
+from mps_backend.errors import CheckpointError
+from mps_backend.files import real_path, temp_stem, writer_gone
 
 #: the largest ``--group-size``: beyond any weight's row (the bound of ``hidden_size`` and ``intermediate_size``)
 MAX_GROUP_SIZE = 1 << 18
@@ -38,17 +39,6 @@ def is_program_file(path: str | os.PathLike) -> bool:
     except OSError:
         return False
     return len(head) == 8 and (head[4:8] == b"BP08" or (head[4:6] == b"ET" and head[6:8].isdigit()))
-
-
-def real_path(path: str | os.PathLike, what: str = "output") -> pathlib.Path:
-    """``path`` with every symlink resolved; a symlink loop is one OSError line naming it (``Path.resolve``
-    raises a RuntimeError, a traceback out of the CLI)."""
-    import errno  # noqa: PLC0415
-
-    try:
-        return pathlib.Path(path).resolve()
-    except RuntimeError:
-        raise OSError(errno.ELOOP, f"{what} {path} is a symlink loop (it never resolves to a file)") from None
 
 
 def checkpoint_roots(kind: str, source: str | os.PathLike, params: str | os.PathLike | None = None) -> list[pathlib.Path]:
@@ -210,41 +200,10 @@ def check_state_sizes(model, config, dtype) -> None:
         )
 
 
-#: bytes of an output's name kept in the temporary names beside it: a name holds at most 255 bytes (NAME_MAX),
-#: and a temporary name adds up to ~40 to the output's (a valid 254-byte -o name was refused as "File name too
-#: long" about a temporary name)
-TEMP_NAME_BYTES = 160
-
-
-def temp_stem(name: str) -> str:
-    """``name`` as the temporary names beside it hold it: itself when short enough, else its first bytes, ``~``
-    and a digest of the whole name (two long names still get distinct temporary names)."""
-    import hashlib  # noqa: PLC0415
-
-    raw = name.encode(errors="surrogateescape")
-    if len(raw) <= TEMP_NAME_BYTES:
-        return name
-    digest = hashlib.sha256(raw).hexdigest()[:12]
-    return raw[: TEMP_NAME_BYTES - 13].decode(errors="ignore") + "~" + digest
-
-
 def scratch_prefix(out: pathlib.Path) -> str:
     """The name prefix of an export's scratch folder beside ``out``: ``.NAME.scratch.PID.`` (the process id
     tells a later export whether the folder's export still runs; NAME: :func:`temp_stem`)."""
     return f".{temp_stem(out.name)}.scratch.{os.getpid()}."
-
-
-def writer_gone(pid: str) -> bool:
-    """Whether ``pid`` (the text of a temporary name) is the id of a process that no longer runs."""
-    if not pid.isdigit() or len(pid) > 9:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # alive, another user's
-        return False
-    return False
 
 
 def remove_stale_scratch(out: pathlib.Path) -> list[pathlib.Path]:

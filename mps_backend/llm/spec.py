@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mps_backend.llm.checkpoint import CheckpointError
+from mps_backend.errors import CheckpointError
 
 #: spec kind -> what follows the colon
 KINDS = {"hf": "FOLDER", "gguf": "FILE.gguf", "llama": "CHECKPOINT.pth"}

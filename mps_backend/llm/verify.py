@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mps_backend.errors import CheckpointError
 from mps_backend.llm.spec import parse_model_spec
 
 #: decode steps verified by default (``mps-backend export --verify-steps``)
@@ -425,8 +426,6 @@ def verify_llm(
     """Compare the ``.pte`` (exported from ``model``, ``hf:``/``gguf:``/``llama:``) with the eager float32 model
     on the same tokens (the module docstring): BOS, the prompt's tokens (``prompt``: tokens and where
     they came from; default :func:`prompt_tokens` of ``model``'s tokenizer), then ``steps`` greedy steps."""
-    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
-
     if steps < 1:
         raise CheckpointError(f"--verify-steps must be at least 1, got {steps}")
     kind, path = parse_model_spec(model)

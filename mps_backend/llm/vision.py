@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from mps_backend.errors import CheckpointError
 from mps_backend.llm.decoder import HFDecoder
 
 #: transformers model types exported to the MultimodalRunner's methods (tests/test_vision.py)
@@ -212,8 +213,6 @@ class TextDecoderStep(HFDecoder):
 def check_rows(model: torch.nn.Module, rows: int | None, max_seq_len: int) -> int:
     """``P = get_max_seq_len``, the rows one ``text_decoder`` call takes: at least an image's N (the
     runner hands them over in one call), default N."""
-    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
-
     n = image_tokens(model)
     rows = n if rows is None else rows
     if rows < n:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from mps_backend.errors import CheckpointError
 from mps_backend.llm.attention import use_grouped_attention
 from mps_backend.llm.decoder import StaticCache, additive_mask, register_kv_caches
 
@@ -115,8 +116,6 @@ class WhisperDecoderStep(torch.nn.Module):
         self.head_dim = int(config.d_model) // self.heads
         self.grouped = use_grouped_attention(model)
         if not self.grouped:
-            from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
-
             raise CheckpointError(
                 f"{type(model).__name__}: its attention does not dispatch through transformers' AttentionInterface "
                 "(the decode step's grouped attention over the cache and the cross-attention K/V needs it)"
@@ -152,8 +151,6 @@ WHISPER_SIGNATURE = (
 def whisper_methods(model: torch.nn.Module, max_seq_len: int) -> list:
     """``[(name, build)]`` for :func:`mps_backend.llm.export.export_llm`: ``encoder`` first (the
     model's eager attention), then ``text_decoder`` (which switches the model to grouped attention)."""
-    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
-
     config = model.config
     positions = int(config.max_target_positions)
     if max_seq_len > positions:
@@ -224,7 +221,6 @@ def verify_whisper(result, model: str, *, steps: int, group_size: int | None, pt
     ``.pte`` on the emulated runtime (greedy from the start token) against transformers' eager
     float32 Whisper on the same features and tokens; the tolerances of the language models. ``pte``: where
     the program is until it passed (default ``result.path``)."""
-    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
     from mps_backend.llm.spec import parse_model_spec  # noqa: PLC0415
     from mps_backend.llm.transcribe import transcribe_ids  # noqa: PLC0415
     from mps_backend.llm.verify import LLMVerification, tolerance  # noqa: PLC0415

@@ -78,7 +78,7 @@ def export_preprocessor(fe, output: str | pathlib.Path) -> dict:
     returns the partitioner's counts: ``{"delegates": n, "cpu": [ops left on CPU]}``."""
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
 
-    from mps_backend.llm.export import write_atomically  # noqa: PLC0415
+    from mps_backend.files import write_atomically  # noqa: PLC0415
     from mps_backend.partitioner import MPSPartitioner, backend_config, edge_compile_config  # noqa: PLC0415
 
     module = WhisperPreprocessor(fe).eval()

@@ -8,7 +8,8 @@ import pathlib
 import sys
 import zipfile
 
-from mps_backend.errors import InternalError, MPSBackendError
+from mps_backend.errors import CheckpointError, InternalError, MPSBackendError
+from mps_backend.files import output_target, write_atomically
 
 
 def _say(msg: str) -> None:
@@ -56,7 +57,6 @@ def _target_runtime(args) -> str | None:
 
 
 def cmd_export_llm(args) -> int:
-    from mps_backend.llm.checkpoint import CheckpointError  # noqa: PLC0415
     from mps_backend.llm.export import export_llm  # noqa: PLC0415
     from mps_backend.progress import Progress  # noqa: PLC0415
     from mps_backend.runtime_kernels import RuntimeCompatError  # noqa: PLC0415
@@ -251,8 +251,6 @@ def cmd_export(args) -> int:
         raise SystemExit(f"--quantize-head {args.quantize_head} applies to --quantize int4|int8")
     use_fp16 = _use_fp16(args)
     out = _output_path(args, use_fp16)
-    from mps_backend.llm.export import output_target  # noqa: PLC0415
-
     output_target(out)  # a directory, device or FIFO is refused before the export runs
     source = args.model.split(":", 1)[0] if ".py:" in args.model else args.model
     if pathlib.Path(source).exists() and out.resolve() == pathlib.Path(source).resolve():
@@ -280,8 +278,6 @@ def cmd_export(args) -> int:
         with torch.no_grad():
             expected = flat_outputs(getattr(model, "reference_module", model)(*inputs))
         data = bundle(result.pte, [list(inputs)], [expected])
-    from mps_backend.llm.export import write_atomically  # noqa: PLC0415
-
     write_atomically(out, lambda f: f.write(data))
     print(result.summary())
     if result.report.on_cpu:
