@@ -25,14 +25,19 @@ adds 148 characters to one user message; the longest templates shipped with inst
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
+import os
 import pathlib
+import select
 import signal
 import subprocess
 import sys
+import time
 from typing import Any, Iterator
 
 from mps_backend.errors import MPSBackendError
+from mps_backend.llm import chat_render
 
 #: CPU seconds one rendering may take (real templates: milliseconds)
 MAX_RENDER_SECONDS = 10
@@ -59,12 +64,6 @@ def _plain(value: Any) -> Any:
 def _forked(request: dict) -> tuple[bytes, int | None]:
     """(the child's answer, its wait status; None: past :data:`WALL_SECONDS`, killed) of a forked child rendering
     ``request`` (transformers is imported already: the fork costs milliseconds)."""
-    import os  # noqa: PLC0415
-    import select  # noqa: PLC0415
-    import time  # noqa: PLC0415
-
-    from mps_backend.llm import chat_render  # noqa: PLC0415
-
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: render, answer, leave without running the parent's clean-up
@@ -144,7 +143,6 @@ def bounded_rendering(where: str) -> Iterator[None]:
     and processors') runs through :func:`render_in_child`, failures naming ``where``: the name
     ``render_jinja_template`` in the modules of :data:`RENDERING_MODULES` that are loaded is replaced, and put
     back on the way out (a scoped change of transformers, undone)."""
-    import importlib  # noqa: PLC0415
 
     def render(*args: Any, **kwargs: Any) -> Any:
         return render_in_child(args, kwargs, where)

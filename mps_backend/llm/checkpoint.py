@@ -19,16 +19,22 @@ clamped to ±65504 when asked (``clamp_fp16=True``).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import pathlib
+import pickle
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from mps_backend.errors import CheckpointError, MPSBackendError
+from mps_backend.llm.folder_check import check_declared_weights, check_folder_weights, weight_files
+from mps_backend.llm.registry import registration
 from mps_backend.pages import PageReleaser, ScratchFile, map_copy_on_write, mapped_tensor
 from mps_backend.passes import FP16_MAX, largest_magnitude
+from mps_backend.runtime.program_check import max_plan_bytes
 
 #: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
 TESTED_MODEL_TYPES = (
@@ -44,8 +50,6 @@ TESTED_MODEL_TYPES = (
     "llava",
     "smolvlm",
 )
-#: encoder-decoder model types exported (to executorch's ASR runner: mps_backend.llm.whisper)
-ENCODER_DECODER_TYPES = ("whisper",)
 
 
 @dataclass
@@ -315,8 +319,6 @@ def _checkpoint_tensors(
     (:mod:`mps_backend.pages`: the blob writer reads its pages and hands them back, so the weights are
     never resident as a whole next to the blob); one to convert is a :class:`_SafetensorsOnRead` (mapped
     from ``scratch`` once converted, when given)."""
-    from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
-
     files = weight_files(folder)  # the index's shards (or the one file): no other file is read
     if not files:
         raise CheckpointError(
@@ -355,8 +357,6 @@ def _dtype_of_checkpoint(config: Any) -> torch.dtype | None:
 
 def _hf_weight_bytes(folder: pathlib.Path) -> int:
     """Bytes of the tensors in the checkpoint's safetensors files."""
-    from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
-
     return sum(end - start for f in weight_files(folder) for _, _, start, end in _safetensors_index(f)[1].values())
 
 
@@ -439,8 +439,6 @@ def load_hf(
     folder = pathlib.Path(folder)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder}: no config.json (expected a Hugging Face checkpoint folder)")
-    from mps_backend.llm.folder_check import check_declared_weights, check_folder_weights  # noqa: PLC0415
-
     _, stored = check_folder_weights(folder)  # bounded checks of every file it will read, before any allocation (#26)
     try:
         import transformers  # noqa: PLC0415
@@ -468,21 +466,9 @@ def load_hf(
     # into one tensor, ...) and tied weights to the tensors given as its state dict (mapped or read
     # here, see _checkpoint_tensors); the buffers it computes itself (rotary tables).
     weight_bytes = _hf_weight_bytes(folder)
-    from transformers.models.auto.modeling_auto import (  # noqa: PLC0415
-        MODEL_FOR_CAUSAL_LM_MAPPING,
-        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
-        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING,
-    )
+    from transformers.models.auto import modeling_auto  # noqa: PLC0415
 
-    from mps_backend.llm.vision import VISION_LANGUAGE_TYPES  # noqa: PLC0415
-
-    mapping = (
-        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING
-        if model_type in ENCODER_DECODER_TYPES
-        else MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
-        if model_type in VISION_LANGUAGE_TYPES
-        else MODEL_FOR_CAUSAL_LM_MAPPING
-    )
+    mapping = getattr(modeling_auto, registration("hf", model_type).transformers_mapping)
     if type(config) not in mapping:
         raise CheckpointError(f"{folder}: model type {model_type!r} has no *ForCausalLM class in transformers")
     model_class = mapping[type(config)]
@@ -524,55 +510,9 @@ def load_hf(
     )
 
 
-def refuse_unsupported_kind(folder: pathlib.Path, config: dict) -> None:
-    """Refuse, from ``config.json`` alone (before its sizes are checked, as each family names them its own
-    way), a model of a kind the export has no program for, naming what is missing: an encoder-decoder
-    other than Whisper, an audio-language model."""
-    model_type = str(config.get("model_type", "?"))[:80]
-    if config.get("is_encoder_decoder") is True and model_type not in ENCODER_DECODER_TYPES:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES  # noqa: PLC0415
-
-        raise CheckpointError(encoder_decoder_refusal(folder, model_type, model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES))
-    from mps_backend.llm.vision import VISION_LANGUAGE_TYPES  # noqa: PLC0415
-
-    if isinstance(config.get("vision_config"), dict) and model_type not in VISION_LANGUAGE_TYPES and "audio_config" not in config:
-        raise CheckpointError(
-            f"{folder}: model type {model_type!r} is a vision-language model; mps-backend exports only "
-            f"{', '.join(VISION_LANGUAGE_TYPES)} among those. Missing: its vision_encoder, token_embedding and text_decoder "
-            "methods for executorch's MultimodalRunner (mps_backend.llm.vision builds them for a vision tower whose "
-            "output replaces one run of image tokens at a fixed resolution)"
-        )
-    if isinstance(config.get("audio_config"), dict) and model_type not in ENCODER_DECODER_TYPES:
-        raise CheckpointError(
-            f"{folder}: model type {model_type!r} is an audio-language model (an audio encoder feeding a language "
-            "model); mps-backend does not export it. Missing: the MultimodalRunner's audio_encoder, token_embedding "
-            "and text_decoder methods for it (issue #37 exports Whisper to the ASR runner only)"
-        )
-
-
-def encoder_decoder_refusal(folder: pathlib.Path, model_type: str, speech: bool) -> str:
-    """One line refusing an encoder-decoder checkpoint that is not Whisper, naming what is missing."""
-    if speech:
-        missing = (
-            "its encoder and decoder-step programs for executorch's ASR runner (mps_backend.llm.whisper builds "
-            "them for Whisper's layout: conv front end, cross-attention keys/values per decoder layer)"
-        )
-    else:
-        missing = (
-            "an executorch runner for text encoder-decoder models (the ASR runner takes audio features, the LLM "
-            "runners a decoder-only step)"
-        )
-    return (
-        f"{folder}: model type {model_type!r} is an encoder-decoder model; mps-backend exports only "
-        f"{', '.join(ENCODER_DECODER_TYPES)} among those. Missing: {missing}"
-    )
-
-
 def check_kv_cache_size(n_layers: int, kv_heads: int, head_dim: float, max_seq_len: int, dtype: torch.dtype) -> None:
     """Refuse, before anything is allocated, a KV cache the runtime could never plan: the K and V buffers
     of every layer beyond the program check's memory-plan budget (``MPS_BACKEND_MAX_PLAN_BYTES``, 4 GiB)."""
-    from mps_backend.runtime.program_check import max_plan_bytes  # noqa: PLC0415
-
     per_token = round(2 * int(n_layers) * int(kv_heads) * float(head_dim) * torch.empty((), dtype=dtype).element_size())
     need, budget = per_token * int(max_seq_len), max_plan_bytes()
     if need >= budget:
@@ -674,13 +614,9 @@ def _load_pickle(checkpoint: pathlib.Path) -> dict:
     """The state dict of a ``.pth`` through ``torch.load(weights_only=True)``: its unpickler builds only
     tensors and plain containers and executes nothing (a ``__reduce__`` naming a function is refused);
     a refusal or a damaged file becomes one :class:`CheckpointError` line."""
-    import pickle  # noqa: PLC0415
-
     try:
         state = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError, AttributeError) as e:
-        import re  # noqa: PLC0415
-
         text = str(e)
         found = re.search(r"WeightsUnpickler error: ([^\n]*)", text)
         lines = [line for line in text.splitlines() if line.strip()]
@@ -705,8 +641,6 @@ def _materialize_llama_buffers(model: torch.nn.Module, args: Any, dtype: torch.d
     masks), then give every float buffer the weights' dtype, as executorch's own llama export does
     with ``model.to(dtype)``: rope tables and the KV caches (which executorch's KVCache creates on the
     CPU in float32 whatever the device, so they are never meta)."""
-    import dataclasses  # noqa: PLC0415
-
     from executorch.examples.models.llama.llama_transformer import construct_transformer  # noqa: PLC0415
 
     buffers = list(model.named_buffers(remove_duplicate=False))  # a buffer two modules share: both

@@ -16,6 +16,7 @@ import os
 import pathlib
 import re
 import tempfile
+import traceback
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -24,7 +25,9 @@ import torch
 
 from mps_backend._notices import quiet_reraised_failures
 from mps_backend.errors import CheckpointError, MPSBackendError
+from mps_backend.export import drop_unused_constants, release_export_caches
 from mps_backend.files import output_target, publish_checked, staging_path, write_atomically
+from mps_backend.llm import guards
 from mps_backend.llm.checkpoint import LoadedLM, check_kv_cache_size, load_hf, load_llama
 from mps_backend.llm.decoder import (
     ExecutorchLlamaDecoder,
@@ -34,12 +37,31 @@ from mps_backend.llm.decoder import (
     dynamic_shapes,
     example_inputs,
 )
+from mps_backend.llm.gguf import load_gguf
 from mps_backend.llm.routers import sort_unsorted_topk
 from mps_backend.llm.spec import parse_model_spec
-from mps_backend.llm.vision import is_vision_language
+from mps_backend.llm.verify import verify_export
+from mps_backend.llm.vision import (
+    VISION_SIGNATURE,
+    check_rows,
+    is_vision_language,
+    text_part,
+    verify_vision,
+    vision_metadata,
+    vision_methods,
+)
+from mps_backend.llm.whisper import (
+    DECODER_METHOD,
+    WHISPER_SIGNATURE,
+    quantize_target,
+    verify_whisper,
+    whisper_metadata,
+    whisper_methods,
+)
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.progress import CountingWriter, Progress
-from mps_backend.runtime_kernels import DEFAULT_TARGET
+from mps_backend.quantize import quantization_count, quantize_embeddings, quantize_model, resolve_group_size
+from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
 
 #: the constant methods executorch's LLM runner (``extension/llm/runner``) reads, as executorch's
 #: own llama export writes them
@@ -147,8 +169,6 @@ def load_checkpoint(
     if kind in ("hf", "gguf"):
         bar = (lambda total: progress.bytes_bar("load weights", total)) if progress is not None else None
         if kind == "gguf":
-            from mps_backend.llm.gguf import load_gguf  # noqa: PLC0415
-
             return load_gguf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar, scratch=scratch)
         return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar, scratch=scratch)
     bar = (lambda total: progress.bytes_bar("convert weights", total)) if progress is not None else None
@@ -186,12 +206,8 @@ def program_methods(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> list[tupl
     (``chunk`` rows a call, with its dynamic shapes: the builder returns them third); Whisper: the ASR
     runner's ``encoder`` and ``text_decoder`` (:mod:`mps_backend.llm.whisper`)."""
     if lm.model_type == "whisper":
-        from mps_backend.llm.whisper import whisper_methods  # noqa: PLC0415
-
         return whisper_methods(lm.model, max_seq_len)
     if is_vision_language(lm.model_type):  # chunk: the rows of one text_decoder call
-        from mps_backend.llm.vision import vision_methods  # noqa: PLC0415
-
         return vision_methods(lm.model, max_seq_len, chunk)
     return [("forward", lambda: (decoder_for(lm, max_seq_len, chunk), example_inputs(chunk=chunk), dynamic_shapes(chunk)))]
 
@@ -200,8 +216,6 @@ def unplanned_inputs(model_type: str) -> tuple[str, ...]:
     """Methods whose inputs the caller's tensors are used for in place, not copied into the program's
     memory: Whisper's ``text_decoder``, handed the encoder's cross-attention K/V every step."""
     if model_type == "whisper":
-        from mps_backend.llm.whisper import DECODER_METHOD  # noqa: PLC0415
-
         return (DECODER_METHOD,)
     return ()
 
@@ -211,12 +225,8 @@ def metadata(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> dict[str, Any]:
     runner prefills that many per call) and ``get_max_context_len`` the cache length, as executorch's
     own llama export writes them."""
     if lm.model_type == "whisper":
-        from mps_backend.llm.whisper import whisper_metadata  # noqa: PLC0415
-
         return whisper_metadata(lm, max_seq_len)
     if is_vision_language(lm.model_type):
-        from mps_backend.llm.vision import vision_metadata  # noqa: PLC0415
-
         return vision_metadata(lm, max_seq_len, chunk)
     meta: dict[str, Any] = {
         "get_max_seq_len": chunk if chunk > 1 else max_seq_len,
@@ -298,13 +308,9 @@ def export_llm(
     under ``quantize`` (``int8``, the default; ``int4``; ``float``)."""
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
 
-    from mps_backend.export import drop_unused_constants, release_export_caches  # noqa: PLC0415
-    from mps_backend.runtime_kernels import check_kernels  # noqa: PLC0415
-
     out = pathlib.Path(output)
     output_target(out)  # a directory, device or FIFO is refused before the checkpoint is read
     kind, source = parse_model_spec(model)
-    from mps_backend.llm import guards  # noqa: PLC0415
 
     guards.check_output_is_not_an_input(out, kind, source, params)  # -o FOLDER/model.safetensors, a link to it...
     guards.check_export_options(verify_steps, group_size, quantize)
@@ -354,32 +360,22 @@ def export_llm(
                 "method reads the float table"
             )
         if quantize:
-            from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size  # noqa: PLC0415
-
             group = resolve_group_size(quantize, group_size)
             # a vision-language model: its text decoder and head (what each decode step reads); the vision
             # encoder runs once an image and stays in float (mps_backend.llm.vision.text_part)
             target, rest = lm.model, ""
             if vision:
-                from mps_backend.llm.vision import text_part  # noqa: PLC0415
-
                 target, rest = text_part(lm.model), "; the vision encoder stays in float"
             elif lm.model_type == "whisper":  # the decoder and head (mps_backend.llm.whisper.quantize_target)
-                from mps_backend.llm.whisper import quantize_target  # noqa: PLC0415
-
                 target, rest = quantize_target(lm.model), "; the audio encoder stays in float"
             note = quantization_count(target, quantize, group, quantize_head)  # none quantized: an error, not a label
             notes.append(note + rest)
             with prog.stage(f"quantize {quantize}"):
                 quantize_model(target, quantize, group, head=quantize_head, scratch=scratch)
         if quantize_embedding:
-            from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
-
             with prog.stage("quantize embedding int8"):
                 quantize_embeddings(lm.model)
         if vision:  # the rows of one text_decoder call: at least an image's embeddings
-            from mps_backend.llm.vision import check_rows  # noqa: PLC0415
-
             chunk = check_rows(lm.model, prefill_chunk, seq_len)
         else:
             try:
@@ -461,15 +457,10 @@ def export_llm(
         method_delegates=method_delegates,
     )
     if model_type == "whisper":
-        from mps_backend.llm.whisper import WHISPER_SIGNATURE  # noqa: PLC0415
-
         result.signature = WHISPER_SIGNATURE
     if is_vision_language(model_type):
-        from mps_backend.llm.vision import VISION_SIGNATURE  # noqa: PLC0415
-
         result.signature = VISION_SIGNATURE
     if verify_steps:
-        from mps_backend.llm.verify import verify_export  # noqa: PLC0415
 
         def export_truncated(spec: str, path: pathlib.Path, truncated_params: str | None) -> None:
             export_llm(
@@ -491,12 +482,8 @@ def export_llm(
         try:
             with prog.stage(f"verify {verify_steps} steps"):
                 if model_type == "whisper":
-                    from mps_backend.llm.whisper import verify_whisper  # noqa: PLC0415
-
                     result.verification = verify_whisper(result, model, steps=verify_steps, group_size=group_size, pte=written)
                 elif is_vision_language(model_type):
-                    from mps_backend.llm.vision import verify_vision  # noqa: PLC0415
-
                     result.verification = verify_vision(result, model, steps=verify_steps, pte=written, group_size=group_size)
                 else:
                     result.verification = verify_export(
@@ -519,8 +506,6 @@ def export_llm(
 def _refusal(model_type: str, error: BaseException) -> CheckpointError:
     """One line for a model whose decode step cannot be exported: the model type, the innermost
     function of transformers' modeling code the failure came from (the part that cannot run), why."""
-    import traceback  # noqa: PLC0415
-
     frames = [f for f in traceback.extract_tb(error.__traceback__) if "/transformers/models/" in f.filename.replace(os.sep, "/")]
     where = f" in {pathlib.Path(frames[-1].filename).stem}.{frames[-1].name}" if frames else ""
     if not frames:  # raised on the traced graph (executorch's verifier): its message quotes the model's code

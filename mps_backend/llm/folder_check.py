@@ -44,15 +44,19 @@ the memory of the machine building it (a layer count of 10^6 or a vocabulary of 
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import os
 import pathlib
 import re
 import stat
 from typing import Any
 
+import torch
+
 from mps_backend.errors import CheckpointError, MPSBackendError
-from mps_backend.llm.checkpoint import refuse_unsupported_kind
+from mps_backend.llm.registry import ENCODER_DECODER_TYPES, VISION_LANGUAGE_TYPES
 
 #: config key -> (smallest, largest) accepted value. Largest released values today: 126 layers
 #: (Llama 3.1 405B), hidden 16384, vocabulary 262144 (Gemma 3), context 10M (Llama 4 Scout).
@@ -328,6 +332,48 @@ def check_code_free(config: dict, where: str) -> None:
                     )
 
 
+def refuse_unsupported_kind(folder: pathlib.Path, config: dict) -> None:
+    """Refuse, from ``config.json`` alone (before its sizes are checked, as each family names them its own
+    way), a model of a kind the export has no program for, naming what is missing: an encoder-decoder
+    other than Whisper, an audio-language model."""
+    model_type = str(config.get("model_type", "?"))[:80]
+    if config.get("is_encoder_decoder") is True and model_type not in ENCODER_DECODER_TYPES:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES  # noqa: PLC0415
+
+        raise CheckpointError(encoder_decoder_refusal(folder, model_type, model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES))
+    if isinstance(config.get("vision_config"), dict) and model_type not in VISION_LANGUAGE_TYPES and "audio_config" not in config:
+        raise CheckpointError(
+            f"{folder}: model type {model_type!r} is a vision-language model; mps-backend exports only "
+            f"{', '.join(VISION_LANGUAGE_TYPES)} among those. Missing: its vision_encoder, token_embedding and text_decoder "
+            "methods for executorch's MultimodalRunner (mps_backend.llm.vision builds them for a vision tower whose "
+            "output replaces one run of image tokens at a fixed resolution)"
+        )
+    if isinstance(config.get("audio_config"), dict) and model_type not in ENCODER_DECODER_TYPES:
+        raise CheckpointError(
+            f"{folder}: model type {model_type!r} is an audio-language model (an audio encoder feeding a language "
+            "model); mps-backend does not export it. Missing: the MultimodalRunner's audio_encoder, token_embedding "
+            "and text_decoder methods for it (issue #37 exports Whisper to the ASR runner only)"
+        )
+
+
+def encoder_decoder_refusal(folder: pathlib.Path, model_type: str, speech: bool) -> str:
+    """One line refusing an encoder-decoder checkpoint that is not Whisper, naming what is missing."""
+    if speech:
+        missing = (
+            "its encoder and decoder-step programs for executorch's ASR runner (mps_backend.llm.whisper builds "
+            "them for Whisper's layout: conv front end, cross-attention keys/values per decoder layer)"
+        )
+    else:
+        missing = (
+            "an executorch runner for text encoder-decoder models (the ASR runner takes audio features, the LLM "
+            "runners a decoder-only step)"
+        )
+    return (
+        f"{folder}: model type {model_type!r} is an encoder-decoder model; mps-backend exports only "
+        f"{', '.join(ENCODER_DECODER_TYPES)} among those. Missing: {missing}"
+    )
+
+
 def check_safetensors(path: pathlib.Path, real: pathlib.Path, sizes: dict[str, int] | None = None) -> dict[str, list[int]]:
     """Tensor name -> shape of a safetensors file, its header checked against the file (and, with
     ``sizes``, against the config); raise :class:`FolderError`."""
@@ -526,11 +572,6 @@ def check_declared_weights(folder: pathlib.Path, model_class: Any, config: Any, 
     weights files hold (their headers, ``shapes``): transformers builds every weight it does not find, so a
     config declaring far more than is stored (a hidden size of 65536 beside small tensors, ...) ran until
     memory ran out. The model is built on the meta device (no storage, seconds even at the bounds)."""
-    import copy  # noqa: PLC0415
-    import math  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-
     with torch.device("meta"):
         model = model_class(copy.deepcopy(config))  # a copy: the constructor writes into its config
     declared = {name: p.numel() for name, p in model.named_parameters()}  # tied weights counted once

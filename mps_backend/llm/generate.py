@@ -21,12 +21,21 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pathlib
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
+
+from mps_backend.llm.chat_templates import bounded_rendering
+from mps_backend.llm.gguf import load_tokenizer
+from mps_backend.llm.runner_output import quiet_stdout
+from mps_backend.runtime import LoadedMethod, constant_method_values
+from mps_backend.runtime.emulator import load_emulator
 
 
 def tokenizer_file(path: str | pathlib.Path) -> pathlib.Path:
@@ -53,8 +62,6 @@ class Tokenizer:
         self._transformers = None  # transformers' tokenizer, for the chat template (loaded when asked)
         self._pt = None
         if p.suffix == ".gguf":
-            from mps_backend.llm.gguf import load_tokenizer  # noqa: PLC0415
-
             self._transformers = load_tokenizer(p)
             self._hf = self._transformers.backend_tokenizer
         elif p.suffix == ".json":
@@ -73,10 +80,6 @@ class Tokenizer:
         ``pyo3_runtime.PanicException``, a BaseException: an empty ``Replace`` regex panics in encode),
         is one ValueError naming the file; the panic's own report, written by Rust to standard error,
         is dropped (what the call writes there otherwise is passed on)."""
-        import os  # noqa: PLC0415
-        import sys  # noqa: PLC0415
-        import tempfile  # noqa: PLC0415
-
         sys.stderr.flush()
         with tempfile.TemporaryFile() as captured:
             saved = os.dup(2)
@@ -129,7 +132,6 @@ class Tokenizer:
             self._transformers = tok
         if not getattr(tok, "chat_template", None):
             raise ValueError(f"{self.path}: the tokenizer has no chat template (--chat needs an instruct model's)")
-        from mps_backend.llm.chat_templates import bounded_rendering  # noqa: PLC0415 - a child process, within limits
 
         where = str(self.path if self.path.suffix == ".gguf" else self.path.parent)
         with bounded_rendering(where):
@@ -177,8 +179,6 @@ def _as_ids(value) -> list[int]:
 
 
 def read_metadata(pte: bytes | str | pathlib.Path) -> dict:
-    from mps_backend.runtime import constant_method_values  # noqa: PLC0415
-
     meta = constant_method_values(pte)
     if "get_max_seq_len" not in meta:
         raise ValueError("the program has no get_max_seq_len method: not an LLM export (mps-backend export --model hf:...)")
@@ -206,8 +206,6 @@ def iter_tokens(
     """Greedy continuation of ``prompt_ids`` by the ``.pte``, one id at a time: the loop of
     executorch's LLM runner over the emulated runtime. Stops after an EOS id (yielded),
     ``max_new_tokens`` or at the cache's end (``get_max_context_len``)."""
-    from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
-
     if isinstance(pte, (str, pathlib.Path)):
         pte = pathlib.Path(pte).read_bytes()
     meta = read_metadata(pte)
@@ -312,8 +310,6 @@ def generate_with_executorch_runner(
     before the prompt's tokens when the tokenizer did not put it: the runner is asked for one
     (``GenerationConfig.num_bos``), and a runner whose tokenizer did not add it (executorch's ``tokenizer.json``
     reader adds BOS only through the file's post-processor) is a ValueError, never a run without it."""
-    import tempfile  # noqa: PLC0415
-
     meta = read_metadata(pte)  # a program without the runner's methods is one ValueError, not a runner abort
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
     # the runner refuses a prompt that does not fit (after its BOS) with a bare "Generation failed"
@@ -345,9 +341,6 @@ def _run_executorch_runner(
 ) -> tuple[list[str], int]:
     """The runner's pieces and the prompt tokens it prefilled (its stats); its own printing of the pieces
     and stats kept off standard output (:mod:`mps_backend.llm.runner_output`)."""
-    from mps_backend.llm.runner_output import quiet_stdout  # noqa: PLC0415
-    from mps_backend.runtime.emulator import load_emulator  # noqa: PLC0415
-
     load_emulator()  # registers MPSBackend in the libexecutorch the runner binding links
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner  # noqa: PLC0415
 

@@ -42,6 +42,7 @@ from mps_backend.llm.checkpoint import (
     _token_ids,
     load_state_dict_into,
 )
+from mps_backend.llm.gguf_check import check_model, scan_header
 
 _NEEDS = "gguf: checkpoints need transformers, gguf and accelerate: pip install 'mps-backend[llm]'"
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -62,7 +63,6 @@ def read_header(path: str | pathlib.Path) -> Any:
     offsets), read without touching the tensor data, once the header passed the bounded checks of
     :func:`mps_backend.llm.gguf_check.scan_header`."""
     path = _file(path)
-    from mps_backend.llm.gguf_check import scan_header  # noqa: PLC0415
 
     scan_header(path)  # every count bounded before transformers' reader walks it (#47)
     try:
@@ -101,7 +101,6 @@ def load_tokenizer(path: str | pathlib.Path) -> Any:
     template), once the header passed :func:`mps_backend.llm.gguf_check.scan_header` (a vocabulary of more than
     :data:`~mps_backend.llm.gguf_check.MAX_GGUF_VOCAB` tokens is refused before transformers builds it)."""
     path = _file(path)
-    from mps_backend.llm.gguf_check import scan_header  # noqa: PLC0415
 
     scan_header(path)
     try:
@@ -227,7 +226,6 @@ def load_gguf(
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise CheckpointError(f"{path}: model type {model_type!r} has no *ForCausalLM class in transformers")
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    from mps_backend.llm.gguf_check import check_model, scan_header  # noqa: PLC0415
 
     check_model(scan_header(path), config, model_class)  # hf:'s config bounds and declared-weights check (#47)
     weight_bytes = sum(info.nbytes for info in header.tensors)

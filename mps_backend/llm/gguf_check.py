@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mps_backend.llm.checkpoint import CheckpointError
+from mps_backend.llm.folder_check import FolderError, check_config, check_declared_weights
 
 #: blocks (layers) of a GGUF model: the largest released GGUF is Llama 3.1 405B's 126; transformers' GGUF name
 #: map (``get_gguf_hf_weights_map``) takes time quadratic in the count (32/64/128 blocks: 19/47/164 s here)
@@ -251,8 +252,6 @@ def _scan(path: pathlib.Path, buf: Any, size: int) -> GGUFScan:
 
 def check_model(scan: GGUFScan, config: Any, model_class: Any) -> None:
     """The model transformers builds from the file's metadata against the file (module docstring)."""
-    from mps_backend.llm.folder_check import FolderError, check_config, check_declared_weights  # noqa: PLC0415
-
     where = f"{scan.path}"
     try:
         sizes = check_config(config.to_dict(), f"{where} (its config)")

@@ -15,12 +15,18 @@
 
 from __future__ import annotations
 
+import glob
+import math
 import os
 import pathlib
 import shutil
 
+from mps_backend.config import check_environment
 from mps_backend.errors import CheckpointError
 from mps_backend.files import real_path, temp_stem, writer_gone
+from mps_backend.llm.decoder import has_recurrent_layers
+from mps_backend.llm.recurrent import probe_states
+from mps_backend.runtime.program_check import max_plan_bytes
 
 #: the largest ``--group-size``: beyond any weight's row (the bound of ``hidden_size`` and ``intermediate_size``)
 MAX_GROUP_SIZE = 1 << 18
@@ -111,8 +117,6 @@ def check_export_options(verify_steps: int, group_size: int | None, quantize: st
     """Refuse step counts and group sizes no export can honour, before the checkpoint is read. (A step count
     beyond the KV-cache length is refused once that length is known, still before anything is written.) The
     environment's byte-count settings are parsed too (:func:`mps_backend.config.check_environment`)."""
-    from mps_backend.config import check_environment  # noqa: PLC0415
-
     check_environment()
     if isinstance(verify_steps, bool) or not isinstance(verify_steps, int) or verify_steps < 0:
         raise CheckpointError(f"--verify-steps {verify_steps}: give a count of 0 (no check) or more")
@@ -166,13 +170,7 @@ def check_state_sizes(model, config, dtype) -> None:
     program's planned-memory budget (``MPS_BACKEND_MAX_PLAN_BYTES``). The shapes are the
     model's own, from the decode step's probe (:func:`mps_backend.llm.recurrent.probe_states`) run on fake
     tensors: nothing is computed nor allocated. A model the fake run cannot take is left to the probe itself."""
-    import math  # noqa: PLC0415
-
     import torch  # noqa: PLC0415
-
-    from mps_backend.llm.decoder import has_recurrent_layers  # noqa: PLC0415
-    from mps_backend.llm.recurrent import probe_states  # noqa: PLC0415
-    from mps_backend.runtime.program_check import max_plan_bytes  # noqa: PLC0415
 
     if not has_recurrent_layers(config):
         return
@@ -209,8 +207,6 @@ def scratch_prefix(out: pathlib.Path) -> str:
 def remove_stale_scratch(out: pathlib.Path) -> list[pathlib.Path]:
     """Remove the scratch folders ``.NAME.scratch.PID.*`` beside ``out`` whose export no longer runs (SIGKILL
     runs no clean-up; a live export's folder is left alone). Returns what was removed."""
-    import glob  # noqa: PLC0415
-
     removed = []
     stem = temp_stem(out.name)
     for folder in out.parent.glob(f".{glob.escape(stem)}.scratch.*"):

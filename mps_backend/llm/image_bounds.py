@@ -28,6 +28,7 @@ import warnings
 from typing import Any
 
 from mps_backend.errors import MPSBackendError
+from mps_backend.llm.folder_check import _json_object
 
 #: pixels of an image (and of an image as its processor resizes it): PIL's ``MAX_IMAGE_PIXELS`` default,
 #: 89,478,485 (0.25 GiB of RGB), where PIL itself warns of a decompression bomb (it refuses twice that)
@@ -154,8 +155,6 @@ def check_processor_files(folder: str | pathlib.Path) -> None:
     """The bounds on a folder's processor files as JSON, before transformers builds the processor from them (a
     processor's constructor acts on its values: Gemma 3's writes its ``image_seq_length`` image tokens into a
     string, 10^9 of them at load time). A file that is not a bounded JSON object is a FolderError."""
-    from mps_backend.llm.folder_check import _json_object  # noqa: PLC0415
-
     folder = pathlib.Path(folder)
     for name, sub in PROCESSOR_FILES:
         config = _json_object(folder, name)

@@ -32,6 +32,13 @@ from typing import Any, Union
 
 import torch
 
+from mps_backend.llm.chat_templates import bounded_rendering
+from mps_backend.llm.generate import tokenizer_file
+from mps_backend.llm.image_bounds import check_dimensions, check_processor, check_processor_files, check_resize, open_image
+from mps_backend.llm.runner_output import quiet_stdout
+from mps_backend.runtime import LoadedMethod, constant_method_values
+from mps_backend.runtime.emulator import load_emulator, program_input_specs
+
 #: a runner input: ("tokens", ids) or ("image", pixel_values float32 [1, 3, H, W])
 RunnerInput = tuple[str, Union[list[int], torch.Tensor]]
 
@@ -59,9 +66,6 @@ class ImageGeneration:
 
 def _meta(pte) -> dict:
     """The program's metadata; a ValueError when it is not a vision-language export (the runner's methods)."""
-    from mps_backend.runtime import constant_method_values  # noqa: PLC0415
-    from mps_backend.runtime.emulator import program_input_specs  # noqa: PLC0415
-
     meta = constant_method_values(pte)
     for name in ("get_max_seq_len", "get_max_context_len"):
         if name not in meta:
@@ -102,7 +106,6 @@ def load_processor(folder: str | pathlib.Path):
     p = pathlib.Path(folder)
     if not p.is_dir():
         raise ValueError(f"{folder}: not a checkpoint folder (its processor: preprocessor_config.json and tokenizer files)")
-    from mps_backend.llm.image_bounds import check_processor, check_processor_files  # noqa: PLC0415
 
     check_processor_files(p)  # its files' values bounded before transformers builds it (#47)
     try:
@@ -123,8 +126,6 @@ def chat_text(processor, prompt: str, where: str) -> str:
     (transformers' ``apply_chat_template(..., add_generation_prompt=True)``, rendered within the bounds of
     :mod:`mps_backend.llm.chat_templates`); a processor without a template, or a template that fails, is one
     ValueError line naming ``where`` (the checkpoint folder)."""
-    from mps_backend.llm.chat_templates import bounded_rendering  # noqa: PLC0415
-
     if not getattr(processor, "chat_template", None):
         raise ValueError(f"{where}: the processor has no chat template (--chat needs an instruct model's)")
     message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
@@ -143,8 +144,6 @@ def process(processor, prompt: str, image, *, chat: bool = False, folder: str | 
     (:func:`chat_text`; no second BOS when the template writes one, as transformers' own). The image's size,
     and its size once resized, are bounded before its pixels are decoded (:mod:`mps_backend.llm.image_bounds`)."""
     from PIL import Image  # noqa: PLC0415
-
-    from mps_backend.llm.image_bounds import check_dimensions, check_resize, open_image  # noqa: PLC0415
 
     where = str(image) if not isinstance(image, Image.Image) else "the image"
     if not isinstance(image, Image.Image):
@@ -219,8 +218,6 @@ def generate_ids(
 ) -> list[int]:
     """The python runner (the module doc): the greedy tokens after ``inputs`` (``stop_at_eos`` False: on
     past an EOS id, ``max_new_tokens`` of them)."""
-    from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
-
     if isinstance(pte, (str, pathlib.Path)):
         pte = pathlib.Path(pte).read_bytes()
     meta = _meta(pte)
@@ -311,9 +308,6 @@ def generate_with_executorch_runner(
 ) -> str:
     """executorch's C++ ``MultimodalRunner`` (the wheel's binding, MPS delegates emulated) on ``inputs``:
     the text its token callback received (the prefill's token first)."""
-    from mps_backend.llm.generate import tokenizer_file  # noqa: PLC0415
-    from mps_backend.runtime.emulator import load_emulator  # noqa: PLC0415
-
     _meta(pte)  # a program without the runner's methods is one ValueError, not a runner abort
     load_emulator()  # registers MPSBackend in the libexecutorch the runner binding links
     from executorch.extension.llm.runner import (  # noqa: PLC0415
@@ -327,7 +321,6 @@ def generate_with_executorch_runner(
     converted = [make_image_input(v[0]) if k == "image" else make_token_input(list(v)) for k, v in inputs]
     pieces: list[str] = []
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False)
-    from mps_backend.llm.runner_output import quiet_stdout  # noqa: PLC0415
 
     try:
         with quiet_stdout():  # it prints each piece itself: the CLI prints the answer once

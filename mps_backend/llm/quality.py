@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
+from mps_backend.runtime import LoadedMethod
+
 
 def pte_logits(pte: str | pathlib.Path, ids: list[int]) -> torch.Tensor:
     """The ``.pte``'s float32 logits after each of ``ids``, fed one per decode step from position 0
     (teacher forcing: the text's tokens, not the program's own choices)."""
-    from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
-
     step = LoadedMethod(pathlib.Path(pte), "forward")
     rows = []
     for pos, token in enumerate(ids):

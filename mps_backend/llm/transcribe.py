@@ -30,7 +30,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from mps_backend.llm.whisper_decoding import WhisperRules, detect_language, next_token
+from mps_backend.llm.generate import Tokenizer
+from mps_backend.llm.whisper_decoding import WhisperRules, decoder_rules, detect_language, generation_config, next_token
+from mps_backend.runtime import LoadedMethod, constant_method_values
+from mps_backend.runtime.emulator import program_input_specs
 
 #: the sample rate Whisper's feature extractor expects
 SAMPLE_RATE = 16000
@@ -132,8 +135,6 @@ def feature_extractor(folder: str | pathlib.Path | None, n_mels: int):
 
 def encoder_input(pte) -> tuple[int, int]:
     """(mel bins, frames) of the program's ``encoder`` input."""
-    from mps_backend.runtime.emulator import program_input_specs  # noqa: PLC0415
-
     specs = program_input_specs(pte, method="encoder")
     if len(specs) != 1 or len(specs[0][0]) != 3:
         raise ValueError(f"the program's encoder takes {specs}, not one features tensor [1, n_mels, frames]")
@@ -151,8 +152,6 @@ class Preprocessor:
     window's waveform (16 kHz, at most ``n_samples``) -> ``[1, n_mels, frames]``."""
 
     def __init__(self, path: str | pathlib.Path, n_mels: int, frames: int):
-        from mps_backend.runtime import LoadedMethod, constant_method_values  # noqa: PLC0415
-
         meta = constant_method_values(path)
         if "n_samples" not in meta or "feature_size" not in meta:
             raise ValueError(f"{path}: not a Whisper preprocessor program (no n_samples, feature_size methods)")
@@ -172,8 +171,6 @@ class WhisperProgram:
     """A Whisper ``.pte``'s methods on the emulated runtime and the metadata the loop reads."""
 
     def __init__(self, pte: str | pathlib.Path | bytes):
-        from mps_backend.runtime import LoadedMethod, constant_method_values  # noqa: PLC0415
-
         meta = constant_method_values(pte)
         for name in ("decoder_start_token_id", "get_max_seq_len"):
             if name not in meta:
@@ -358,9 +355,6 @@ def transcribe(
     (:mod:`mps_backend.llm.whisper_preprocessor`; default: :func:`preprocessor_path` if it exists, ``"none"``:
     transformers' ``WhisperFeatureExtractor``); audio longer than its window gets the extractor's features
     of the whole, as transformers' long-form decoding reads them."""
-    from mps_backend.llm.generate import Tokenizer  # noqa: PLC0415
-    from mps_backend.llm.whisper_decoding import decoder_rules, generation_config  # noqa: PLC0415
-
     pte = pathlib.Path(pte)
     tok = Tokenizer(tokenizer)
     n_mels, frames = encoder_input(pte)

@@ -23,17 +23,29 @@ and that program compared with its eager model.
 
 from __future__ import annotations
 
+import gc
 import json
+import math
 import os
 import pathlib
 import re
 import tempfile
+import types
 from dataclasses import dataclass
 
 import torch
 
+from mps_backend.config import env_bytes
 from mps_backend.errors import CheckpointError
+from mps_backend.llm.checkpoint import load_hf, load_llama
+from mps_backend.llm.folder_check import weight_files
+from mps_backend.llm.generate import Tokenizer, read_metadata
+from mps_backend.llm.gguf import load_gguf, truncated_gguf
+from mps_backend.llm.gguf import parameter_count as gguf_parameters
 from mps_backend.llm.spec import parse_model_spec
+from mps_backend.pages import PageReleaser
+from mps_backend.quantize import quantize_dequantized, quantize_embeddings, resolve_group_size
+from mps_backend.runtime import LoadedMethod
 
 #: decode steps verified by default (``mps-backend export --verify-steps``)
 DEFAULT_STEPS = 4
@@ -122,16 +134,12 @@ def available_memory() -> int:
 def eager_budget() -> int:
     """Bytes the eager float32 reference plus the emulated program may take: half the available
     memory (``$MPS_BACKEND_VERIFY_MAX_BYTES`` overrides)."""
-    from mps_backend.config import env_bytes  # noqa: PLC0415
-
     return env_bytes(BUDGET_ENV, available_memory() // 2)
 
 
 def _hf_tensors(folder: pathlib.Path) -> dict[str, pathlib.Path]:
     """Every tensor name of a safetensors checkpoint folder -> its file."""
     from safetensors import safe_open  # noqa: PLC0415
-
-    from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
 
     names = {}
     for f in weight_files(folder):  # the files the export read, no other
@@ -142,16 +150,10 @@ def _hf_tensors(folder: pathlib.Path) -> dict[str, pathlib.Path]:
 
 def parameter_count(kind: str, path: pathlib.Path) -> int:
     """Parameters in a checkpoint, from its headers (hf, gguf) or its mapped tensors (llama)."""
-    import math  # noqa: PLC0415
-
     if kind == "gguf":
-        from mps_backend.llm.gguf import parameter_count as gguf_parameters  # noqa: PLC0415
-
         return gguf_parameters(path)
     if kind == "hf":
         from safetensors import safe_open  # noqa: PLC0415
-
-        from mps_backend.llm.folder_check import weight_files  # noqa: PLC0415
 
         n = 0
         for f in weight_files(path):
@@ -187,8 +189,6 @@ def truncated_copy(kind: str, path: pathlib.Path, params: pathlib.Path | None, i
     """A checkpoint of the first ``layers`` layers of ``path`` written into ``into``: returns
     (spec, params path or None, the original layer count). Only the kept tensors are read."""
     if kind == "gguf":
-        from mps_backend.llm.gguf import truncated_gguf  # noqa: PLC0415
-
         file, old = truncated_gguf(path, into, layers)
         return f"gguf:{file}", None, old
     if kind == "hf":
@@ -226,9 +226,6 @@ def _pte_logits(pte: pathlib.Path, prefix: list[int], steps: int) -> tuple[list[
     token a call otherwise), then its greedy tokens for ``steps`` tokens in all (the first chosen after
     the prefix's last), one a call. Returns every token read or chosen, the logits of each call, and
     the position each call's logits follow (its last row)."""
-    from mps_backend.llm.generate import read_metadata  # noqa: PLC0415
-    from mps_backend.runtime import LoadedMethod  # noqa: PLC0415
-
     meta = read_metadata(pte)
     piece = int(meta["get_max_seq_len"]) if meta.get("enable_dynamic_shape") else 1
     step = LoadedMethod(pte, "forward")  # a path: executorch maps the file
@@ -254,8 +251,6 @@ def prompt_tokens(kind: str, path: pathlib.Path, vocab: int | None, room: int) -
     """The tokens of :data:`VERIFY_PROMPT` by the checkpoint's own tokenizer (an ``hf:`` folder's
     ``tokenizer.json`` or ``tokenizer.model``; a ``gguf:`` file's own; for ``llama:`` one beside the checkpoint), at most
     ``room``, and where they came from; none, and why, when there is no usable tokenizer."""
-    from mps_backend.llm.generate import Tokenizer  # noqa: PLC0415
-
     folder = path if kind == "hf" else path.parent
     if room < 1:
         return [], "no room for a prompt below --max-seq-len"
@@ -290,30 +285,20 @@ def _eager_logits(
     the float32 ones) and computes in float32 with those weights dequantized."""
     load = torch.float16 if (quantize or embedding) and dtype == "fp16" else torch.float32
     if kind == "gguf":
-        from mps_backend.llm.gguf import load_gguf  # noqa: PLC0415
-
         model = load_gguf(path, load, clamp_fp16=True).model  # the GGUF dequantized as the export does
         reference = "eager transformers float32"
     elif kind == "hf":
-        from mps_backend.llm.checkpoint import load_hf  # noqa: PLC0415
-
         # the export's own loader: the same folder check (no code from the folder runs, trust_remote_code=False)
         # and the same tensors from the same files, in the reference precision (clamped as an fp16 export's were)
         model = load_hf(path, load, clamp_fp16=True).model
         reference = "eager transformers float32"
     else:
-        from mps_backend.llm.checkpoint import load_llama  # noqa: PLC0415
-
         model = load_llama(path, params, load, max_seq_len).model
         reference = "eager executorch llama float32"
     if quantize:
-        from mps_backend.quantize import quantize_dequantized, resolve_group_size  # noqa: PLC0415
-
         quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size), head)
         reference += f" ({quantize} weights quantized alike, dequantized)"
     if embedding:
-        from mps_backend.quantize import quantize_embeddings  # noqa: PLC0415
-
         quantize_embeddings(model)
         reference += " (embedding quantized alike)"
     undo = float32_on_use(model) if load != torch.float32 else None
@@ -371,8 +356,6 @@ def float32_on_use(model: torch.nn.Module, min_numel: int | None = None):
     head in float32 take 4 bytes a vocabulary entry and dimension each). Returns a function that
     makes the held weights float32 for good (for modeling code that reads a weight outside its
     module's forward)."""
-    import types  # noqa: PLC0415
-
     min_numel = ON_USE_NUMEL if min_numel is None else min_numel
     held = {}
     for m in model.modules():
@@ -480,9 +463,6 @@ def verify_export(
     """Verify the export ``result`` (an ``LLMExportResult``) of ``model``, written to ``pte`` (default
     ``result.path``); when the eager model is too large (:func:`needs_truncation`), on a truncated copy
     exported by ``export(spec, out, params)``."""
-    import gc  # noqa: PLC0415
-
-    from mps_backend.pages import PageReleaser  # noqa: PLC0415
 
     def release() -> None:  # an export's program and graphs, freed before what comes next is loaded
         gc.collect()

@@ -30,9 +30,12 @@ import torch
 
 from mps_backend.errors import CheckpointError
 from mps_backend.llm.decoder import HFDecoder
+from mps_backend.llm.multimodal import ImageGeneration, generate_ids, load_processor, process, prompt_inputs
+from mps_backend.llm.registry import VISION_LANGUAGE_TYPES
+from mps_backend.llm.spec import parse_model_spec
+from mps_backend.llm.verify import LLMVerification, tolerance
+from mps_backend.quantize import quantize_dequantized, resolve_group_size
 
-#: transformers model types exported to the MultimodalRunner's methods (tests/test_vision.py)
-VISION_LANGUAGE_TYPES = ("gemma3", "llava", "smolvlm")
 #: the method names (extension/llm/runner/constants.h:23-26 at v1.0.0)
 VISION_METHOD, EMBEDDING_METHOD, DECODER_METHOD = "vision_encoder", "token_embedding", "text_decoder"
 
@@ -318,8 +321,6 @@ def eager_reference(
         folder, dtype=load, attn_implementation="eager", local_files_only=True, trust_remote_code=False
     ).eval()
     if quantize:
-        from mps_backend.quantize import quantize_dequantized, resolve_group_size  # noqa: PLC0415
-
         quantize_dequantized(text_part(model), quantize, resolve_group_size(quantize, group_size), head)
         model.float()
     extra = torch.tensor([generated[:-1]], dtype=torch.long)
@@ -340,10 +341,6 @@ def verify_vision(result, model: str, *, steps: int, pte=None, group_size: int |
     loop on :func:`verification_image` and :data:`VERIFY_PROMPT` through the folder's processor, then
     ``steps`` greedy tokens) against transformers' eager float32 model on the same inputs, teacher-forced;
     the language models' tolerances."""
-    from mps_backend.llm.export import parse_model_spec  # noqa: PLC0415
-    from mps_backend.llm.multimodal import ImageGeneration, generate_ids, load_processor, process, prompt_inputs  # noqa: PLC0415
-    from mps_backend.llm.verify import LLMVerification, tolerance  # noqa: PLC0415
-
     _, folder = parse_model_spec(model)
     where = pte or result.path
     image = verification_image()

@@ -23,11 +23,19 @@ delegate by ``index_put_`` on CPU, the mask computed from ``cache_position``.
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import torch
 
 from mps_backend.errors import CheckpointError
 from mps_backend.llm.attention import use_grouped_attention
+from mps_backend.llm.checkpoint import load_hf
 from mps_backend.llm.decoder import StaticCache, additive_mask, register_kv_caches
+from mps_backend.llm.spec import parse_model_spec
+from mps_backend.llm.transcribe import transcribe_ids
+from mps_backend.llm.verify import LLMVerification, tolerance
+from mps_backend.quantize import quantize_dequantized, resolve_group_size
 
 #: the method names executorch's ASR runner calls (extension/asr/runner/runner.cpp:28-29 at v1.1.0)
 ENCODER_METHOD, DECODER_METHOD = "encoder", "text_decoder"
@@ -221,10 +229,6 @@ def verify_whisper(result, model: str, *, steps: int, group_size: int | None, pt
     ``.pte`` on the emulated runtime (greedy from the start token) against transformers' eager
     float32 Whisper on the same features and tokens; the tolerances of the language models. ``pte``: where
     the program is until it passed (default ``result.path``)."""
-    from mps_backend.llm.spec import parse_model_spec  # noqa: PLC0415
-    from mps_backend.llm.transcribe import transcribe_ids  # noqa: PLC0415
-    from mps_backend.llm.verify import LLMVerification, tolerance  # noqa: PLC0415
-
     if steps > result.max_seq_len:
         raise CheckpointError(f"--verify-steps {steps} exceeds --max-seq-len {result.max_seq_len}")
     _, folder = parse_model_spec(model)
@@ -246,9 +250,6 @@ def verify_whisper(result, model: str, *, steps: int, group_size: int | None, pt
 
 
 def _read_config(folder) -> dict:
-    import json  # noqa: PLC0415
-    import pathlib  # noqa: PLC0415
-
     return json.loads((pathlib.Path(folder) / "config.json").read_text())
 
 
@@ -256,15 +257,11 @@ def eager_logits(folder, features: torch.Tensor, tokens: list[int], quantize=Non
     """transformers' eager float32 Whisper: logits after each of ``tokens`` (the decoder's input from
     the start token on), and the reference's name. Quantized exports: the weights quantized alike
     (in the export precision) and dequantized, as :mod:`mps_backend.llm.verify` does."""
-    from mps_backend.llm.checkpoint import load_hf  # noqa: PLC0415
-
     load = torch.float16 if quantize and dtype == "fp16" else torch.float32
     # the export's own loader: its folder check (no code from the folder runs) and the tensors the export read
     model = load_hf(folder, load, clamp_fp16=True).model
     reference = "eager transformers Whisper float32"
     if quantize:
-        from mps_backend.quantize import quantize_dequantized, resolve_group_size  # noqa: PLC0415
-
         quantize_dequantized(quantize_target(model), quantize, resolve_group_size(quantize, group_size), head)
         model.float()
         reference += f" ({quantize} decoder weights quantized alike, dequantized)"

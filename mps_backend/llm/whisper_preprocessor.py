@@ -29,6 +29,9 @@ import pathlib
 
 import torch
 
+from mps_backend.files import write_atomically
+from mps_backend.partitioner import MPSPartitioner, backend_config, edge_compile_config
+
 #: the method executorch's Whisper example calls (main.cpp: ``processor->execute("forward", audio)``)
 PREPROCESSOR_METHOD = "forward"
 
@@ -77,9 +80,6 @@ def export_preprocessor(fe, output: str | pathlib.Path) -> dict:
     """Write :class:`WhisperPreprocessor` of ``fe`` to ``output`` (a ``.pte``, float32 on the MPS delegate);
     returns the partitioner's counts: ``{"delegates": n, "cpu": [ops left on CPU]}``."""
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
-
-    from mps_backend.files import write_atomically  # noqa: PLC0415
-    from mps_backend.partitioner import MPSPartitioner, backend_config, edge_compile_config  # noqa: PLC0415
 
     module = WhisperPreprocessor(fe).eval()
     example = (torch.zeros(fe.n_samples // 2, dtype=torch.float32),)
