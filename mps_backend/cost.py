@@ -44,8 +44,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from mps_backend.errors import MPSBackendError
+from mps_backend.serialization import MPSFormatError
+from mps_backend.serialization import program as _program
 from mps_backend.serialization.device_facts import IGNORED_IDS, node_value_ids
+from mps_backend.serialization.flatbuf import FlatBuffer, compile_schema
 from mps_backend.serialization.model import Graph, Node, Tensor, expected_nbytes
+from mps_backend.serialization.program import delegates, open_program
+from mps_backend.serialization.pte import map_file
+from mps_backend.serialization.reader import read_blob
 
 DISCLAIMER = "a model with listed assumptions (docs/device-cost.md), not a device measurement"
 
@@ -512,9 +518,6 @@ def _only_matmuls(v: int, graph: Graph, real_consumers: Any, folded: set[int]) -
 
 
 def _layouts() -> Any:
-    from mps_backend.serialization import program as _program  # noqa: PLC0415
-    from mps_backend.serialization.flatbuf import compile_schema  # noqa: PLC0415
-
     f = _program._f
     schema = {**_program._SCHEMA, "tables": dict(_program._SCHEMA["tables"])}
     schema["tables"]["DelegateCall"] = [f("delegate_index", "int"), f("args", "[int]")]
@@ -531,12 +534,6 @@ class CostError(MPSBackendError, ValueError):
 def cost_of_program(pte: bytes | memoryview | str | os.PathLike, method: str | None = None, top: int = 10) -> ProgramCost:
     """The cost of one execution of ``method`` (default: ``forward``, else the method with the most
     instructions) of a ``.pte`` (its bytes or a path); see the module docstring."""
-    from mps_backend.serialization import MPSFormatError  # noqa: PLC0415
-    from mps_backend.serialization.flatbuf import FlatBuffer  # noqa: PLC0415
-    from mps_backend.serialization.program import delegates, open_program  # noqa: PLC0415
-    from mps_backend.serialization.pte import map_file  # noqa: PLC0415
-    from mps_backend.serialization.reader import read_blob  # noqa: PLC0415
-
     data = map_file(pte) if isinstance(pte, (str, os.PathLike)) else pte
     tables = open_program(data, MPSFormatError)
     fb: FlatBuffer = tables.fb

@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import re
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
+from mps_backend import runtime
 from mps_backend.errors import MPSBackendError, MPSBackendWarning
+from mps_backend.operators.registry import op_key
+from mps_backend.operators.shape import as_strided_overrun
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.passes import check_fp16_constants, drop_unused_constants
+from mps_backend.runtime.bundled_check import read_bundled
+from mps_backend.runtime.program_check import ProgramFormatError
 from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
 from mps_backend.serialization.model import Header
 
@@ -38,9 +45,6 @@ def check_cpu_reads(edge: Any) -> None:
     """Raise :class:`InvalidModelError` for an ``as_strided_copy`` left on CPU that reads past its input's end:
     its program would load and then fail at run time ("out of bounds for storage", as eager PyTorch does).
     The partitioner leaves such a node on CPU; ``export_model`` runs this after the lowering."""
-    from mps_backend.operators.registry import op_key  # noqa: PLC0415
-    from mps_backend.operators.shape import as_strided_overrun  # noqa: PLC0415
-
     names = edge.methods if hasattr(edge, "methods") else ["forward"]
     for name in names:
         for node in edge.exported_program(name).graph.nodes:
@@ -135,8 +139,6 @@ def make_static(ep: torch.export.ExportedProgram, example_inputs: Sequence[torch
     """The same program with every shape fixed to those of ``example_inputs``: a program exported
     with ``dynamic_shapes`` (e.g. a dynamic prompt length) is re-exported from its own module, so
     the MPS delegate, which compiles static shapes only, can take all of it as one partition."""
-    import warnings  # noqa: PLC0415
-
     symbolic = sorted(
         {
             str(d)
@@ -279,8 +281,6 @@ def bundle(
     """A bundled program (``.bpte``): the program plus test cases (inputs and expected outputs), which
     an app checks on the device with executorch's bundled-program API
     (``load_bundled_input`` / ``verify_result_with_bundled_expected_output``)."""
-    import tempfile  # noqa: PLC0415
-
     from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite  # noqa: PLC0415
     from executorch.devtools.bundled_program.core import BundledProgram  # noqa: PLC0415
     from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer  # noqa: PLC0415
@@ -298,9 +298,6 @@ def unbundle(data: bytes) -> bytes:
     """The program inside a bundled program (``.bpte``), read by the project's bounded reader (no
     ``flatc``); a malformed bundle raises ``ProgramFormatError``. The program itself is not checked
     here: callers give it to ``mps_backend.runtime.program_check.check_program`` like any ``.pte``."""
-    from mps_backend.runtime.bundled_check import read_bundled  # noqa: PLC0415
-    from mps_backend.runtime.program_check import ProgramFormatError  # noqa: PLC0415
-
     return bytes(read_bundled(data, ProgramFormatError)[0])
 
 
@@ -320,11 +317,9 @@ def compare(pte: bytes, model: torch.nn.Module, inputs: Sequence[torch.Tensor]) 
     """(max |device - eager| over the finite values, max |eager|) across all outputs, running the .pte
     through the emulated MPS runtime. A different shape, NaN pattern or infinity makes the error
     infinite (Python's ``max(0.0, nan)`` would hide a NaN)."""
-    from mps_backend.runtime import run_pte  # noqa: PLC0415
-
     with torch.no_grad():
         expected = flat_outputs(model(*inputs))
-    got = run_pte(pte, list(inputs))
+    got = runtime.run_pte(pte, list(inputs))
     if len(got) != len(expected):
         raise AssertionError(f"{len(got)} outputs from the .pte, {len(expected)} from eager")
     max_abs, scale = 0.0, 0.0

@@ -23,6 +23,7 @@ import math
 import mmap
 import os
 import sys
+import tempfile
 import warnings
 from typing import Any
 
@@ -162,8 +163,6 @@ class ScratchFile:
     file being written when the process was killed."""
 
     def __init__(self, folder: str | os.PathLike, name: str) -> None:
-        import tempfile  # noqa: PLC0415
-
         try:
             fd, self.path = tempfile.mkstemp(prefix=f"{name[:80]}.", suffix=".bin", dir=folder)
         except OSError as e:

@@ -32,6 +32,8 @@ from typing import Iterable, Optional
 import torch
 from torchao.utils import TorchAOBaseTensor
 
+from mps_backend.pages import ScratchFile
+
 aten = torch.ops.aten
 
 #: the float16 range: a scale or offset beyond it is stored in float32
@@ -235,8 +237,6 @@ def collect_rows(
     """(q, scale, offset) of a weight of ``rows`` rows from ``blocks`` of whole rows, in order: with
     ``scratch``, each written to a file there as it comes and mapped back
     (:class:`mps_backend.pages.ScratchFile`), so the whole is never anonymous memory; else concatenated."""
-    from mps_backend.pages import ScratchFile  # noqa: PLC0415
-
     files = [ScratchFile(scratch, f"{name}.{part}") for part in ("qdata", "scale", "offset")] if scratch is not None else None
     parts: list[list[torch.Tensor]] = [[], [], []]
     layout: list = []

@@ -40,6 +40,7 @@ from typing import Any, Optional
 import torch
 
 from mps_backend.errors import MPSBackendError
+from mps_backend.operators.quant import int4_layout_fits
 from mps_backend.pages import PageReleaser
 from mps_backend.quant_tensor import (
     GroupQuantizedTensor,
@@ -106,8 +107,6 @@ def quantizable(scheme: str, group_size: Optional[int] = None, *, embeddings: bo
     (the executorch recipes, :mod:`mps_backend.recipes`): float 2-d weights of ``nn.Linear`` (and
     ``nn.Embedding`` with ``embeddings``) whose columns the group size divides and, for int4, whose
     shape the device's packed layout takes."""
-    from mps_backend.operators.quant import int4_layout_fits  # noqa: PLC0415
-
     kinds = (torch.nn.Linear, torch.nn.Embedding) if embeddings else (torch.nn.Linear,)
 
     def wanted(module: torch.nn.Module, fqn: str) -> bool:
@@ -232,8 +231,6 @@ def plan_quantization(
 ) -> QuantizationPlan:
     """How :func:`quantize_model` quantizes ``model``'s float weights (module docstring); a
     :class:`QuantizationError` naming why when it would quantize none of the linear layers."""
-    from mps_backend.operators.quant import int4_layout_fits  # noqa: PLC0415
-
     weight_only_config(scheme, group_size)  # the scheme and group size themselves
     head = resolve_head(scheme, head)
     bits = SCHEME_BITS[scheme]

@@ -43,6 +43,9 @@ from executorch.export import (
 )
 
 from mps_backend.errors import MPSBackendWarning
+from mps_backend.partitioner import MPSPartitioner, edge_compile_config
+from mps_backend.quantize import quantizable, resolve_group_size, weight_only_config
+from mps_backend.runtime.emulator import EmulatorError, load_emulator, pybindings
 
 BACKEND_NAME = "mps"
 
@@ -84,8 +87,6 @@ class EmulatorUnavailableWarning(MPSBackendWarning):
 def _ensure_mps_backend() -> None:
     """Register the emulated MPS delegate with this process's executorch runtime unless an
     ``MPSBackend`` is registered already (``load_emulator`` does the work once per process)."""
-    from mps_backend.runtime.emulator import EmulatorError, load_emulator, pybindings  # noqa: PLC0415
-
     try:
         if "MPSBackend" not in pybindings()._get_registered_backend_names():
             load_emulator()
@@ -120,7 +121,6 @@ class MPSRecipeProvider(BackendRecipeProvider):
                 f"MPS recipe {recipe_type.value!r} takes no parameter {sorted(unknown)}"
                 + (" (only group_size)" if scheme else "")
             )
-        from mps_backend.partitioner import MPSPartitioner, edge_compile_config  # noqa: PLC0415
 
         partitioners: list[Any] = [MPSPartitioner(use_fp16=use_fp16)]
         if fallback:
@@ -129,8 +129,6 @@ class MPSRecipeProvider(BackendRecipeProvider):
             partitioners.append(XnnpackPartitioner())
         quantization = None
         if scheme:
-            from mps_backend.quantize import quantizable, resolve_group_size, weight_only_config  # noqa: PLC0415
-
             group = kwargs.get("group_size")
             if group is not None and (not isinstance(group, int) or group < 0):
                 raise ValueError(f"group_size must be a non-negative integer, got {group!r}")

@@ -2,13 +2,12 @@
 
 from .errors import MPSFormatError
 from .model import Blob, DataType, Graph, Header, Node, OpType, Tensor
+from .reader import read_blob as _read
 from .writer import write_blob
 
 
 def read_blob(data):
     """Decode and validate one MP00 blob; raises MPSFormatError on any violation."""
-    from .reader import read_blob as _read  # noqa: PLC0415
-
     return _read(data)
 
 

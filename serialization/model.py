@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .errors import MPSFormatError
 from .generated.schema_info import MPSGRAPH
 
 #: the MP00 schema as a literal (``generated/schema_info.py``): nested dicts/lists of str, int, bool, None
@@ -210,8 +211,6 @@ class Header:
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> "Header":
-        from .errors import MPSFormatError  # noqa: PLC0415
-
         if len(data) < HEADER_SIZE:
             raise MPSFormatError(f"blob is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
         if bytes(data[4:8]) != MAGIC:

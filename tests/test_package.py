@@ -217,6 +217,172 @@ def test_layering_the_product_imports_no_harness_and_the_pipeline_nothing_above_
     assert any(n == "pytest" for _, n in imported_names(ROOT / "harness" / "suite_flow.py"))
 
 
+def source_modules() -> dict[str, Path]:
+    """Every module of the package's source folders (pyproject.toml's ``package-dir``: ./mps_backend,
+    ./operators as ``mps_backend.operators``, ./serialization as ``mps_backend.serialization``), by its
+    installed name, read from the files (nothing imported); the generated flatc bindings aside."""
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found: dict[str, Path] = {}
+    for top, folder in sorted(dirs.items(), key=lambda kv: -len(kv[0])):  # operators/serialization first
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            package = ".".join((top, *rel))
+            if "generated" in rel or package in found:
+                continue
+            found[package] = init
+            for f in sorted(init.parent.glob("*.py")):
+                if f.name != "__init__.py":
+                    found[f"{package}.{f.stem}"] = f
+    return found
+
+
+def import_statements(modules: dict[str, Path]) -> list[tuple[str, str, int, bool]]:
+    """(importer, imported module of ``modules``, line, function-local?) for every import statement of
+    the package's own modules, at any depth (``if TYPE_CHECKING:`` blocks aside: they never run); a
+    name imported from a package is its submodule when there is one, else the package."""
+
+    def resolve(name: str) -> str | None:
+        if ".generated" in name:  # flatc's bindings: not the package's own code
+            return None
+        while name not in modules:
+            if "." not in name:
+                return None
+            name = name.rpartition(".")[0]
+        return name
+
+    found = []
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+        def visit(node, local: bool, name=name, package=package) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                    continue
+                targets = []
+                if isinstance(child, ast.Import):
+                    targets = [a.name for a in child.names]
+                elif isinstance(child, ast.ImportFrom):
+                    base = child.module or ""
+                    if child.level:
+                        parent = package.rsplit(".", child.level - 1)[0] if child.level > 1 else package
+                        base = f"{parent}.{base}" if base else parent
+                    targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in child.names]
+                for target in targets:
+                    resolved = resolve(target)
+                    if resolved is not None and resolved != name:
+                        found.append((name, resolved, child.lineno, local))
+                visit(child, local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+        visit(ast.parse(path.read_text()), False)
+    return found
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of a graph: its strongly connected components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def connect(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_no_import_circle_in_the_package():
+    """#44: the package's modules import each other in one direction only, counting imports at any depth (a
+    function-local import closes a circle as surely as a module-level one), and the family modules the LLM
+    export imports by their registered name (mps_backend.llm.registry) as imported by it."""
+    from mps_backend.llm.registry import FAMILIES
+
+    modules = source_modules()
+    assert {"mps_backend.passes.precision", "mps_backend.operators.registry", "mps_backend.serialization.reader"} <= set(modules)
+    edges: dict[str, set[str]] = {}
+    for importer, imported, _, _ in import_statements(modules):
+        edges.setdefault(importer, set()).add(imported)
+    for reg in FAMILIES:
+        assert reg.module in modules, f"registered family module {reg.module} does not exist"
+        edges.setdefault("mps_backend.llm.export", set()).add(reg.module)
+    assert circles(edges) == []
+    # the check finds a circle, through any number of modules
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_function_local_imports_between_package_modules_only_defer_a_heavy_dependency():
+    """#44: a module imports the package's modules it uses at its top, except to defer a heavy optional
+    dependency: a function-local import of a package module is allowed only where that module (with what
+    it imports at module level) brings a third-party package that ``import mps_backend`` does not load
+    (transformers, tokenizers, gguf, ...) and the importing module does not bring already."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, mps_backend; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    loaded = set(done.stdout.split())
+    assert {"torch", "executorch"} <= loaded, loaded
+    modules = source_modules()
+
+    def third_party(path: Path) -> set[str]:  # top-level packages imported at module level, not loaded already
+        names = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.split(".")[0])
+        ours = ("mps_backend", "__future__")
+        return {n for n in names if n not in loaded and n not in sys.stdlib_module_names and n not in ours}
+
+    statements = import_statements(modules)
+    top_level: dict[str, set[str]] = {}
+    for importer, imported, _, local in statements:
+        if not local:
+            top_level.setdefault(importer, set()).add(imported)
+
+    def brings(module: str) -> set[str]:  # what importing ``module`` loads beyond ``import mps_backend``
+        seen, todo, out = set(), [module], set()
+        while todo:
+            m = todo.pop()
+            if m in seen:
+                continue
+            seen.add(m)
+            out |= third_party(modules[m])
+            parts = m.split(".")
+            todo += [".".join(parts[:i]) for i in range(1, len(parts))] + sorted(top_level.get(m, ()))
+        return out
+
+    deferred = [(importer, imported, line) for importer, imported, line, local in statements if local]
+    needless = [f"{i}:{line} imports {m}" for i, m, line in deferred if not brings(m) - brings(i)]
+    assert needless == [], needless
+
+
 def test_one_meaning_per_dtype_table_and_per_check_name():
     from mps_backend import dtypes, runtime_kernels
     from mps_backend.runtime import core, program_check

@@ -39,8 +39,8 @@ FAMILIES = (
         ("gemma3", "llava", "smolvlm"),
         "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING",
     ),
-    Registration("llama", "mps_backend.llm.llama", ("llama",), ()),
-    Registration("causal-lm", "mps_backend.llm.causal", ("hf", "gguf"), (), "MODEL_FOR_CAUSAL_LM_MAPPING"),
+    Registration("llama", "mps_backend.llm.export", ("llama",), ()),
+    Registration("causal-lm", "mps_backend.llm.export", ("hf", "gguf"), (), "MODEL_FOR_CAUSAL_LM_MAPPING"),
 )
 
 

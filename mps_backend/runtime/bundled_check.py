@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mps_backend.runtime.program_check import check_program, method_arity
 from mps_backend.serialization.flatbuf import FlatBuffer, compile_schema
 
 
@@ -50,8 +51,6 @@ def check_bundle(data: bytes | bytearray | memoryview, error: type[Exception]) -
     each test case against its method: a method the program has, as many inputs and expected outputs as
     the method takes and returns. executorch's bundled check sets only the inputs a case holds and
     executes: a case with no inputs for a method that takes one ran on an unset input (SIGSEGV)."""
-    from mps_backend.runtime.program_check import check_program, method_arity  # noqa: PLC0415
-
     program, arity = _read_suites(data, error)
     check_program(program)
     methods = method_arity(program)

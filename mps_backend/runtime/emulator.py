@@ -11,6 +11,7 @@ calls the device-model interpreter (:func:`mps_backend.runtime.interpreter.execu
 from __future__ import annotations
 
 import math
+import mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,8 +19,13 @@ from typing import Any
 
 import torch
 
+from mps_backend.runtime.bundled_check import check_bundle
+from mps_backend.runtime.core import max_tensor_bytes
+from mps_backend.runtime.program_check import ProgramFormatError, check_program, method_operators
 from mps_backend.runtime.shim_bridge import _SCALAR_TYPES, EMULATED_EVENT_METADATA, _torch_dtype, load_emulator
 from mps_backend.runtime.shim_build import EmulatorBuildError, EmulatorError, build_shim, pybindings, shim_path
+from mps_backend.serialization import read_blob
+from mps_backend.serialization.pte import delegate_blobs
 
 __all__ = [
     "EMULATED_EVENT_METADATA",
@@ -57,8 +63,6 @@ def _read_program(pte: bytes | bytearray | memoryview | str | os.PathLike, *, ch
     else:
         raise TypeError(f"pte must be bytes or a path, not {type(pte).__name__}")
     if check:
-        from mps_backend.runtime.program_check import ProgramFormatError, check_program  # noqa: PLC0415
-
         try:
             check_program(data)
         except ProgramFormatError as exc:
@@ -71,14 +75,11 @@ def _read_program(pte: bytes | bytearray | memoryview | str | os.PathLike, *, ch
 def _checked_file(path: str | os.PathLike) -> str:
     """``path``, once :func:`~mps_backend.runtime.program_check.check_program` has passed the file,
     read through a read-only mapping (not a copy: an LLM's ``.pte`` is gigabytes)."""
-    import mmap  # noqa: PLC0415
-
     path = os.fspath(path)
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             _read_program(path)  # the empty file's error
         view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # closed when collected (views may be alive)
-    from mps_backend.runtime.program_check import ProgramFormatError, check_program  # noqa: PLC0415
 
     try:
         check_program(view)
@@ -241,8 +242,6 @@ def _refuse_missing_kernels(_C: Any, data: bytes, method: str, exc: BaseExceptio
     """After executorch failed to load ``method``: if the program names CPU operators this runtime has
     no kernel for ("Missing operator"), raise an EmulatorError listing them (an export whose runtime
     check was skipped, ``--target-runtime none`` or ``--allow-missing-kernels``, can name such ones)."""
-    from mps_backend.runtime.program_check import method_operators  # noqa: PLC0415
-
     registered = set(_C._get_operator_names())
     missing = [op for op in method_operators(data, method) if op not in registered]
     if missing:
@@ -266,9 +265,6 @@ def run_pte(
 def _debug_buffer_estimate(data: bytes) -> int:
     """Bytes of debug buffer an ETDump of one run needs: every value of every MPS delegate (each
     node's output is logged once) plus the program's own tensors, with headroom."""
-    from mps_backend.serialization import read_blob  # noqa: PLC0415
-    from mps_backend.serialization.pte import delegate_blobs  # noqa: PLC0415
-
     total = len(data)
     for delegate in delegate_blobs(data):
         graph = read_blob(delegate.blob).graph
@@ -345,9 +341,6 @@ def _check_bundled(data: bytes, method: str, name: str | None = None) -> int:
     """The number of test cases of ``method`` in the bundled program ``data``, after the bundle's own
     tables (bounded reader) and its inner program (:func:`check_program`, as for a ``.pte``) are
     checked: executorch's bundled loader trusts both."""
-    from mps_backend.runtime.bundled_check import check_bundle  # noqa: PLC0415
-    from mps_backend.runtime.program_check import ProgramFormatError  # noqa: PLC0415
-
     try:
         _, cases = check_bundle(data, ProgramFormatError)  # the program too, and each case against its method
     except ProgramFormatError as exc:
@@ -413,8 +406,6 @@ def program_input_specs(pte: bytes | str | os.PathLike, *, method: str = "forwar
 
 
 def _input_specs(_C: Any, data: bytes, method: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    from mps_backend.runtime.core import max_tensor_bytes  # noqa: PLC0415
-
     try:
         program = _C._load_program_from_buffer(data, program_verification=_C.Verification.InternalConsistency)
         names = {program.get_method_name(i) for i in range(program.num_methods())}

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from mps_backend.config import env_bytes
+from mps_backend.serialization import read_blob
 from mps_backend.serialization.device_facts import IGNORED_IDS, OUTPUT_FIELDS, node_value_ids
 from mps_backend.serialization.model import Blob, DataType, Node, OpType
 
@@ -141,8 +142,6 @@ def _decode(blob) -> Blob:
     if isinstance(blob, Blob):
         return blob
     if isinstance(blob, (bytes, bytearray, memoryview)):
-        from mps_backend.serialization import read_blob  # noqa: PLC0415
-
         return read_blob(blob)
     raise TypeError(f"expected MP00 bytes or a decoded Blob, got {type(blob).__name__}")
 

@@ -29,13 +29,14 @@ The partial schema is ``serialization/program.py``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mps_backend.config import env_bytes
 from mps_backend.errors import MPSBackendError
 from mps_backend.serialization import program as _program
 from mps_backend.serialization.flatbuf import FlatBuffer, compile_schema
-from mps_backend.serialization.program import open_program
+from mps_backend.serialization.program import EVALUE_KINDS, KERNEL_CALL, open_program
 
 DEFAULT_MAX_PLAN_BYTES = 4 << 30
 TENSOR_TAG = 5  # KernelTypes.Tensor
@@ -116,8 +117,6 @@ _ACCEPTS = {
 def _argument_kinds(name: str, overload: str) -> list[tuple[str, set[str]]] | None:
     """(argument name, EValue kinds it accepts) per schema argument of operator ``name.overload``; None
     for an operator torch does not know here (its arguments are then not checked)."""
-    import re  # noqa: PLC0415
-
     import torch  # noqa: PLC0415
 
     try:
@@ -136,8 +135,6 @@ def _argument_kinds(name: str, overload: str) -> list[tuple[str, set[str]]] | No
 def _check_kernel_calls(fb: FlatBuffer, plan: dict, operators: list[tuple[str, str]], where: str) -> None:
     """Every kernel call names an operator of the plan and values of the plan, and each argument holds
     the kind of value the operator's schema declares (the runtime unboxes them unchecked)."""
-    from mps_backend.serialization.program import EVALUE_KINDS, KERNEL_CALL  # noqa: PLC0415
-
     values = plan["values"]
     kinds: dict[int, str] = {}
 

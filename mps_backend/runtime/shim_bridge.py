@@ -24,7 +24,11 @@ from typing import Any
 
 import torch
 
+from mps_backend.config import ConfigError
+from mps_backend.runtime import interpreter
 from mps_backend.runtime.shim_build import EmulatorError, build_shim, pybindings
+from mps_backend.serialization import MPSFormatError
+from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph
 
 __all__ = ["EMULATED_EVENT_METADATA", "load_emulator"]
 
@@ -110,8 +114,6 @@ def _execute_delegate(
     """Run one MP00 blob with the device-model interpreter (imported at call time). ``loaded`` (a
     loaded method's, see :meth:`_Emulator.session`): the interpreter of each delegate handle, decoded
     at its first call and kept for the next ones, as the device runtime builds its graph once at init."""
-    from mps_backend.runtime import interpreter  # noqa: PLC0415
-
     key = (handle_id, mode)
     program = loaded.get(key) if loaded is not None else None
     if program is None:
@@ -169,8 +171,6 @@ class _NodeTracer:
 
 def _io_counts(blob: bytes) -> tuple[int, int]:
     """``(len(input_ids), len(output_ids))`` of an MP00 blob (the executable's feeds/targets)."""
-    from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph  # noqa: PLC0415
-
     if len(blob) < 32 or blob[4:8] != b"MP00" or blob[28:32] != b"MP00":
         raise EmulatorError("delegate payload is not an MP00 blob")
     try:
@@ -295,9 +295,6 @@ class _Emulator:
             try:
                 outputs = _execute_delegate(blob, inputs, mode, observer, getattr(self.state, "loaded", None), handle_id)
             except ValueError as exc:  # a malformed blob, or the interpreter refusing the bound tensors
-                from mps_backend.config import ConfigError  # noqa: PLC0415
-                from mps_backend.serialization import MPSFormatError  # noqa: PLC0415
-
                 if isinstance(exc, ConfigError):  # a setting of the environment, not the program: said as such
                     raise
 

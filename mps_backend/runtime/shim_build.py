@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -184,8 +185,6 @@ def _runtime_library() -> Path:
 
 
 def _executorch_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
     try:
         return version("executorch")
     except PackageNotFoundError:

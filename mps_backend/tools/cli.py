@@ -4,12 +4,40 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
+import os
 import pathlib
+import signal
 import sys
 import zipfile
 
+import numpy as np
+import torch
+
+from mps_backend import runtime
+from mps_backend.config import check_environment
+from mps_backend.cost import cost_of_program
 from mps_backend.errors import CheckpointError, InternalError, MPSBackendError
+from mps_backend.export import bundle, export_model, flat_outputs, is_bundled, verify
 from mps_backend.files import output_target, write_atomically
+from mps_backend.llm.export import export_llm
+from mps_backend.llm.generate import GenerationStats, Tokenizer, generate, generate_with_executorch_runner
+from mps_backend.llm.multimodal import generate_image
+from mps_backend.llm.spec import USAGE, is_llm_spec, parse_model_spec
+from mps_backend.llm.transcribe import encoder_input, feature_extractor, preprocessor_path, transcribe
+from mps_backend.llm.whisper_preprocessor import export_preprocessor
+from mps_backend.operators import default_registry
+from mps_backend.progress import Progress
+from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size, verify_tolerance
+from mps_backend.runtime.bundled_check import check_bundle
+from mps_backend.runtime.core import DeviceError
+from mps_backend.runtime.emulator import program_input_specs, run_with_etdump
+from mps_backend.runtime.program_check import ProgramFormatError, check_program
+from mps_backend.runtime_kernels import DEFAULT_TARGET, RUNTIME_VERSIONS, RuntimeCompatError
+from mps_backend.serialization import MPSFormatError, read_blob
+from mps_backend.serialization import pte as pte_format
+from mps_backend.tools import legacy, models
+from mps_backend.tools.debug import format_table, fp16_gap_table
 
 
 def _say(msg: str) -> None:
@@ -57,10 +85,6 @@ def _target_runtime(args) -> str | None:
 
 
 def cmd_export_llm(args) -> int:
-    from mps_backend.llm.export import export_llm  # noqa: PLC0415
-    from mps_backend.progress import Progress  # noqa: PLC0415
-    from mps_backend.runtime_kernels import RuntimeCompatError  # noqa: PLC0415
-
     if args.verify and args.no_verify:
         raise SystemExit("error: --verify and --no-verify contradict each other")
     if args.bundled or args.etrecord:
@@ -107,10 +131,6 @@ def cmd_export_llm(args) -> int:
 def _export_whisper_preprocessor(args, result) -> int:
     """The Whisper program's audio front end, beside it (``--preprocessor FILE``, default
     ``OUT-preprocessor.pte``): waveform -> features on the MPS delegate (mps_backend.llm.whisper_preprocessor)."""
-    from mps_backend.llm.spec import parse_model_spec  # noqa: PLC0415
-    from mps_backend.llm.transcribe import encoder_input, feature_extractor, preprocessor_path  # noqa: PLC0415
-    from mps_backend.llm.whisper_preprocessor import export_preprocessor  # noqa: PLC0415
-
     path = pathlib.Path(args.preprocessor) if args.preprocessor else preprocessor_path(result.path)
     try:
         fe = feature_extractor(parse_model_spec(args.model)[1], encoder_input(result.path)[0])
@@ -127,8 +147,6 @@ def _export_whisper_preprocessor(args, result) -> int:
 
 
 def cmd_generate(args) -> int:
-    from mps_backend.llm.generate import GenerationStats, Tokenizer, generate, generate_with_executorch_runner  # noqa: PLC0415
-
     if args.max_new_tokens < 1:  # a negative count generated nothing and exited 0 (#26)
         print(f"error: --max-new-tokens must be at least 1, got {args.max_new_tokens}", file=sys.stderr)
         return 2
@@ -169,8 +187,6 @@ def cmd_generate(args) -> int:
 
 def _generate_image(args, pte: pathlib.Path) -> int:
     """``generate --image``: a vision-language program's MultimodalRunner loop on the processor's inputs."""
-    from mps_backend.llm.multimodal import generate_image  # noqa: PLC0415
-
     if not pathlib.Path(args.image).is_file():
         print(f"error: {args.image}: no such image file", file=sys.stderr)
         return 2
@@ -191,8 +207,6 @@ def _generate_image(args, pte: pathlib.Path) -> int:
 
 
 def cmd_transcribe(args) -> int:
-    from mps_backend.llm.transcribe import transcribe  # noqa: PLC0415
-
     pte = pathlib.Path(args.file)
     for path, what in ((pte, "program"), (pathlib.Path(args.audio), "audio file")):
         if not path.is_file():
@@ -225,10 +239,6 @@ def cmd_transcribe(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from mps_backend.export import export_model, verify  # noqa: PLC0415
-    from mps_backend.llm.spec import USAGE, is_llm_spec  # noqa: PLC0415
-    from mps_backend.tools import models  # noqa: PLC0415
-
     if is_llm_spec(args.model):
         return cmd_export_llm(args)
     for flag in ("max_seq_len", "params", "prefill_chunk", "preprocessor"):
@@ -239,8 +249,6 @@ def cmd_export(args) -> int:
 
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
-        from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size  # noqa: PLC0415
-
         group = resolve_group_size(args.quantize, args.group_size)
         _say(
             f"[quantize] {quantization_count(model, args.quantize, group, args.quantize_head)}"
@@ -255,7 +263,6 @@ def cmd_export(args) -> int:
     source = args.model.split(":", 1)[0] if ".py:" in args.model else args.model
     if pathlib.Path(source).exists() and out.resolve() == pathlib.Path(source).resolve():
         raise UserError(f"output {out} is the input model {source}: choose another -o")
-    from mps_backend.runtime_kernels import RuntimeCompatError  # noqa: PLC0415
 
     try:
         result = export_model(
@@ -271,10 +278,6 @@ def cmd_export(args) -> int:
         raise UserError(str(e)) from e
     data = result.pte
     if args.bundled:
-        import torch  # noqa: PLC0415
-
-        from mps_backend.export import bundle, flat_outputs  # noqa: PLC0415
-
         with torch.no_grad():
             expected = flat_outputs(getattr(model, "reference_module", model)(*inputs))
         data = bundle(result.pte, [list(inputs)], [expected])
@@ -292,8 +295,6 @@ def cmd_export(args) -> int:
         # a migrated legacy model is checked against its TorchScript module's own output
         v = verify(result.pte, getattr(model, "reference_module", model), inputs, result.use_fp16)
         if getattr(args, "quantize", None):  # the device's int4 dequantize rounds weights to float16
-            from mps_backend.quantize import verify_tolerance  # noqa: PLC0415
-
             v.tolerance = max(v.tolerance, verify_tolerance(args.quantize))
         print(v)
         return 0 if v.ok else 1
@@ -303,19 +304,13 @@ def cmd_export(args) -> int:
 def _read_pte(path: str, mapped: bool = False) -> bytes | memoryview:
     """The program in ``path``: a .pte, or the program inside a bundled program (.bpte). ``mapped``: a
     .pte is memory-mapped (read where it is looked at: ``inspect`` of a multi-GB file stays small)."""
-    from mps_backend.export import is_bundled  # noqa: PLC0415
-    from mps_backend.serialization.pte import map_file  # noqa: PLC0415
-
     p = pathlib.Path(path)
     if not p.is_file():
         raise SystemExit(f"{path}: no such file")
-    from mps_backend.runtime.program_check import ProgramFormatError, check_program  # noqa: PLC0415
 
-    data: bytes | memoryview = map_file(p) if mapped else p.read_bytes()
+    data: bytes | memoryview = pte_format.map_file(p) if mapped else p.read_bytes()
     try:
         if is_bundled(bytes(data[:8])):  # the bundle, its program and its test cases (as `run` checks them)
-            from mps_backend.runtime.bundled_check import check_bundle  # noqa: PLC0415
-
             return bytes(check_bundle(bytes(data), ProgramFormatError)[0])
         check_program(data)  # before executorch's deserializer or runtime sees it
     except ProgramFormatError as e:
@@ -324,14 +319,10 @@ def _read_pte(path: str, mapped: bool = False) -> bytes | memoryview:
 
 
 def cmd_inspect(args) -> int:
-    from mps_backend.serialization import MPSFormatError, read_blob  # noqa: PLC0415
-    from mps_backend.serialization.pte import delegate_blobs  # noqa: PLC0415
-    from mps_backend.tools import legacy  # noqa: PLC0415
-
     if legacy.is_mobile_file(args.file):  # PTMF at bytes 4-7: a PyTorch Mobile flatbuffer, not a .pte
         return legacy.inspect_mobile(args.file)
     try:
-        delegates = delegate_blobs(_read_pte(args.file, mapped=True), backend_id=None, copy=False)
+        delegates = pte_format.delegate_blobs(_read_pte(args.file, mapped=True), backend_id=None, copy=False)
     except MPSFormatError as e:
         print(f"{args.file}: {e}", file=sys.stderr)
         return 2
@@ -371,12 +362,6 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_run(args) -> int:
-    import numpy as np  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-
-    from mps_backend.export import is_bundled  # noqa: PLC0415
-    from mps_backend.runtime import run_pte  # noqa: PLC0415
-
     path = pathlib.Path(args.file)
     if path.is_file() and is_bundled(path.read_bytes()[:8]) and not (args.inputs or args.random):
         if args.etdump or args.etrecord or args.out:
@@ -384,9 +369,8 @@ def cmd_run(args) -> int:
                 f"{path} is a bundled program: run checks it against its own expected outputs; "
                 "--etdump, --etrecord and --out need --inputs FILE.npz (or --random) to run it"
             )
-        from mps_backend.runtime import verify_bundled  # noqa: PLC0415
 
-        results = verify_bundled(path)
+        results = runtime.verify_bundled(path)
         for i, ok in enumerate(results):
             print(f"test case {i}: {'outputs match the bundled expected outputs' if ok else 'MISMATCH'}")
         print(f"bundled program: {sum(results)}/{len(results)} test cases pass")
@@ -403,8 +387,6 @@ def cmd_run(args) -> int:
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, TypeError) as e:
             raise UserError(f"{args.inputs}: not a readable .npz of arrays ({e})") from e
     else:
-        from mps_backend.runtime.emulator import program_input_specs  # noqa: PLC0415
-
         gen = torch.Generator().manual_seed(args.seed)
         inputs = [
             torch.randn(shape, generator=gen).to(dtype) if dtype.is_floating_point else torch.zeros(shape, dtype=dtype)
@@ -414,8 +396,6 @@ def cmd_run(args) -> int:
     if args.out:
         _check_output_file(args.out, "--out")
     if tracing:
-        from mps_backend.runtime.emulator import run_with_etdump  # noqa: PLC0415
-
         etdump = pathlib.Path(args.etdump or pathlib.Path(args.file).with_suffix(".etdp").name)
         debug_buffer = pathlib.Path(args.debug_buffer or etdump.with_suffix(".debug.bin"))
         _check_output_file(etdump, "--etdump")
@@ -426,7 +406,7 @@ def cmd_run(args) -> int:
             f"{debug_buffer} (intermediate outputs)"
         )
     else:
-        outputs = run_pte(pte, inputs)
+        outputs = runtime.run_pte(pte, inputs)
     for i, o in enumerate(outputs):
         f = o.float()
         print(
@@ -484,9 +464,6 @@ def _numeric_gap_table(etdump, etrecord: str, debug_buffer) -> str:
 
 
 def cmd_debug(args) -> int:
-    from mps_backend.tools import models  # noqa: PLC0415
-    from mps_backend.tools.debug import format_table, fp16_gap_table  # noqa: PLC0415
-
     model, inputs = models.load(args.model)
     try:
         rows = fp16_gap_table(model, inputs)
@@ -497,8 +474,6 @@ def cmd_debug(args) -> int:
 
 
 def cmd_cost(args) -> int:
-    from mps_backend.cost import cost_of_program  # noqa: PLC0415
-
     if args.top < 0:
         raise UserError(f"--top {args.top}: give a count of 0 or more")
     cost = cost_of_program(_read_pte(args.file, mapped=True), args.method, top=args.top)
@@ -507,8 +482,6 @@ def cmd_cost(args) -> int:
 
 
 def cmd_ops(args) -> int:
-    from mps_backend.operators import default_registry  # noqa: PLC0415
-
     names = sorted(str(t) for t in default_registry().targets)
     print("\n".join(names))
     print(f"{len(names)} targets", file=sys.stderr)
@@ -517,8 +490,6 @@ def cmd_ops(args) -> int:
 
 def cmd_zoo(args) -> int:
     """The model zoo is a harness of the source checkout (harness/zoo.py), not installed: run it from there."""
-    import importlib  # noqa: PLC0415
-
     checkout = pathlib.Path(__file__).resolve().parents[2]
     if not (checkout / "harness" / "zoo.py").is_file():
         raise UserError(
@@ -537,7 +508,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["zoo"]:  # its own options (argparse.REMAINDER would not take leading --options)
         return _run(cmd_zoo, argparse.Namespace(zoo_args=argv[1:]))
-    from mps_backend.runtime_kernels import DEFAULT_TARGET, RUNTIME_VERSIONS  # noqa: PLC0415 - stdlib only
 
     parser = argparse.ArgumentParser(prog="mps-backend", description="Lower PyTorch models to the ExecuTorch MPS delegate.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -828,9 +798,6 @@ def _run(fn, args) -> int:
     for the duration (its previous handler put back after). A SIGINT or SIGTERM whose exception was raised
     inside a finalizer (a weakref callback, a ``__del__``: Python prints "Exception ignored" and goes on) is
     delivered again, so that it ends the command all the same."""
-    import os  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-
     try:
         previous = signal.signal(signal.SIGTERM, _terminate)
     except ValueError:  # not the main thread: no handler
@@ -853,8 +820,6 @@ def _run(fn, args) -> int:
 
 
 def _run_checked(fn, args) -> int:
-    from mps_backend.config import check_environment  # noqa: PLC0415
-
     try:
         check_environment()  # a bad MPS_BACKEND_*_BYTES is one line before any work
         return fn(args)
@@ -876,8 +841,6 @@ def _runtime_failure(e: BaseException) -> str | None:
     """One line for a failure of the program being run rather than of the CLI: an emulated MPS delegate
     the device would abort on (DeviceError, raised out of executorch's execute), or memory running out
     (a MemoryError, which is also what a C++ std::bad_alloc inside executorch or torch becomes)."""
-    from mps_backend.runtime.core import DeviceError  # noqa: PLC0415
-
     if isinstance(e, DeviceError):
         return f"the MPS delegate failed on the device model: {e}"
     if isinstance(e, MemoryError):

@@ -18,6 +18,12 @@ from typing import Sequence
 
 import torch
 
+from mps_backend.backend import build_graph
+from mps_backend.export import export_program
+from mps_backend.operators.registry import default_registry
+from mps_backend.runtime.interpreter import Interpreter
+from mps_backend.serialization.writer import write_blob
+
 
 @dataclass
 class GapRow:
@@ -48,12 +54,6 @@ def _relative_gap(a: torch.Tensor, b: torch.Tensor) -> float:
 def fp16_gap_table(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> list[GapRow]:
     """One :class:`GapRow` per edge node whose result both graphs computed, in graph order."""
     from executorch.exir import to_edge  # noqa: PLC0415
-
-    from mps_backend.backend import build_graph  # noqa: PLC0415
-    from mps_backend.export import export_program  # noqa: PLC0415
-    from mps_backend.operators.registry import default_registry  # noqa: PLC0415
-    from mps_backend.runtime.interpreter import Interpreter  # noqa: PLC0415
-    from mps_backend.serialization.writer import write_blob  # noqa: PLC0415
 
     with torch.no_grad():
         edge = to_edge(export_program(model, inputs)).exported_program()

@@ -44,6 +44,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from mps_backend.operators import default_registry
 from mps_backend.serialization.mobile import IDENTIFIER, MobileFormatError, MobileModule, is_mobile_flatbuffer, read_mobile_module
 
 #: extra file holding the forward inputs' shapes (see the module docstring)
@@ -86,8 +87,6 @@ class OpCoverage:
 
 
 def _registry_names() -> set[str]:
-    from mps_backend.operators import default_registry  # noqa: PLC0415
-
     return {t.name() for t in default_registry().targets if isinstance(t, torch._ops.OpOverload)}
 
 

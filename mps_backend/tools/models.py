@@ -12,6 +12,9 @@ import pathlib
 
 import torch
 
+from mps_backend.tools import legacy
+from mps_backend.tools.demo import demo_model
+
 #: torchvision models whose default input is not 224x224
 _TV_INPUT = {"inception_v3": 299}
 
@@ -169,15 +172,11 @@ def _executorch_example(name: str):
 def load(spec: str, input_shapes=None):
     """(model, example_inputs) for a --model spec; ``input_shapes`` (--input-shape) only for the
     PyTorch Mobile flatbuffer files of mps_backend/tools/legacy.py."""
-    from mps_backend.tools import legacy  # noqa: PLC0415
-
     if legacy.handles(spec):  # path.ff / path.ptl carrying PTMF: TorchScript -> ExportedProgram
         return legacy.load_legacy(spec, input_shapes)
     if input_shapes:
         raise SystemExit("--input-shape applies to PyTorch Mobile flatbuffer models (.ff/.ptl) only")
     if spec == "demo":
-        from mps_backend.tools.demo import demo_model  # noqa: PLC0415
-
         return demo_model()
     kind, _, name = spec.partition(":")
     if kind == "torchvision" and name:
