@@ -268,11 +268,11 @@ def timing_child(folder: pathlib.Path) -> None:
 
 def weight_bytes(folder: pathlib.Path) -> tuple[int, int]:
     """(tensor bytes in the checkpoint, their float16 bytes)."""
-    from mps_backend.llm.checkpoint import _safetensors_index
+    from mps_backend.llm.formats import read_safetensors_header
 
     entries = {}
     for f in sorted(folder.glob("*.safetensors")):
-        entries.update(_safetensors_index(f)[1])
+        entries.update(read_safetensors_header(f))
     total = sum(end - start for _, _, start, end in entries.values())
     numel = 0
     for _dtype, shape, _, _ in entries.values():

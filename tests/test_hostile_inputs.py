@@ -132,7 +132,7 @@ def _safetensors(tensors: dict[str, tuple[str, list[int]]], *, header: dict | No
     import json
     import math
 
-    from mps_backend.llm.folder_check import DTYPE_BYTES
+    from mps_backend.llm.formats import DTYPE_BYTES
 
     if header is None:
         header, at = {}, 0

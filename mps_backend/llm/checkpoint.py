@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import json
 import pathlib
 import pickle
 import re
@@ -30,7 +29,8 @@ from typing import Any, Callable
 import torch
 
 from mps_backend.errors import CheckpointError, MPSBackendError
-from mps_backend.llm.folder_check import check_declared_weights, check_folder_weights, weight_files
+from mps_backend.llm.folder_check import check_declared_weights, check_folder_weights, json_object, weight_files
+from mps_backend.llm.formats import TensorEntry, read_json_object, read_safetensors_header
 from mps_backend.llm.registry import registration
 from mps_backend.pages import PageReleaser, ScratchFile, map_copy_on_write, mapped_tensor
 from mps_backend.passes import FP16_MAX, largest_magnitude
@@ -107,15 +107,6 @@ def _token_ids(
     return list(values)
 
 
-def _read_json(path: pathlib.Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-
-
 def check_fp16_range(model: torch.nn.Module, *, clamp: bool = False) -> int:
     """Find float16 weights that overflowed (inf where the checkpoint held a finite value beyond
     ±65504) after a conversion to float16. Raise :class:`CheckpointError` naming the first tensors,
@@ -147,59 +138,10 @@ def check_fp16_range(model: torch.nn.Module, *, clamp: bool = False) -> int:
     return clamped
 
 
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-
-
-def _safetensors_index(path: pathlib.Path) -> tuple[int, dict[str, tuple[torch.dtype, list[int], int, int]]]:
-    """(offset of the data, name -> (dtype, shape, start, end)) from a .safetensors header."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise CheckpointError(f"{path}: not a safetensors file (too short)")
-        n = int.from_bytes(head, "little")
-        if n <= 0 or n > 100 * 1024 * 1024:
-            raise CheckpointError(f"{path}: not a safetensors file (header length {n})")
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path}: safetensors header is not JSON ({e})") from e
-    entries = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info.get('dtype')}")
-        start, end = info["data_offsets"]
-        entries[name] = (dtype, list(info["shape"]), 8 + n + start, 8 + n + end)
-    return 8 + n, entries
-
-
-def _check_size(path: pathlib.Path, name: str, dtype: torch.dtype, shape: list[int], start: int, end: int) -> None:
-    nbytes = dtype.itemsize
-    for d in shape:
-        nbytes *= int(d)
-    if nbytes != end - start:
-        raise CheckpointError(f"{path}: tensor {name} holds {end - start} bytes, its shape needs {nbytes}")
-    if end > path.stat().st_size:
-        raise CheckpointError(f"{path}: tensor {name} is truncated")
-
-
 def _read_tensor(
     f: Any, path: pathlib.Path, name: str, dtype: torch.dtype, shape: list[int], start: int, end: int
 ) -> torch.Tensor:
-    t = torch.empty(shape, dtype=dtype)  # its size checked by the caller (_check_size)
+    t = torch.empty(shape, dtype=dtype)  # its span checked against its shape (read_safetensors_header)
     nbytes = t.numel() * t.element_size()
     if nbytes:
         # read straight into the tensor's memory (no intermediate buffer). Nothing frees a weight early:
@@ -292,8 +234,8 @@ class _SafetensorsOnRead(_ConvertOnRead):
     """A safetensors tensor in another float dtype than the export's, read with a plain file read (a
     mapping's pages would stay resident next to the converted copy)."""
 
-    def __init__(self, path: pathlib.Path, name: str, entry: tuple, dtype, clamp, overflows, bar, scratch=None):
-        super().__init__(name, list(entry[1]), entry[3] - entry[2], dtype, clamp, overflows, bar, scratch)
+    def __init__(self, path: pathlib.Path, name: str, entry: TensorEntry, dtype, clamp, overflows, bar, scratch=None):
+        super().__init__(name, list(entry.shape), entry.end - entry.start, dtype, clamp, overflows, bar, scratch)
         self.path, self.entry = path, entry
 
     def _row_bytes(self) -> int:
@@ -303,7 +245,7 @@ class _SafetensorsOnRead(_ConvertOnRead):
         return open(self.path, "rb", buffering=0)
 
     def _rows(self, source: Any, first: int, count: int) -> torch.Tensor:
-        file_dtype, shape, start, end = self.entry
+        file_dtype, shape, start, end = self.entry.torch_dtype, self.entry.shape, self.entry.start, self.entry.end
         rows = max(1, int(shape[0]) if shape else 1)
         part_shape = [count, *shape[1:]] if shape else []
         lo = start + (end - start) * first // rows
@@ -327,11 +269,9 @@ def _checkpoint_tensors(
         )
     tensors: dict[str, Any] = {}
     for path in files:
-        _, entries = _safetensors_index(path)
         mapping = None
-        for name, entry in entries.items():
-            file_dtype, shape, start, end = entry
-            _check_size(path, name, file_dtype, shape, start, end)
+        for name, entry in read_safetensors_header(path).items():
+            file_dtype, shape, start, end = entry.torch_dtype, entry.shape, entry.start, entry.end
             t = None
             if file_dtype == dtype or not file_dtype.is_floating_point:
                 if mapping is None:
@@ -357,7 +297,7 @@ def _dtype_of_checkpoint(config: Any) -> torch.dtype | None:
 
 def _hf_weight_bytes(folder: pathlib.Path) -> int:
     """Bytes of the tensors in the checkpoint's safetensors files."""
-    return sum(end - start for f in weight_files(folder) for _, _, start, end in _safetensors_index(f)[1].values())
+    return sum(e.end - e.start for f in weight_files(folder) for e in read_safetensors_header(f).values())
 
 
 def load_state_dict_into(
@@ -487,7 +427,7 @@ def load_hf(
     )
     if clamped:
         notes.append(f"{clamped} weight values beyond ±65504 clamped to the float16 range")
-    gen = _read_json(folder / "generation_config.json")
+    gen = json_object(folder, "generation_config.json") or {}
     vocab = int(text.vocab_size)
     bos = _token_ids(folder, gen, config, "bos_token_id", vocab)
     eos = _token_ids(folder, gen, config, "eos_token_id", vocab)
@@ -544,7 +484,7 @@ def load_llama(
     from executorch.examples.models.llama.llama_transformer import construct_transformer  # noqa: PLC0415
     from executorch.examples.models.llama.model_args import ModelArgs  # noqa: PLC0415
 
-    p = _read_json(params)
+    p = read_json_object(params)
     known = set(ModelArgs.__dataclass_fields__)
     args = ModelArgs(
         **{k: v for k, v in p.items() if k in known},

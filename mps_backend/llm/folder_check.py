@@ -45,7 +45,6 @@ the memory of the machine building it (a layer count of 10^6 or a vocabulary of 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import pathlib
@@ -55,7 +54,8 @@ from typing import Any
 
 import torch
 
-from mps_backend.errors import CheckpointError, MPSBackendError
+from mps_backend.errors import CheckpointError
+from mps_backend.llm.formats import FolderError, read_json_object, read_safetensors_header
 from mps_backend.llm.registry import ENCODER_DECODER_TYPES, VISION_LANGUAGE_TYPES
 
 #: config key -> (smallest, largest) accepted value. Largest released values today: 126 layers
@@ -106,23 +106,8 @@ STACKS = {
     "num_attention_heads": ("encoder_attention_heads", "decoder_attention_heads"),
     "max_position_embeddings": ("max_source_positions", "max_target_positions"),
 }
-MAX_HEADER_BYTES = 100 << 20  # a safetensors JSON header
-MAX_JSON_BYTES = {"config.json": 16 << 20, "tokenizer.json": 512 << 20}
-DEFAULT_MAX_JSON_BYTES = 64 << 20
-#: safetensors dtypes of the weights the export reads (the rest of DTYPE_BYTES are refused as weights)
+#: safetensors dtypes of the weights the export reads (the rest of formats.DTYPE_BYTES are refused as weights)
 SAFETENSORS_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
-DTYPE_BYTES = {
-    "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I64": 8,
-    "I32": 4,
-    "I16": 2,
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-}
 #: config keys naming an attention or MoE-experts implementation -> the values accepted: the ones computed
 #: by torch alone (the export and its self-check run transformers' eager attention and batched_mm experts,
 #: whatever the config says); any other name is a package or a Hub kernel the project does not ship
@@ -134,10 +119,6 @@ IMPLEMENTATIONS = {
 }
 #: a decoder layer's tensor (not a vision or audio tower's): model.layers.N., model.language_model.layers.N.
 _LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)\.")
-
-
-class FolderError(CheckpointError):
-    """A checkpoint folder that must not be loaded: the message names the file and the reason."""
 
 
 def _inside(folder: pathlib.Path, path: pathlib.Path) -> pathlib.Path:
@@ -159,59 +140,19 @@ def _inside(folder: pathlib.Path, path: pathlib.Path) -> pathlib.Path:
     return real
 
 
-def _open(real: pathlib.Path):
-    """Open a checked regular file without following a symlink swapped in since, nor blocking on a FIFO."""
-    fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise FolderError(f"{real}: not a regular file")
-    return os.fdopen(fd, "rb")
-
-
-class _DuplicateKey(MPSBackendError, ValueError):
-    """A key given twice in one JSON object (caught here and reported as a :class:`FolderError`)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    """json object_pairs_hook: a key given twice is refused (parsers disagree on which one wins: the
-    check would read one value, the loader may use the other)."""
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-def _loads(data: bytes, unique: bool) -> Any:
-    return json.loads(data, object_pairs_hook=_unique_keys) if unique else json.loads(data)
-
-
 #: files whose objects must not repeat a key (tokenizer files are left to the tokenizer's own parser)
 UNIQUE_KEY_FILES = ("config.json", "model.safetensors.index.json")
 
 
-def _json_object(folder: pathlib.Path, name: str, *, required: bool = False) -> dict | None:
+def json_object(folder: pathlib.Path, name: str, *, required: bool = False) -> dict | None:
+    """The JSON object of the folder's file ``name`` (:func:`mps_backend.llm.formats.read_json_object`), a
+    file inside the folder; None when there is none (a :class:`FolderError` when ``required``)."""
     path = folder / name
     if not os.path.lexists(path):
         if required:
             raise FolderError(f"{folder}: no {name}")
         return None
-    real = _inside(folder, path)
-    limit = MAX_JSON_BYTES.get(name, DEFAULT_MAX_JSON_BYTES)
-    with _open(real) as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise FolderError(f"{path}: larger than {limit >> 20} MiB")
-    try:
-        value = _loads(data, name in UNIQUE_KEY_FILES)
-    except _DuplicateKey as e:
-        raise FolderError(f"{path}: key {str(e)[:120]!r} appears twice in one JSON object") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise FolderError(f"{path}: not valid JSON ({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(value, dict):
-        raise FolderError(f"{path}: not a JSON object")
-    return value
+    return read_json_object(path, real=_inside(folder, path), unique=name in UNIQUE_KEY_FILES)
 
 
 def _bounded_int(config: dict, key: str, where: str, *, required: bool, bounds: tuple[int, int] | None = None) -> int | None:
@@ -374,71 +315,19 @@ def encoder_decoder_refusal(folder: pathlib.Path, model_type: str, speech: bool)
     )
 
 
+def _float_weights(at: str, dtype: str) -> None:
+    if dtype not in SAFETENSORS_FLOAT_DTYPES:
+        raise FolderError(
+            f"{at}: dtype {dtype} is not floating point ({', '.join(SAFETENSORS_FLOAT_DTYPES)}): a language model's weights "
+            "are float (quantized checkpoints are not exported; --quantize int4|int8 quantizes float weights)"
+        )
+
+
 def check_safetensors(path: pathlib.Path, real: pathlib.Path, sizes: dict[str, int] | None = None) -> dict[str, list[int]]:
-    """Tensor name -> shape of a safetensors file, its header checked against the file (and, with
-    ``sizes``, against the config); raise :class:`FolderError`."""
-    with _open(real) as f:
-        file_size = os.fstat(f.fileno()).st_size
-        head = f.read(8)
-        if len(head) != 8:
-            raise FolderError(f"{path}: not a safetensors file ({file_size} bytes)")
-        n = int.from_bytes(head, "little")
-        if not 2 <= n <= min(MAX_HEADER_BYTES, file_size - 8):
-            raise FolderError(f"{path}: safetensors header length {n} beyond the {file_size}-byte file (or the 100 MiB bound)")
-        raw = f.read(n)
-    if len(raw) != n:
-        raise FolderError(f"{path}: truncated safetensors header")
-    try:
-        header = _loads(raw, True)
-    except _DuplicateKey as e:
-        raise FolderError(f"{path}: safetensors header names {str(e)[:120]!r} twice") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise FolderError(f"{path}: safetensors header is not JSON ({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(header, dict):
-        raise FolderError(f"{path}: safetensors header is not a JSON object")
-    data_size = file_size - 8 - n
-    spans = []
-    shapes = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
-                raise FolderError(f"{path}: __metadata__ is not an object of strings")
-            continue
-        at = f"{path}: tensor {name[:200]!r}"
-        if not isinstance(info, dict):
-            raise FolderError(f"{at}: its entry is not an object")
-        dtype = info.get("dtype")
-        itemsize = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None  # a list is not even hashable
-        if itemsize is None:
-            raise FolderError(f"{at}: unknown dtype {str(info.get('dtype'))[:40]!r} (known: {', '.join(DTYPE_BYTES)})")
-        if dtype not in SAFETENSORS_FLOAT_DTYPES:
-            raise FolderError(
-                f"{at}: dtype {dtype} is not floating point ({', '.join(SAFETENSORS_FLOAT_DTYPES)}): a language model's weights "
-                "are float (quantized checkpoints are not exported; --quantize int4|int8 quantizes float weights)"
-            )
-        shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 1 << 40 for d in shape) or len(shape) > 8:
-            raise FolderError(f"{at}: shape {str(shape)[:80]} is not up to 8 non-negative integers")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(type(o) is int for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1] <= data_size
-        ):
-            raise FolderError(f"{at}: data offsets {str(offsets)[:80]} outside the {data_size} bytes of data")
-        nbytes = itemsize
-        for d in shape:
-            nbytes *= d
-        if nbytes != offsets[1] - offsets[0]:
-            raise FolderError(
-                f"{at}: data offsets {offsets} hold {offsets[1] - offsets[0]} bytes, its shape {shape} needs {nbytes}"
-            )
-        spans.append((offsets[0], offsets[1], name))
-        shapes[name] = shape
-    spans.sort()
-    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
-        if start < end:
-            raise FolderError(f"{path}: tensors {a[:200]!r} and {b[:200]!r} overlap in the file")
+    """Tensor name -> shape of a safetensors file, its header checked against the file
+    (:func:`mps_backend.llm.formats.read_safetensors_header`), its weights float, and with ``sizes``
+    against the config; raise :class:`FolderError`."""
+    shapes = {name: e.shape for name, e in read_safetensors_header(path, real=real, check_dtype=_float_weights).items()}
     if sizes:
         _check_shapes(path, shapes, sizes)
     return shapes
@@ -473,7 +362,7 @@ INDEX = "model.safetensors.index.json"
 
 def _index_map(folder: pathlib.Path) -> dict[str, str] | None:
     """The shard index's tensor -> file name map (each name a file of the folder), or None without an index."""
-    index = _json_object(folder, INDEX)
+    index = json_object(folder, INDEX)
     if index is None:
         return None
     weight_map = index.get("weight_map")
@@ -521,7 +410,7 @@ def check_folder_weights(folder: str | pathlib.Path) -> tuple[dict[str, int], di
     folder = pathlib.Path(folder)
     if not folder.is_dir():
         raise FolderError(f"{folder}: not a checkpoint folder")
-    config = _json_object(folder, "config.json", required=True)
+    config = json_object(folder, "config.json", required=True)
     assert config is not None
     check_code_free(config, f"{folder / 'config.json'}")  # first: nothing else matters if code would run
     check_quantization_config(config, f"{folder / 'config.json'}")
@@ -541,11 +430,11 @@ def check_folder_weights(folder: str | pathlib.Path) -> tuple[dict[str, int], di
         if name not in shapes:
             raise FolderError(f"{folder / shard}: has no tensor {str(name)[:200]!r}, which {INDEX} places there")
     _check_layers_present(folder, shapes, sizes["num_hidden_layers"])
-    tok = _json_object(folder, "tokenizer.json")
+    tok = json_object(folder, "tokenizer.json")
     if tok is not None and not isinstance(tok.get("model"), dict):
         raise FolderError(f"{folder / 'tokenizer.json'}: not a tokenizer (no 'model' object)")
     for name in ("tokenizer_config.json", "generation_config.json", "special_tokens_map.json"):
-        _json_object(folder, name)
+        json_object(folder, name)
     for name in ("tokenizer.model",):
         if os.path.lexists(folder / name):
             _inside(folder, folder / name)
@@ -591,12 +480,3 @@ def check_declared_weights(folder: pathlib.Path, model_class: Any, config: Any, 
 def check_folder(folder: str | pathlib.Path) -> dict[str, int]:
     """Check the checkpoint folder (module docstring); return the config's bounded sizes."""
     return check_folder_weights(folder)[0]
-
-
-def check_tokenizer_json(path: str | pathlib.Path) -> Any:
-    """``tokenizer.json`` parsed as a bounded JSON object with its ``model``; raise :class:`FolderError`."""
-    path = pathlib.Path(path)
-    tok = _json_object(path.parent, path.name)
-    if tok is None or not isinstance(tok.get("model"), dict):
-        raise FolderError(f"{path}: not a tokenizer (no 'model' object)")
-    return tok

@@ -26,13 +26,13 @@ import pathlib
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
 from mps_backend.llm.chat_templates import bounded_rendering
 from mps_backend.llm.gguf import load_tokenizer
+from mps_backend.llm.greedy import GenerationStats, eos_ids, greedy, prefill
 from mps_backend.llm.runner_output import quiet_stdout
 from mps_backend.runtime import LoadedMethod, constant_method_values
 from mps_backend.runtime.emulator import load_emulator
@@ -147,37 +147,6 @@ class Tokenizer:
         return out
 
 
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    generated: list[int] = field(default_factory=list)
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    stopped_by: str = ""
-    #: set to a list to receive the logits each generated token was chosen from
-    logits: list[torch.Tensor] | None = None
-
-    @property
-    def tokens_per_second(self) -> float:
-        n = max(len(self.generated) - 1, 0)  # the first token comes from the prefill's last step
-        return n / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    def __str__(self) -> str:
-        return (
-            f"{self.prompt_tokens} prompt tokens, {len(self.generated)} generated ({self.stopped_by}); "
-            f"emulated on this CPU, not a device: prefill {self.prefill_seconds:.2f}s, "
-            f"decode {self.tokens_per_second:.1f} tokens/s"
-        )
-
-
-def _as_ids(value) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value]
-    return [int(value)]
-
-
 def read_metadata(pte: bytes | str | pathlib.Path) -> dict:
     meta = constant_method_values(pte)
     if "get_max_seq_len" not in meta:
@@ -211,7 +180,7 @@ def iter_tokens(
     meta = read_metadata(pte)
     max_len = int(meta.get("get_max_context_len", meta["get_max_seq_len"]))  # the KV cache's length
     piece = int(meta["get_max_seq_len"]) if meta.get("enable_dynamic_shape") else 1  # tokens per prefill call
-    eos = set(_as_ids(meta.get("get_eos_ids")))
+    eos = eos_ids(meta)
     stats = stats if stats is not None else GenerationStats()
     if not prompt_ids:
         raise ValueError("empty prompt")
@@ -225,28 +194,17 @@ def iter_tokens(
 
     stats.prompt_tokens = len(prompt_ids)
     t0 = time.perf_counter()
-    for pos in range(0, len(prompt_ids), piece):
-        logits = forward(prompt_ids[pos : pos + piece], pos)
+    logits, _ = prefill(forward, list(prompt_ids), piece)
     stats.prefill_seconds = time.perf_counter() - t0
-    pos = len(prompt_ids)
-    stats.stopped_by = "max_new_tokens"
-    while len(stats.generated) < max_new_tokens:
-        token = int(torch.argmax(logits.reshape(-1)))
-        stats.generated.append(token)
-        if stats.logits is not None:
-            stats.logits.append(logits.reshape(-1).clone())
-        yield token
-        if token in eos:
-            stats.stopped_by = "EOS"
-            return
-        if pos >= max_len:
-            stats.stopped_by = "max_seq_len"
-            return
-        if len(stats.generated) < max_new_tokens:
-            t0 = time.perf_counter()  # decode time: the forward calls only, not the caller's work
-            logits = forward([token], pos)
-            stats.decode_seconds += time.perf_counter() - t0
-            pos += 1
+    yield from greedy(
+        lambda token, pos: forward([token], pos),
+        logits[-1],
+        len(prompt_ids),
+        max_new_tokens,
+        stats=stats,
+        eos=eos,
+        max_len=max_len,
+    )
 
 
 def generate_ids(

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import pathlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Union
 
 import torch
 
 from mps_backend.llm.chat_templates import bounded_rendering
 from mps_backend.llm.generate import tokenizer_file
+from mps_backend.llm.greedy import GenerationStats, eos_ids, greedy
 from mps_backend.llm.image_bounds import check_dimensions, check_processor, check_processor_files, check_resize, open_image
 from mps_backend.llm.runner_output import quiet_stdout
 from mps_backend.runtime import LoadedMethod, constant_method_values
@@ -44,20 +45,25 @@ RunnerInput = tuple[str, Union[list[int], torch.Tensor]]
 
 
 @dataclass
-class ImageGeneration:
+class ImageGeneration(GenerationStats):
+    """A greedy run after an image and a prompt: :class:`mps_backend.llm.greedy.GenerationStats` (its
+    ``prompt_tokens`` are the prompt's rows, the images' embeddings included) with the text and the
+    images read."""
+
     text: str = ""
-    tokens: list[int] = field(default_factory=list)
-    prompt_rows: int = 0
     images: int = 0
-    stopped_by: str = ""
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    #: set to a list to receive the logits each generated token was chosen from
-    logits: list[torch.Tensor] | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        """The generated tokens."""
+        return self.generated
+
+    @property
+    def prompt_rows(self) -> int:
+        return self.prompt_tokens
 
     def stats(self) -> str:
-        n = max(len(self.tokens) - 1, 0)
-        rate = n / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        rate = self.tokens_per_second
         return (
             f"{self.prompt_rows} prompt rows ({self.images} image(s)), {len(self.tokens)} generated ({self.stopped_by}); "
             f"emulated on this CPU, not a device: prefill {self.prefill_seconds:.2f}s, decode {rate:.1f} tokens/s"
@@ -222,8 +228,7 @@ def generate_ids(
         pte = pathlib.Path(pte).read_bytes()
     meta = _meta(pte)
     rows, ctx = int(meta["get_max_seq_len"]), int(meta["get_max_context_len"])
-    eos = meta.get("get_eos_ids")
-    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    eos = eos_ids(meta)
     result = result if result is not None else ImageGeneration()
     embed, decoder = LoadedMethod(pte, "token_embedding"), LoadedMethod(pte, "text_decoder")
     vision = None
@@ -245,26 +250,17 @@ def generate_ids(
         pos += s
     if logits is None:
         raise ValueError("empty prompt")
-    result.prompt_rows = pos
+    result.prompt_tokens = pos
     result.prefill_seconds = time.perf_counter() - t0
-    result.stopped_by = "max_new_tokens"
-    while len(result.tokens) < max_new_tokens:
-        token = int(torch.argmax(logits.reshape(-1)))
-        result.tokens.append(token)
-        if result.logits is not None:
-            result.logits.append(logits.reshape(-1).float().clone())
-        if stop_at_eos and token in eos:
-            result.stopped_by = "EOS"
-            break
-        if pos >= ctx:
-            result.stopped_by = "max_context_len"
-            break
-        if len(result.tokens) < max_new_tokens:
-            t0 = time.perf_counter()
-            emb = embed([torch.tensor([[token]], dtype=torch.long)])[0]
-            logits = decoder([emb, torch.tensor([pos], dtype=torch.long)])[0]
-            result.decode_seconds += time.perf_counter() - t0
-            pos += 1
+
+    def step(token: int, position: int) -> torch.Tensor:
+        emb = embed([torch.tensor([[token]], dtype=torch.long)])[0]
+        return decoder([emb, torch.tensor([position], dtype=torch.long)])[0]
+
+    for _ in greedy(
+        step, logits, pos, max_new_tokens, stats=result, eos=eos, stop_at_eos=stop_at_eos, max_len=ctx, end="max_context_len"
+    ):
+        pass
     return result.tokens
 
 

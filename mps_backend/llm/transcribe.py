@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from mps_backend.llm.generate import Tokenizer
-from mps_backend.llm.whisper_decoding import WhisperRules, decoder_rules, detect_language, generation_config, next_token
+from mps_backend.llm.greedy import GenerationStats, greedy
+from mps_backend.llm.whisper_decoding import WhisperRules, decoder_rules, detect_language, generation_config, rule_scores
 from mps_backend.runtime import LoadedMethod, constant_method_values
 from mps_backend.runtime.emulator import program_input_specs
 
@@ -201,12 +202,13 @@ def transcribe_ids(
     logits: list[torch.Tensor] | None = None,
     result: Transcription | None = None,
 ) -> list[int]:
-    """The greedy loop on ``features`` ``[1, n_mels, 3000]``: the prompt and the tokens after it.
+    """The greedy loop (:func:`mps_backend.llm.greedy.greedy`) on ``features`` ``[1, n_mels, 3000]``: the
+    prompt and the tokens after it.
 
     ``rules`` None: the ASR runner's loop (the module doc): from the program's ``decoder_start_token_id``,
     the argmax of each step's logits. ``rules`` (:func:`mps_backend.llm.whisper_decoding.decoder_rules`):
     transformers' ``generate``: the prompt fed token by token (its language detected from the first step
-    if it is to be), then :func:`~mps_backend.llm.whisper_decoding.next_token` per step, until the rules'
+    if it is to be), then the argmax of :func:`~mps_backend.llm.whisper_decoding.rule_scores` per step, until the rules'
     EOS (else the program's). ``max_new_tokens``: tokens after the prompt (default: as many as the cache
     holds). ``logits``: a list receiving each step's logits, as the program returned them."""
     program = pte if isinstance(pte, WhisperProgram) else WhisperProgram(pte)
@@ -224,23 +226,26 @@ def transcribe_ids(
     t0 = time.perf_counter()
     cross = program.encode(features)
     t1 = time.perf_counter()
-    tokens = prompt[:1]
-    stopped = "max_new_tokens"
-    for cache_position in range(len(prompt) - 1 + n):
-        step = program.step(tokens[-1], cross, cache_position)
+
+    def step(token: int, cache_position: int) -> torch.Tensor:
+        return program.step(token, cross, cache_position)
+
+    stats = GenerationStats(prompt_tokens=len(prompt), logits=logits)
+    fed = prompt[:1]
+    out = step(fed[0], 0)
+    for position in range(1, len(prompt)):  # the prompt, fed as given (its language detected)
         if logits is not None:
-            logits.append(step.float().clone())
-        if len(tokens) < len(prompt):  # the prompt, fed as given (its language detected)
-            given = prompt[len(tokens)]
-            tokens.append(detect_language(rules, step) if given is None else given)
-            continue
-        # logits_to_token at temperature 0 (the runner), or transformers' rules first
-        tokens.append(int(torch.argmax(step)) if rules is None else next_token(rules, tokens, step))
-        if stop_at_eos and tokens[-1] in eos:
-            stopped = "EOS"
-            break
+            logits.append(out.float().clone())
+        given = prompt[position]
+        fed.append(detect_language(rules, out) if given is None else given)
+        out = step(fed[-1], position)
+    stats.prefill_seconds = time.perf_counter() - t1
+    # logits_to_token at temperature 0 (the runner), or transformers' rules first
+    process = None if rules is None else lambda generated, scores: rule_scores(rules, fed + generated, scores)
+    tokens = fed + list(greedy(step, out, len(prompt), n, stats=stats, eos=eos, stop_at_eos=stop_at_eos, process=process))
     if result is not None:
-        result.encoder_seconds, result.decode_seconds, result.stopped_by = t1 - t0, time.perf_counter() - t1, stopped
+        result.encoder_seconds, result.stopped_by = t1 - t0, stats.stopped_by
+        result.decode_seconds = stats.prefill_seconds + stats.decode_seconds
     return tokens
 
 

@@ -38,10 +38,12 @@ import torch
 from mps_backend.config import env_bytes
 from mps_backend.errors import CheckpointError
 from mps_backend.llm.checkpoint import load_hf, load_llama
-from mps_backend.llm.folder_check import weight_files
+from mps_backend.llm.folder_check import json_object, weight_files
+from mps_backend.llm.formats import read_json_object, read_safetensors_header
 from mps_backend.llm.generate import Tokenizer, read_metadata
 from mps_backend.llm.gguf import load_gguf, truncated_gguf
 from mps_backend.llm.gguf import parameter_count as gguf_parameters
+from mps_backend.llm.greedy import GenerationStats, greedy, prefill
 from mps_backend.llm.spec import parse_model_spec
 from mps_backend.pages import PageReleaser
 from mps_backend.quantize import quantize_dequantized, quantize_embeddings, resolve_group_size
@@ -139,12 +141,9 @@ def eager_budget() -> int:
 
 def _hf_tensors(folder: pathlib.Path) -> dict[str, pathlib.Path]:
     """Every tensor name of a safetensors checkpoint folder -> its file."""
-    from safetensors import safe_open  # noqa: PLC0415
-
     names = {}
     for f in weight_files(folder):  # the files the export read, no other
-        with safe_open(str(f), framework="pt") as st:
-            names.update(dict.fromkeys(st.keys(), f))
+        names.update(dict.fromkeys(read_safetensors_header(f), f))
     return names
 
 
@@ -153,13 +152,7 @@ def parameter_count(kind: str, path: pathlib.Path) -> int:
     if kind == "gguf":
         return gguf_parameters(path)
     if kind == "hf":
-        from safetensors import safe_open  # noqa: PLC0415
-
-        n = 0
-        for f in weight_files(path):
-            with safe_open(str(f), framework="pt") as st:
-                n += sum(math.prod(st.get_slice(k).get_shape()) for k in st.keys())
-        return n
+        return sum(math.prod(e.shape) for f in weight_files(path) for e in read_safetensors_header(f).values())
     state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     state = state.get("model", state) if isinstance(state.get("model"), dict) else state
     return sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor))
@@ -195,7 +188,7 @@ def truncated_copy(kind: str, path: pathlib.Path, params: pathlib.Path | None, i
         from safetensors import safe_open  # noqa: PLC0415
         from safetensors.torch import save_file  # noqa: PLC0415
 
-        cfg = json.loads((path / "config.json").read_text())
+        cfg = json_object(path, "config.json", required=True)
         old = _truncate_config(cfg, layers)
         (into / "config.json").write_text(json.dumps(cfg))
         for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
@@ -211,7 +204,7 @@ def truncated_copy(kind: str, path: pathlib.Path, params: pathlib.Path | None, i
                 kept.update({n: st.get_tensor(n).contiguous() for n in names})
         save_file(kept, str(into / "model.safetensors"), metadata={"format": "pt"})
         return f"hf:{into}", None, old
-    p = json.loads((params or path.with_name("params.json")).read_text())
+    p = read_json_object(params or path.with_name("params.json"))
     old = _truncate_config(p, layers)
     (into / "params.json").write_text(json.dumps(p))
     state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
@@ -234,17 +227,14 @@ def _pte_logits(pte: pathlib.Path, prefix: list[int], steps: int) -> tuple[list[
         out = step([torch.tensor([ids], dtype=torch.long), torch.tensor([pos], dtype=torch.long)])[0]
         return out.reshape(-1, out.shape[-1])[-1].float()  # [1, V] or [1, n, V]: the last row
 
-    tokens, logits, rows = list(prefix), [], []
-    for start in range(0, len(prefix), piece):
-        ids = prefix[start : start + piece]
-        logits.append(call(ids, start))
-        rows.append(start + len(ids) - 1)
-    tokens.append(int(torch.argmax(logits[-1])))
-    for pos in range(len(prefix), len(prefix) + steps - 1):
-        logits.append(call([tokens[pos]], pos))
-        rows.append(pos)
-        tokens.append(int(torch.argmax(logits[-1])))
-    return tokens, torch.stack(logits), rows
+    logits, rows = prefill(call, prefix, piece)
+    run = GenerationStats(logits=[])  # the logits each greedy token was chosen from: the prefill's last, then each step's
+    tokens = [
+        *prefix,
+        *greedy(lambda token, pos: call([token], pos), logits[-1], len(prefix), steps, stats=run, stop_at_eos=False),
+    ]
+    rows += range(len(prefix), len(prefix) + steps - 1)
+    return tokens, torch.stack([*logits[:-1], *run.logits]), rows
 
 
 def prompt_tokens(kind: str, path: pathlib.Path, vocab: int | None, room: int) -> tuple[list[int], str]:

@@ -23,7 +23,6 @@ delegate by ``index_put_`` on CPU, the mask computed from ``cache_position``.
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import torch
@@ -32,6 +31,7 @@ from mps_backend.errors import CheckpointError
 from mps_backend.llm.attention import use_grouped_attention
 from mps_backend.llm.checkpoint import load_hf
 from mps_backend.llm.decoder import StaticCache, additive_mask, register_kv_caches
+from mps_backend.llm.folder_check import json_object
 from mps_backend.llm.spec import parse_model_spec
 from mps_backend.llm.transcribe import transcribe_ids
 from mps_backend.llm.verify import LLMVerification, tolerance
@@ -234,7 +234,7 @@ def verify_whisper(result, model: str, *, steps: int, group_size: int | None, pt
     _, folder = parse_model_spec(model)
     dtype = "fp16" if result.precision == "float16" else "fp32"
     logits: list[torch.Tensor] = []
-    features = verification_features(int(_read_config(folder)["num_mel_bins"]))
+    features = verification_features(int(json_object(pathlib.Path(folder), "config.json", required=True)["num_mel_bins"]))
     tokens = transcribe_ids(pte or result.path, features, steps, stop_at_eos=False, logits=logits)
     ref, reference = eager_logits(folder, features, tokens[:-1], result.quantize, group_size, dtype, result.quantize_head)
     dev = torch.stack(logits).float()
@@ -247,10 +247,6 @@ def verify_whisper(result, model: str, *, steps: int, group_size: int | None, pt
         tokens_agree=agree,
         reference=reference,
     )
-
-
-def _read_config(folder) -> dict:
-    return json.loads((pathlib.Path(folder) / "config.json").read_text())
 
 
 def eager_logits(folder, features: torch.Tensor, tokens: list[int], quantize=None, group_size=None, dtype="fp32", head=None):

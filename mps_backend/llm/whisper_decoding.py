@@ -13,8 +13,9 @@ applies them (``transformers/models/whisper/generation_whisper.py`` and ``genera
   the first token a timestamp of at most ``max_initial_timestamp_index``, a timestamp chosen when their
   probabilities together outweigh the best text token.
 
-:func:`decoder_rules` reads them; :func:`next_token` is the one function that applies them to a step's
-logits (the greedy loop calls it: :func:`mps_backend.llm.transcribe.transcribe_ids`). What else
+:func:`decoder_rules` reads them; :func:`rule_scores` is the one function that applies them to a step's
+logits (the logits processor :func:`mps_backend.llm.transcribe.transcribe_ids` hands the greedy loop,
+:func:`mps_backend.llm.greedy.greedy`). What else
 ``generate`` may apply from a generation config (repetition penalties, ``bad_words_ids``, sampling) no
 Whisper checkpoint sets; the temperature fallback and no-speech detection (``logprob_threshold``,
 ``no_speech_threshold``...) are off unless asked for, and are not done here.
@@ -167,11 +168,11 @@ def detect_language(rules: WhisperRules, logits: torch.Tensor) -> int:
     return int(ids[torch.argmax(logits.reshape(-1).float()[ids])])
 
 
-def next_token(rules: WhisperRules, tokens: list[int], logits: torch.Tensor, begin: int | None = None) -> int:
-    """The greedy token after ``tokens`` (the prompt and the tokens generated so far) from the step's
-    ``logits`` ``[vocab]`` under ``rules``; ``begin``: the index of the first generated token
-    (default: the prompt's length). transformers' processors in its order (begin-suppress, suppress,
-    timestamps), in float32, then the argmax."""
+def rule_scores(rules: WhisperRules, tokens: list[int], logits: torch.Tensor, begin: int | None = None) -> torch.Tensor:
+    """The scores the token after ``tokens`` (the prompt and the tokens generated so far) is chosen from, the
+    step's ``logits`` ``[vocab]`` under ``rules`` (a logits processor of :func:`mps_backend.llm.greedy.greedy`);
+    ``begin``: the index of the first generated token (default: the prompt's length). transformers'
+    processors in its order (begin-suppress, suppress, timestamps), in float32."""
     scores = logits.reshape(-1).float().clone()
     vocab = scores.shape[0]
     inf = float("-inf")
@@ -208,4 +209,4 @@ def next_token(rules: WhisperRules, tokens: list[int], logits: torch.Tensor, beg
         logprobs = torch.nn.functional.log_softmax(scores, dim=-1)
         if logprobs[ts:].logsumexp(dim=-1) > logprobs[:ts].max():
             scores[:ts] = inf
-    return int(torch.argmax(scores))
+    return scores
