@@ -450,6 +450,19 @@ def eager_logits(model, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits[0].float()
 
 
+# ---- shared configs
+
+#: multi-head latent attention: a 16-column latent and 8 rotary columns cached per token (4 heads of 16 + 8 / 16)
+MLA = {
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "num_key_value_heads": 4,
+}
+
+
 # ---- recurrent model types (issue #39): tiny configs shared by the prefill and recurrent tests -------------
 
 #: LFM2: a short-convolution layer, then attention

@@ -21,6 +21,7 @@ import torch
 
 from mps_backend.llm import CheckpointError, export_llm, generate_ids
 from tests.llm_helpers import (
+    MLA,
     assert_as_close_as_bfloat16,
     eager_greedy,
     plant_massive_activations,
@@ -40,15 +41,6 @@ DEEPSEEK_MOE = {
     "moe_intermediate_size": 32,
     "n_shared_experts": 1,
     "first_k_dense_replace": 0,
-}
-#: multi-head latent attention: a 16-column latent and 8 rotary columns cached per token (4 heads of 16 + 8 / 16)
-MLA = {
-    "kv_lora_rank": 16,
-    "q_lora_rank": 32,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 16,
-    "num_key_value_heads": 4,
 }
 #: linear attention (gated delta rule) of Qwen3-Next, Qwen3.5 and OLMo hybrid: 4 value heads, 2 key heads of 16
 LINEAR = {"linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16}

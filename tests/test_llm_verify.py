@@ -48,7 +48,7 @@ def test_export_verifies_itself_and_fails_on_a_wrong_program(tmp_path, folder, c
     # the output path keeps what was there, the program is kept beside it as NAME.failed.pte
     (tmp_path / "bad.pte").write_bytes(b"an earlier program")
     real = llm_export.decoder_for
-    monkeypatch.setattr(llm_export, "decoder_for", lambda lm, n, chunk=1: _OnePercentOff(real(lm, n, chunk)))
+    monkeypatch.setattr(llm_export, "decoder_for", lambda *args: _OnePercentOff(real(*args)))
     assert _export(folder, tmp_path / "bad.pte", "--verify-steps", "2") == 1
     captured = capsys.readouterr()
     line = next(x for x in captured.out.splitlines() if "max |logit diff|" in x)

@@ -35,7 +35,7 @@ import inspect
 import torch
 
 from mps_backend.errors import MPSBackendError
-from mps_backend.llm.swap import modeling_modules
+from mps_backend.llm.swap import Replacements, modeling_modules
 
 #: the AttentionInterface name of :func:`grouped_attention` (K cache transposed: ``[1, KV, d, S]``)
 ATTENTION = "mps_backend_grouped_kt"
@@ -198,16 +198,17 @@ class LatentAttention(torch.nn.Module):
         return torch.cat([kv_nope, k_rot], dim=-1), kv_nope
 
 
-def latent_attention_layers(model: torch.nn.Module) -> dict[int, torch.nn.Module]:
+def latent_attention_layers(model: torch.nn.Module, changes: Replacements) -> dict[int, torch.nn.Module]:
     """The multi-head latent attention layers of ``model`` by layer index (modules with
     ``kv_a_proj_with_mqa``, ``kv_b_proj`` and ``expand_kv``), each given its :class:`LatentAttention`
-    (attribute :data:`MLA`) and an ``expand_kv`` that hands the cache's tensors through unexpanded."""
+    (attribute :data:`MLA`) and an ``expand_kv`` that hands the cache's tensors through unexpanded, until
+    ``changes`` are undone."""
     found = {}
     for mod in model.modules():
         if not all(hasattr(mod, a) for a in ("kv_a_proj_with_mqa", "kv_b_proj", "expand_kv", "layer_idx")):
             continue
-        setattr(mod, MLA, LatentAttention(mod))
-        mod.expand_kv = _unexpanded
+        changes.setattr(mod, MLA, LatentAttention(mod))
+        changes.setattr(mod, "expand_kv", _unexpanded)
         found[int(mod.layer_idx)] = mod
     return found
 
@@ -218,21 +219,11 @@ def _unexpanded(kv_nope: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tenso
     return kv_nope, k_rot
 
 
-def use_grouped_attention(model: torch.nn.Module) -> bool:
-    """Switch a transformers model to :func:`grouped_attention` when its modeling code dispatches
-    through ``AttentionInterface``; False (model unchanged, eager attention) otherwise."""
-    try:
-        from transformers import AttentionInterface  # noqa: PLC0415
-    except ImportError:
-        return False
-    can_set = getattr(model, "_can_set_attn_implementation", None)
-    if can_set is None or not can_set() or not hasattr(model, "set_attn_implementation"):
-        return False
-    # transformers' registry of attention functions is process-wide by design; registering the same
-    # function under the same name again is a no-op
-    AttentionInterface.register(ATTENTION, grouped_attention)
-    model.set_attn_implementation(ATTENTION)
-    return model.config._attn_implementation == ATTENTION
+def use_grouped_attention(model: torch.nn.Module, changes: Replacements) -> bool:
+    """Switch a transformers model to :func:`grouped_attention` (registered in transformers' process-wide
+    ``AttentionInterface`` as :data:`ATTENTION`) when its modeling code dispatches through the interface,
+    until ``changes`` are undone; False (model unchanged, eager attention) otherwise."""
+    return changes.attention(model, ATTENTION, grouped_attention)
 
 
 #: transformers modeling modules whose rotary embedding returns complex ``freqs_cis [B, T, d/2]`` and whose
@@ -336,9 +327,9 @@ class RopeTable(torch.nn.Module):
 _DYNAMIC_ROPE = ("dynamic", "longrope")
 
 
-def tabulate_rope(model: torch.nn.Module, max_seq_len: int, dtype: torch.dtype) -> int:
+def tabulate_rope(model: torch.nn.Module, max_seq_len: int, dtype: torch.dtype, changes: Replacements) -> int:
     """Replace every rotary-embedding submodule of ``model`` (``*RotaryEmbedding``) by a
-    :class:`RopeTable`; returns how many were replaced."""
+    :class:`RopeTable` until ``changes`` are undone; returns how many were replaced."""
     replaced = 0
     for name, mod in list(model.named_modules()):
         if not name or not type(mod).__name__.endswith("RotaryEmbedding"):
@@ -353,7 +344,7 @@ def tabulate_rope(model: torch.nn.Module, max_seq_len: int, dtype: torch.dtype) 
             table = RopeTable(mod, max_seq_len, dtype, getattr(mod, "layer_types", ()))
         except NotCosSin:
             continue  # e.g. complex freqs_cis: the model computes it (and the export says if it cannot)
-        setattr(parent, attr, table)
+        changes.setattr(parent, attr, table)
         replaced += 1
     return replaced
 
@@ -408,10 +399,10 @@ class _GroupedSDPA(torch.nn.Module):
         return out.reshape(bsz, seqlen, self.dim)
 
 
-def group_llama_attention(model: torch.nn.Module) -> int:
+def group_llama_attention(model: torch.nn.Module, changes: Replacements) -> int:
     """Give every attention layer of executorch's example llama (static KV cache) a transposed-K
-    cache and grouped attention; returns how many layers were changed. Layers that share KV
-    (YOCO), use a ring buffer or dynamic shapes keep executorch's own modules."""
+    cache and grouped attention until ``changes`` are undone; returns how many layers were changed.
+    Layers that share KV (YOCO), use a ring buffer or dynamic shapes keep executorch's own modules."""
     changed = 0
     for mod in model.modules():
         cache, sdpa = getattr(mod, "kv_cache", None), getattr(mod, "SDPA", None)
@@ -419,7 +410,7 @@ def group_llama_attention(model: torch.nn.Module) -> int:
             continue
         if getattr(cache, "enable_dynamic_shape", False) or getattr(mod, "num_kv_shared_layers", 0):
             continue
-        mod.kv_cache = _TransposedKVCache(cache)
-        mod.SDPA = _GroupedSDPA(sdpa.dim)
+        changes.setattr(mod, "kv_cache", _TransposedKVCache(cache))
+        changes.setattr(mod, "SDPA", _GroupedSDPA(sdpa.dim))
         changed += 1
     return changed

@@ -51,7 +51,7 @@ from mps_backend.llm.recurrent import (
     restart_at_zero,
     state_buffer,
 )
-from mps_backend.llm.swap import swapped
+from mps_backend.llm.swap import Replacements, swapped
 from mps_backend.pages import untouched_zeros
 
 
@@ -222,8 +222,11 @@ class HFDecoder(torch.nn.Module):
     #: the model's keyword for what ``forward`` is given (a vision-language text decoder: ``inputs_embeds``)
     input_key = "input_ids"
 
-    def __init__(self, model: torch.nn.Module, max_seq_len: int, chunk: int = 1):
+    def __init__(self, model: torch.nn.Module, max_seq_len: int, chunk: int = 1, changes: Replacements | None = None):
+        """``changes``: where what the decode step replaces of ``model`` is recorded, to be undone once it is
+        exported (:class:`mps_backend.llm.swap.Replacements`; None: the replacements stay)."""
         super().__init__()
+        changes = changes if changes is not None else Replacements()
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.model = model
         self.max_seq_len = int(max_seq_len)
@@ -236,7 +239,7 @@ class HFDecoder(torch.nn.Module):
             head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
             if head is None:
                 raise ValueError(f"{type(model).__name__}: no output embeddings (lm_head) to read one row of a chunk")
-            head.register_forward_pre_hook(self._last_row)
+            changes.hook(head.register_forward_pre_hook(self._last_row))
         self.n_layers = int(config.num_hidden_layers)
         dtype = next(model.parameters()).dtype
         # recurrent layers (short convolutions, linear attention, Mamba): their states as buffers, their shapes
@@ -253,12 +256,12 @@ class HFDecoder(torch.nn.Module):
         register_states(self, self.states)
         # grouped attention (no repeat_kv, K cache transposed) where the modeling code dispatches
         # through transformers' AttentionInterface; RoPE from float32 tables (mps_backend.llm.attention)
-        self.grouped = use_grouped_attention(model)
-        self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype)
+        self.grouped = use_grouped_attention(model, changes)
+        self.rope_tables = tabulate_rope(model, self.max_seq_len, dtype, changes)
         # RoPE as complex numbers (Llama 4, DeepSeek V2): applied in real arithmetic in the forward
         self.rope_swaps = complex_rope_swaps(model)
         # multi-head latent attention: the compressed latent and rotary key cached, attention absorbed
-        self.latent = latent_attention_layers(model) if self.grouped else {}
+        self.latent = latent_attention_layers(model, changes) if self.grouped else {}
         kv, head_dim, v_dim = cache_layout(model, config)
         register_kv_caches(
             self,
@@ -394,11 +397,13 @@ class ExecutorchLlamaDecoder(torch.nn.Module):
     float32 logits of the last token; with ``chunk`` > 1, ``tokens [1, n]``, ``n <= chunk``, as
     :class:`HFDecoder`."""
 
-    def __init__(self, model: torch.nn.Module, max_seq_len: int | None = None, chunk: int = 1):
+    def __init__(
+        self, model: torch.nn.Module, max_seq_len: int | None = None, chunk: int = 1, changes: Replacements | None = None
+    ):
         super().__init__()
         self.model = model
-        # grouped attention over a transposed-K cache (mps_backend.llm.attention)
-        self.grouped_layers = group_llama_attention(model)
+        # grouped attention over a transposed-K cache (mps_backend.llm.attention), until ``changes`` are undone
+        self.grouped_layers = group_llama_attention(model, changes if changes is not None else Replacements())
         self.max_seq_len = int(max_seq_len or model.params.max_context_len)
         self.chunk = check_chunk(chunk, self.max_seq_len)
         if self.chunk > 1:

@@ -40,6 +40,7 @@ from mps_backend.llm.decoder import (
 from mps_backend.llm.gguf import load_gguf
 from mps_backend.llm.routers import sort_unsorted_topk
 from mps_backend.llm.spec import parse_model_spec
+from mps_backend.llm.swap import Replacements
 from mps_backend.llm.verify import verify_export
 from mps_backend.llm.vision import (
     VISION_SIGNATURE,
@@ -191,17 +192,19 @@ def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str |
     return DEFAULT_MAX_SEQ_LEN, None
 
 
-def decoder_for(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> torch.nn.Module:
+def decoder_for(lm: LoadedLM, max_seq_len: int, chunk: int = 1, changes: Replacements | None = None) -> torch.nn.Module:
     """The forward module of a loaded model: the static decode step (``chunk`` 1) or the chunked
-    prefill-and-decode step (:mod:`mps_backend.llm.decoder`)."""
+    prefill-and-decode step (:mod:`mps_backend.llm.decoder`); what it replaces of the model is recorded in
+    ``changes``."""
     if lm.kind == "hf":
-        return HFDecoder(lm.model, max_seq_len, chunk).eval()
-    return ExecutorchLlamaDecoder(lm.model, max_seq_len, chunk).eval()
+        return HFDecoder(lm.model, max_seq_len, chunk, changes).eval()
+    return ExecutorchLlamaDecoder(lm.model, max_seq_len, chunk, changes).eval()
 
 
-def program_methods(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> list[tuple[str, Callable[[], tuple]]]:
+def program_methods(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> list[tuple[str, Callable[[Replacements], tuple]]]:
     """The program's methods in export order: (name, a function building its module and example inputs
-    when called, so that a method may change the model for itself after the previous one was exported).
+    when called with the :class:`~mps_backend.llm.swap.Replacements` that record what it replaces of the
+    model, undone once the method is exported).
     A language model: ``forward``, the static decode step or the chunked prefill-and-decode step
     (``chunk`` rows a call, with its dynamic shapes: the builder returns them third); Whisper: the ASR
     runner's ``encoder`` and ``text_decoder`` (:mod:`mps_backend.llm.whisper`)."""
@@ -209,7 +212,12 @@ def program_methods(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> list[tupl
         return whisper_methods(lm.model, max_seq_len)
     if is_vision_language(lm.model_type):  # chunk: the rows of one text_decoder call
         return vision_methods(lm.model, max_seq_len, chunk)
-    return [("forward", lambda: (decoder_for(lm, max_seq_len, chunk), example_inputs(chunk=chunk), dynamic_shapes(chunk)))]
+    return [
+        (
+            "forward",
+            lambda changes: (decoder_for(lm, max_seq_len, chunk, changes), example_inputs(chunk=chunk), dynamic_shapes(chunk)),
+        )
+    ]
 
 
 def unplanned_inputs(model_type: str) -> tuple[str, ...]:
@@ -394,15 +402,17 @@ def export_llm(
             eps = {}
             with prog.stage("torch.export"):
                 for name, build in methods:
-                    try:
-                        module, inputs, *dynamic = build()
-                        eps[name] = drop_unused_constants(
-                            torch.export.export(module, inputs, dynamic_shapes=dynamic[0] if dynamic else None, strict=False)
-                        )
-                        sort_unsorted_topk(eps[name])  # MoE routers: order-free top-k, on the device
-                    except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
-                        raise _refusal(model_type, e) from None
-                    del module
+                    # what the method replaces of the model is undone once it is exported, also on error
+                    with Replacements() as changes:
+                        try:
+                            module, inputs, *dynamic = build(changes)
+                            eps[name] = drop_unused_constants(
+                                torch.export.export(module, inputs, dynamic_shapes=dynamic[0] if dynamic else None, strict=False)
+                            )
+                            sort_unsorted_topk(eps[name])  # MoE routers: order-free top-k, on the device
+                        except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
+                            raise _refusal(model_type, e) from None
+                        del module
             del methods
             _check_checkpoint_unchanged(weights, "before its weights were copied into the program")
             with prog.stage("lower to MPS"):

@@ -33,6 +33,7 @@ from mps_backend.llm.decoder import HFDecoder
 from mps_backend.llm.multimodal import ImageGeneration, generate_ids, load_processor, process, prompt_inputs
 from mps_backend.llm.registry import VISION_LANGUAGE_TYPES
 from mps_backend.llm.spec import parse_model_spec
+from mps_backend.llm.swap import Replacements
 from mps_backend.llm.verify import LLMVerification, tolerance
 from mps_backend.quantize import quantize_dequantized, resolve_group_size
 
@@ -196,8 +197,10 @@ class TextDecoderStep(HFDecoder):
 
     input_key = "inputs_embeds"
 
-    def __init__(self, model: torch.nn.Module, max_seq_len: int, rows: int, block: int | None = None):
-        super().__init__(_LanguageModel(model), max_seq_len, rows)
+    def __init__(
+        self, model: torch.nn.Module, max_seq_len: int, rows: int, block: int | None = None, changes: Replacements | None = None
+    ):
+        super().__init__(_LanguageModel(model), max_seq_len, rows, changes)
         self.block = block
 
     def _chunk_rows_visible(self, i: torch.Tensor, j: torch.Tensor, n) -> torch.Tensor:
@@ -239,15 +242,15 @@ def vision_methods(model: torch.nn.Module, max_seq_len: int, rows: int) -> list:
     t = torch.export.Dim("tokens", min=1, max=rows)
     s = torch.export.Dim("rows", min=1, max=rows)
     return [
-        (VISION_METHOD, lambda: (VisionEncoderStep(model).eval(), (pixels,))),
+        (VISION_METHOD, lambda changes: (VisionEncoderStep(model).eval(), (pixels,))),
         (
             EMBEDDING_METHOD,
-            lambda: (TokenEmbeddingStep(model).eval(), (torch.zeros(1, 2, dtype=torch.long),), {"tokens": {1: t}}),
+            lambda changes: (TokenEmbeddingStep(model).eval(), (torch.zeros(1, 2, dtype=torch.long),), {"tokens": {1: t}}),
         ),
         (
             DECODER_METHOD,
-            lambda: (
-                TextDecoderStep(model, max_seq_len, rows, block).eval(),
+            lambda changes: (
+                TextDecoderStep(model, max_seq_len, rows, block, changes).eval(),
                 (torch.zeros(1, 2, width, dtype=EMBEDDINGS_DTYPE), torch.zeros(1, dtype=torch.long)),
                 {"tokens": {1: s}, "input_pos": None},
             ),

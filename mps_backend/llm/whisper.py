@@ -33,6 +33,7 @@ from mps_backend.llm.checkpoint import load_hf
 from mps_backend.llm.decoder import StaticCache, additive_mask, register_kv_caches
 from mps_backend.llm.folder_check import json_object
 from mps_backend.llm.spec import parse_model_spec
+from mps_backend.llm.swap import Replacements
 from mps_backend.llm.transcribe import transcribe_ids
 from mps_backend.llm.verify import LLMVerification, tolerance
 from mps_backend.quantize import quantize_dequantized, resolve_group_size
@@ -115,14 +116,14 @@ class WhisperDecoderStep(torch.nn.Module):
     """``text_decoder``: one token at ``cache_position`` against the cross-attention keys and values
     of :class:`WhisperEncoderStep` -> float32 logits ``[1, vocab]``."""
 
-    def __init__(self, model: torch.nn.Module, max_seq_len: int):
+    def __init__(self, model: torch.nn.Module, max_seq_len: int, changes: Replacements | None = None):
         super().__init__()
         config = model.config
         self.model = model
         self.max_seq_len = int(max_seq_len)
         self.heads = int(config.decoder_attention_heads)
         self.head_dim = int(config.d_model) // self.heads
-        self.grouped = use_grouped_attention(model)
+        self.grouped = use_grouped_attention(model, changes if changes is not None else Replacements())
         if not self.grouped:
             raise CheckpointError(
                 f"{type(model).__name__}: its attention does not dispatch through transformers' AttentionInterface "
@@ -171,8 +172,8 @@ def whisper_methods(model: torch.nn.Module, max_seq_len: int) -> list:
     cross = torch.zeros(cross_kv_shape(config), dtype=dtype)
     token, position = torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
     return [
-        (ENCODER_METHOD, lambda: (WhisperEncoderStep(model).eval(), (features,))),
-        (DECODER_METHOD, lambda: (WhisperDecoderStep(model, max_seq_len).eval(), (token, cross, position))),
+        (ENCODER_METHOD, lambda changes: (WhisperEncoderStep(model).eval(), (features,))),
+        (DECODER_METHOD, lambda changes: (WhisperDecoderStep(model, max_seq_len, changes).eval(), (token, cross, position))),
     ]
 
 
