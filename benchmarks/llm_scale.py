@@ -249,12 +249,14 @@ def timing_child(folder: pathlib.Path) -> None:
     from executorch.exir import to_edge_transform_and_lower
 
     from mps_backend import MPSPartitioner
+    from mps_backend.llm.causal import FAMILY as causal
     from mps_backend.llm.decoder import example_inputs
-    from mps_backend.llm.export import decoder_for, load_checkpoint
+    from mps_backend.llm.export import load_checkpoint
+    from mps_backend.llm.swap import Replacements
     from mps_backend.passes import drop_unused_constants
 
     lm = load_checkpoint(f"hf:{folder}", "fp16")
-    decoder = decoder_for(lm, MAX_SEQ_LEN)
+    decoder = causal.decoder(lm, MAX_SEQ_LEN, 1, Replacements())
     with torch.no_grad():
         ep = drop_unused_constants(torch.export.export(decoder, example_inputs(), strict=False))
         seconds = {}

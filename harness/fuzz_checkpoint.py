@@ -16,7 +16,7 @@ unnamed weights file, a tensor retyped to ``BOOL`` or an integer dtype (its size
 ``quantization_config`` block, and tensors or layers the config or the index declares but no file holds.
 The case goes through :func:`mps_backend.llm.export.export_llm` up to the end of its load-and-check step
 (the folder check, transformers' config and model construction, the weights, the KV-cache bound): the
-worker replaces ``decoder_for``, the first step after it, by a stop, so a case costs a load, not an export.
+worker replaces ``program_methods``, the first step after it, by a stop, so a case costs a load, not an export.
 
 ``--kind`` fuzzes the other inputs instead (:mod:`harness.fuzz_inputs`: GGUF files, chat templates, image
 processor configs, image files), the same way.
@@ -571,7 +571,7 @@ def worker(kind: str = "folders") -> None:
     from harness import fuzz_inputs  # noqa: PLC0415
 
     warnings.simplefilter("ignore")
-    llm_export.decoder_for = _stop  # this worker process only: the stop after the load-and-check step
+    llm_export.program_methods = _stop  # this worker process only: the stop after the load-and-check step
     import executorch.exir  # noqa: F401, PLC0415 - what the first case would import: not counted in its time
     import transformers  # noqa: F401, PLC0415
 

@@ -60,7 +60,7 @@ def test_found_cases_are_typed_one_line_errors(base, tmp_path, monkeypatch):
     def stop(*_args, **_kwargs):
         raise _Loaded
 
-    monkeypatch.setattr(llm_export, "decoder_for", stop)
+    monkeypatch.setattr(llm_export, "program_methods", stop)
     assert run_case(base, "fp16") == "ok"  # the base loads: each case below fails by its one change
     for i, (file, values, message) in enumerate(FOUND):
         folder = tmp_path / f"c{i}"

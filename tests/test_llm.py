@@ -117,18 +117,15 @@ def test_fp16_on_trained_like_statistics(tmp_path, tokenizer, arch):
         assert gap <= FP16_LOGIT_TOL, f"fp16 logits off by {gap:.3g} of their scale from eager float16"
 
 
-def test_uniform_float16_fails_on_massive_activations(tmp_path, tokenizer, monkeypatch):
+def test_uniform_float16_fails_on_massive_activations(tmp_path, tokenizer):
     """The planted test can fail: lowered with every value float16 (``Precision.FP16_UNIFORM``, what
-    fp16 meant before #35), the planted llama's float32 RMSNorm statistics overflow."""
-    import functools
-
-    import mps_backend.llm.export as llm_export
-    from mps_backend.partitioner import MPSPartitioner
+    fp16 meant before #35, given to export_llm as its precision), the planted llama's float32 RMSNorm
+    statistics overflow."""
     from mps_backend.precision import Precision
 
-    monkeypatch.setattr(llm_export, "MPSPartitioner", functools.partial(MPSPartitioner, precision=Precision.FP16_UNIFORM))
     folder = save_checkpoint(tmp_path / "llama", "llama", tokenizer=tokenizer, edit=lambda m: plant_massive_activations(m, 3e4))
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype=Precision.FP16_UNIFORM, max_seq_len=MAX_SEQ_LEN)
+    assert result.precision == "fp16-uniform"
     with pytest.raises(AssertionError, match="further from float32 than eager bfloat16"):
         assert_as_close_as_bfloat16(planted_figures(folder, result.path), 3e4)
 

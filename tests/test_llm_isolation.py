@@ -21,8 +21,10 @@ import sys
 import torch
 
 from mps_backend.llm import export as llm_export
+from mps_backend.llm.options import ExportOptions
+from mps_backend.llm.spec import parse_model_spec
 from mps_backend.llm.swap import Replacements
-from mps_backend.llm.vision import check_rows, is_vision_language
+from mps_backend.precision import Precision
 from tests.llm_helpers import MLA, save_checkpoint, save_llama_checkpoint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -49,15 +51,15 @@ def _state(model: torch.nn.Module) -> tuple:
     return modules, configs, sorted(AttentionInterface._global_mapping)
 
 
-def _built_and_undone(spec: str, max_seq_len: int, chunk: int = 1, params=None) -> None:
-    lm = llm_export.load_checkpoint(spec, "fp32", params=params, max_seq_len=max_seq_len)
+def _built_and_undone(spec: str, max_seq_len: int, chunk: int | None = None, params=None) -> None:
+    options = ExportOptions(precision=Precision.FP32, max_seq_len=max_seq_len, prefill_chunk=chunk, params=params)
+    family = llm_export.family_for(parse_model_spec(spec))
+    lm = family.load(parse_model_spec(spec), options)
     before = _state(lm.model)
-    if is_vision_language(lm.model_type):  # the rows of one text_decoder call: an image's
-        chunk = check_rows(lm.model, None, max_seq_len)
-    methods = llm_export.program_methods(lm, max_seq_len, chunk)
-    for name, build in methods:
+    for method in family.methods(lm, max_seq_len, family.rows(lm, options, max_seq_len)):
+        name = method.name
         with Replacements() as changes:
-            build(changes)
+            method.build(changes)
             assert len(changes) > 0 or name in ("vision_encoder", "token_embedding", "encoder"), name
             if len(changes):  # the test can fail: the model is changed while the method is built
                 assert _state(lm.model) != before, name

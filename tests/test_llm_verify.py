@@ -13,6 +13,7 @@ import torch
 
 from mps_backend.llm import export as llm_export
 from mps_backend.llm import verify
+from mps_backend.llm.causal import CausalLM
 from mps_backend.llm.verify import BUDGET_ENV, INT4_TOLERANCE, TOLERANCE, float32_on_use, truncated_copy
 from mps_backend.tools.cli import main
 from tests.llm_helpers import save_checkpoint, save_llama_checkpoint, train_tokenizer
@@ -47,8 +48,8 @@ def test_export_verifies_itself_and_fails_on_a_wrong_program(tmp_path, folder, c
     # a program that computes 1% off: exit 1, the gap printed (tokens still agree: argmax is scale-free);
     # the output path keeps what was there, the program is kept beside it as NAME.failed.pte
     (tmp_path / "bad.pte").write_bytes(b"an earlier program")
-    real = llm_export.decoder_for
-    monkeypatch.setattr(llm_export, "decoder_for", lambda *args: _OnePercentOff(real(*args)))
+    real = CausalLM.decoder
+    monkeypatch.setattr(CausalLM, "decoder", lambda self, *args: _OnePercentOff(real(self, *args)))
     assert _export(folder, tmp_path / "bad.pte", "--verify-steps", "2") == 1
     captured = capsys.readouterr()
     line = next(x for x in captured.out.splitlines() if "max |logit diff|" in x)

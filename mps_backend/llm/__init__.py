@@ -17,6 +17,7 @@ from mps_backend.errors import CheckpointError  # noqa: F401  (public: the refus
 _LAZY = {
     "export_llm": "export",
     "LLMExportResult": "export",
+    "ExportOptions": "options",
     "load_checkpoint": "export",
     "generate": "generate",
     "generate_ids": "generate",

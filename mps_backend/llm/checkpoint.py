@@ -31,25 +31,10 @@ import torch
 from mps_backend.errors import CheckpointError, MPSBackendError
 from mps_backend.llm.folder_check import check_declared_weights, check_folder_weights, json_object, weight_files
 from mps_backend.llm.formats import TensorEntry, read_json_object, read_safetensors_header
-from mps_backend.llm.registry import registration
+from mps_backend.llm.registry import TESTED_MODEL_TYPES, registration
 from mps_backend.pages import PageReleaser, ScratchFile, map_copy_on_write, mapped_tensor
 from mps_backend.passes import FP16_MAX, largest_magnitude
 from mps_backend.runtime.program_check import max_plan_bytes
-
-#: transformers ``model_type`` values the project tests (tests/test_llm.py, tiny random checkpoints)
-TESTED_MODEL_TYPES = (
-    "llama",
-    "qwen2",
-    "qwen3",
-    "mistral",
-    "phi3",
-    "gemma2",
-    "gemma3_text",
-    "whisper",
-    "gemma3",
-    "llava",
-    "smolvlm",
-)
 
 
 @dataclass

@@ -1,20 +1,25 @@
 """Static-shape decode-step programs for language models: what the MPS delegate can run.
 
-The device has no dynamic shapes, so a language model becomes one method with fixed shapes, the
-signature executorch's LLM runner calls for a model with a KV cache and no dynamic shapes:
+The device has no dynamic shapes, so a language model becomes one method with fixed shapes on the
+device, the signature executorch's LLM runner calls for a model with a KV cache:
 
     forward(tokens: int64 [1, 1], input_pos: int64 [1]) -> logits: float32 [1, vocab]
+
+or, with a prefill chunk of ``C`` rows (``--prefill-chunk C``, :func:`chunk_inputs`), ``tokens [1, n]``,
+``1 <= n <= C``: the CPU pads them to ``C`` rows, one static ``C``-row delegate computes them, the CPU
+writes the first ``n`` rows of keys and values into the cache, and the logits are the last given row's
+(the runner prefills ``C`` tokens a call when ``enable_dynamic_shape`` is true; token by token otherwise).
 
 The KV cache is one pair of mutable buffers per layer, V ``[1, kv_heads, max_seq_len, head_dim]``
 and K transposed ``[1, kv_heads, head_dim, max_seq_len]`` (what ``q @ K^T`` reads, so the cache is
 never transposed per step; K as V's layout for a model whose attention cannot be replaced),
 updated in place at ``input_pos`` (``v_cache[:, :, input_pos] = v``); attention is grouped (the
 query heads sharing a KV head read it once, no ``repeat_kv``) and RoPE's cos/sin come from float32
-tables gathered by position (:mod:`mps_backend.llm.attention`). The prompt is prefilled token by
-token through the same method (the runner does so when ``enable_dynamic_shape`` is false). Attention
-reads the whole cache under a mask computed from ``input_pos``: key position ``k`` is visible to
-the query at position ``p`` when ``k <= p`` (and, for a sliding-window layer of width ``w``,
-``p - k < w``), the rule transformers' own masks implement.
+tables gathered by position (:mod:`mps_backend.llm.attention`). Attention reads the whole cache under a
+mask computed from ``input_pos``: key position ``k`` is visible to the query at position ``p`` when
+``k <= p`` (and, for a sliding-window layer of width ``w``, ``p - k < w``; for a chunked-attention layer,
+``k`` in ``p``'s chunk), the rule transformers' own masks implement; a chunk's rows see the old cache and
+the chunk's earlier rows.
 
 - :class:`HFDecoder` wraps a transformers ``*ForCausalLM`` (Llama, Qwen2/3, Mistral, Phi-3,
   Gemma 2/3, SmolLM, ...): transformers' own modeling code runs with the cache passed as
@@ -23,6 +28,10 @@ the query at position ``p`` when ``k <= p`` (and, for a sliding-window layer of 
   attention, Mamba) keep their states in buffers beside the cache (:mod:`mps_backend.llm.recurrent`).
 - :class:`ExecutorchLlamaDecoder` wraps executorch's example llama (``use_kv_cache=True``), whose
   own KV cache already has this shape.
+
+What a decoder replaces of the model it wraps (attention implementation, rotary modules, the head's
+pre-hook, executorch llama's cache and attention modules) is recorded in the
+:class:`~mps_backend.llm.swap.Replacements` it is given and undone once its method is exported.
 """
 
 from __future__ import annotations

@@ -1,17 +1,28 @@
-"""Language model checkpoint on disk -> runner-ready ``.pte`` for the MPS delegate.
+"""A language-model checkpoint on disk -> a runner-ready ``.pte`` for the MPS delegate: the one export loop.
 
     from mps_backend.llm import export_llm
     result = export_llm("hf:./SmolLM2-135M", "smollm2.pte", dtype="fp16", max_seq_len=1024)
     print(result.summary())
 
-What the ``.pte`` holds (see :mod:`mps_backend.llm.decoder`): ``forward(tokens [1, 1], input_pos
-[1]) -> float32 logits [1, vocab]`` with the KV cache as mutable buffers, delegated to MPS as one
-partition, plus the constant methods executorch's LLM runner reads (:data:`METADATA_METHODS`).
+:func:`export_llm` runs the same steps for every model: check the request, load the checkpoint, check
+what the model asks for, quantize, build and ``torch.export`` each method of the program, lower them to
+MPS, write the ``.pte`` atomically, and check it (``--verify-steps``). What differs between models comes
+from the model's family (:mod:`mps_backend.llm.family`): the registration that takes its spec kind and
+model type (:mod:`mps_backend.llm.registry`) names the family's module, whose ``FAMILY`` gives its
+loader, its methods with their example inputs, its runner metadata, what ``--quantize`` touches, its
+rows check and its self-check. The options travel as one :class:`~mps_backend.llm.options.ExportOptions`.
+
+What a causal LM's ``.pte`` holds (:mod:`mps_backend.llm.causal`, :mod:`mps_backend.llm.decoder`):
+``forward(tokens [1, 1], input_pos [1]) -> float32 logits [1, vocab]`` (or ``tokens [1, n]``, ``n`` up to
+``--prefill-chunk``), the KV cache as mutable buffers, delegated to MPS as one partition, plus the constant
+methods executorch's LLM runner reads (:data:`METADATA_METHODS`); a vision-language model's, Whisper's: the
+methods of their runners (:mod:`mps_backend.llm.vision`, :mod:`mps_backend.llm.whisper`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import pathlib
 import re
@@ -19,53 +30,34 @@ import tempfile
 import traceback
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
+from executorch.exir import to_edge_transform_and_lower
+from executorch.exir.lowered_backend_module import get_lowered_submodules
 
 from mps_backend._notices import quiet_reraised_failures
+from mps_backend.config import check_environment
 from mps_backend.errors import CheckpointError, MPSBackendError
 from mps_backend.export import drop_unused_constants, release_export_caches
 from mps_backend.files import output_target, publish_checked, staging_path, write_atomically
 from mps_backend.llm import guards
-from mps_backend.llm.checkpoint import LoadedLM, check_kv_cache_size, load_hf, load_llama
-from mps_backend.llm.decoder import (
-    ExecutorchLlamaDecoder,
-    HFDecoder,
-    cache_layout,
-    check_chunk,
-    dynamic_shapes,
-    example_inputs,
-)
-from mps_backend.llm.gguf import load_gguf
+from mps_backend.llm.checkpoint import LoadedLM
+from mps_backend.llm.family import Family, Method
+from mps_backend.llm.folder_check import json_object
+from mps_backend.llm.options import DEFAULT_MAX_SEQ_LEN, ExportOptions
+from mps_backend.llm.registry import registration
 from mps_backend.llm.routers import sort_unsorted_topk
-from mps_backend.llm.spec import parse_model_spec
+from mps_backend.llm.spec import ModelSpec, parse_model_spec
 from mps_backend.llm.swap import Replacements
-from mps_backend.llm.verify import verify_export
-from mps_backend.llm.vision import (
-    VISION_SIGNATURE,
-    check_rows,
-    is_vision_language,
-    text_part,
-    verify_vision,
-    vision_metadata,
-    vision_methods,
-)
-from mps_backend.llm.whisper import (
-    DECODER_METHOD,
-    WHISPER_SIGNATURE,
-    quantize_target,
-    verify_whisper,
-    whisper_metadata,
-    whisper_methods,
-)
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
+from mps_backend.precision import Precision
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.quantize import quantization_count, quantize_embeddings, quantize_model, resolve_group_size
 from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
 
 #: the constant methods executorch's LLM runner (``extension/llm/runner``) reads, as executorch's
-#: own llama export writes them
+#: own llama export writes them (mps_backend.llm.family.runner_metadata)
 METADATA_METHODS = (
     "get_max_seq_len",
     "get_max_context_len",
@@ -78,44 +70,53 @@ METADATA_METHODS = (
     "enable_dynamic_shape",
 )
 
-#: default KV-cache length (capped by the model's ``max_position_embeddings``)
-DEFAULT_MAX_SEQ_LEN = 2048
-
-DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
-
-#: the rows one delegate call computes when the export does not say (``--prefill-chunk``): 1, the static
-#: one-token step. A chunk C > 1 cuts the prompt's calls C-fold, but its attention scores over the
-#: whole cache (C rows x the cache length, per head) are written and read by every step, decode too:
-#: at the Llama-3.2-1B shape with a 2048-row cache, C = 16 makes a float16 decode step 1.160x the
-#: memory floor (1.010x at C = 1), above the 1.03x decode bound (docs/llm.md, The chunk)
-DEFAULT_PREFILL_CHUNK = 1
-
 
 @dataclass
 class LLMExportResult:
     path: pathlib.Path
     model_type: str
-    precision: str
+    #: the options the export ran with (:class:`~mps_backend.llm.options.ExportOptions`)
+    options: ExportOptions
+    #: the KV cache's length (``--max-seq-len``, or the default it became)
     max_seq_len: int
     report: PartitionReport
     delegates: int
     pte_bytes: int
     weight_bytes: int
     metadata: dict[str, Any]
-    quantize: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     #: the self-check (``verify_steps``): a :class:`mps_backend.llm.verify.LLMVerification`
     verification: Any = None
-    quantize_embedding: bool = False
-    #: ``--quantize-head`` as given (None: the default, :func:`mps_backend.quantize.resolve_head`)
-    quantize_head: str | None = None
     #: MPS delegates of each method of the program
     method_delegates: dict[str, int] = field(default_factory=dict)
     #: the methods' static signatures, as the summary states them
     signature: str = "decode step tokens [1, 1], input_pos [1]"
-    #: rows one delegate call computes (1: the static decode step, prompts prefilled token by token)
+    #: rows one delegate call computes (``--prefill-chunk``, or the family's default it became; 1: the
+    #: static decode step, prompts prefilled token by token)
     prefill_chunk: int = 1
+    #: the model's family (mps_backend.llm.registry)
+    family: str = ""
+    #: the summary's line of the cache and the rows a call computes (the family's :meth:`~mps_backend.llm.family.Family.describe`)
+    length: str = ""
+
+    @property
+    def precision(self) -> str:
+        """``float16`` / ``float32`` (another precision policy: its name)."""
+        p = self.options.precision
+        return "float16" if p == Precision.FP16 else "float32" if p == Precision.FP32 else p.name
+
+    @property
+    def quantize(self) -> str | None:
+        return self.options.quantize
+
+    @property
+    def quantize_embedding(self) -> bool:
+        return self.options.quantize_embedding
+
+    @property
+    def quantize_head(self) -> str | None:
+        return self.options.quantize_head
 
     def summary(self) -> str:
         r = self.report
@@ -124,15 +125,7 @@ class LLMExportResult:
             + (f", {self.quantize} weight-only" if self.quantize else "")
             + (", int8 embedding (a scale per row)" if self.quantize_embedding else "")
             + ")",
-            (
-                f"max_seq_len      {self.max_seq_len} (KV cache; {self.signature}; the device computes "
-                f"{self.prefill_chunk} rows per text_decoder call)"
-                if is_vision_language(self.model_type)
-                else f"max_seq_len      {self.max_seq_len} (static shapes: {self.signature})"
-                if self.prefill_chunk == 1
-                else f"max_seq_len      {self.max_seq_len} (KV cache; forward tokens [1, n], 1 <= n <= "
-                f"{self.prefill_chunk}, input_pos [1]: the device computes {self.prefill_chunk} rows per call)"
-            ),
+            f"max_seq_len      {self.length}",
             f"MPS delegates    {self.delegates}"
             + (
                 " (" + ", ".join(f"{m} {n}" for m, n in self.method_delegates.items()) + ")"
@@ -151,9 +144,30 @@ class LLMExportResult:
         return "\n".join(lines)
 
 
+def model_type_of(spec: ModelSpec) -> str | None:
+    """The model type of a checkpoint as its registration is looked up: an ``hf:`` folder's ``config.json``
+    (read by the folder check's bounded reader; None when it cannot be read: the loader says why), a
+    ``llama:`` checkpoint's ``llama``; a ``gguf:`` file's is its loader's (the causal LMs take them all)."""
+    if spec.kind == "llama":
+        return "llama"
+    if spec.kind != "hf":
+        return None
+    try:
+        config = json_object(pathlib.Path(spec.path), "config.json")
+    except (CheckpointError, OSError):
+        return None
+    value = config.get("model_type") if config else None
+    return value if isinstance(value, str) else None
+
+
+def family_for(spec: ModelSpec) -> Family:
+    """The family that exports ``spec``: ``FAMILY`` of the module its registration names."""
+    return importlib.import_module(registration(spec.kind, model_type_of(spec)).module).FAMILY
+
+
 def load_checkpoint(
     spec: str,
-    dtype: str = "fp16",
+    dtype: str | Precision = "fp16",
     *,
     params: str | None = None,
     max_seq_len: int | None = None,
@@ -161,26 +175,17 @@ def load_checkpoint(
     progress: Progress | None = None,
     scratch: pathlib.Path | None = None,
 ) -> LoadedLM:
-    """Load ``hf:FOLDER``, ``gguf:FILE.gguf`` or ``llama:CHECKPOINT.pth`` in the export precision (no
-    export). ``scratch``: a folder for converted hf:/gguf: weights (:func:`mps_backend.llm.checkpoint.load_hf`,
-    :func:`mps_backend.llm.gguf.load_gguf`)."""
-    if dtype not in DTYPES:
-        raise CheckpointError(f"unknown dtype {dtype!r}: use fp16 or fp32")
-    kind, path = parse_model_spec(spec)
-    if kind in ("hf", "gguf"):
-        bar = (lambda total: progress.bytes_bar("load weights", total)) if progress is not None else None
-        if kind == "gguf":
-            return load_gguf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar, scratch=scratch)
-        return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar, scratch=scratch)
-    bar = (lambda total: progress.bytes_bar("convert weights", total)) if progress is not None else None
-    return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16, bar=bar)
+    """Load ``hf:FOLDER``, ``gguf:FILE.gguf`` or ``llama:CHECKPOINT.pth`` in the export precision, as its
+    family's loader does for an export (no export). ``scratch``: a folder for converted hf:/gguf: weights
+    (:func:`mps_backend.llm.checkpoint.load_hf`, :func:`mps_backend.llm.gguf.load_gguf`)."""
+    options = ExportOptions.of(dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16)
+    parsed = parse_model_spec(spec)
+    return family_for(parsed).load(parsed, options, progress=progress, scratch=scratch)
 
 
 def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str | None]:
     """The KV-cache length: the request, else DEFAULT_MAX_SEQ_LEN capped by the model's positions."""
     if requested is not None:
-        if requested < 2:
-            raise CheckpointError(f"--max-seq-len must be at least 2, got {requested}")
         if lm.max_positions and requested > lm.max_positions:
             return requested, (
                 f"max_seq_len {requested} exceeds the model's max_position_embeddings "
@@ -192,64 +197,10 @@ def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str |
     return DEFAULT_MAX_SEQ_LEN, None
 
 
-def decoder_for(lm: LoadedLM, max_seq_len: int, chunk: int = 1, changes: Replacements | None = None) -> torch.nn.Module:
-    """The forward module of a loaded model: the static decode step (``chunk`` 1) or the chunked
-    prefill-and-decode step (:mod:`mps_backend.llm.decoder`); what it replaces of the model is recorded in
-    ``changes``."""
-    if lm.kind == "hf":
-        return HFDecoder(lm.model, max_seq_len, chunk, changes).eval()
-    return ExecutorchLlamaDecoder(lm.model, max_seq_len, chunk, changes).eval()
-
-
-def program_methods(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> list[tuple[str, Callable[[Replacements], tuple]]]:
-    """The program's methods in export order: (name, a function building its module and example inputs
-    when called with the :class:`~mps_backend.llm.swap.Replacements` that record what it replaces of the
-    model, undone once the method is exported).
-    A language model: ``forward``, the static decode step or the chunked prefill-and-decode step
-    (``chunk`` rows a call, with its dynamic shapes: the builder returns them third); Whisper: the ASR
-    runner's ``encoder`` and ``text_decoder`` (:mod:`mps_backend.llm.whisper`)."""
-    if lm.model_type == "whisper":
-        return whisper_methods(lm.model, max_seq_len)
-    if is_vision_language(lm.model_type):  # chunk: the rows of one text_decoder call
-        return vision_methods(lm.model, max_seq_len, chunk)
-    return [
-        (
-            "forward",
-            lambda changes: (decoder_for(lm, max_seq_len, chunk, changes), example_inputs(chunk=chunk), dynamic_shapes(chunk)),
-        )
-    ]
-
-
-def unplanned_inputs(model_type: str) -> tuple[str, ...]:
-    """Methods whose inputs the caller's tensors are used for in place, not copied into the program's
-    memory: Whisper's ``text_decoder``, handed the encoder's cross-attention K/V every step."""
-    if model_type == "whisper":
-        return (DECODER_METHOD,)
-    return ()
-
-
-def metadata(lm: LoadedLM, max_seq_len: int, chunk: int = 1) -> dict[str, Any]:
-    """The runner's metadata: with a chunk, ``get_max_seq_len`` is the rows one call takes (executorch's
-    runner prefills that many per call) and ``get_max_context_len`` the cache length, as executorch's
-    own llama export writes them."""
-    if lm.model_type == "whisper":
-        return whisper_metadata(lm, max_seq_len)
-    if is_vision_language(lm.model_type):
-        return vision_metadata(lm, max_seq_len, chunk)
-    meta: dict[str, Any] = {
-        "get_max_seq_len": chunk if chunk > 1 else max_seq_len,
-        "get_max_context_len": max_seq_len,
-        "get_vocab_size": lm.vocab_size,
-        "get_n_layers": lm.n_layers,
-        "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": False,
-        "enable_dynamic_shape": chunk > 1,
-    }
-    if lm.bos_id is not None:
-        meta["get_bos_id"] = lm.bos_id
-    if lm.eos_ids:
-        meta["get_eos_ids"] = list(lm.eos_ids)
-    return meta
+def program_methods(family: Family, lm: LoadedLM, max_seq_len: int, rows: int) -> list[Method]:
+    """The program's methods, built once the model is loaded, checked and quantized (the step after the
+    load-and-check step: harness.fuzz_checkpoint stops here)."""
+    return family.methods(lm, max_seq_len, rows)
 
 
 def _checkpoint_state(source: str | os.PathLike, files=None) -> dict[str, tuple[int, ...]]:
@@ -287,14 +238,15 @@ def _check_checkpoint_unchanged(before: dict[str, tuple[int, ...]], when: str) -
 def export_llm(
     model: str,
     output: str | os.PathLike,
+    options: ExportOptions | None = None,
     *,
-    dtype: str = "fp16",
+    progress: bool | Progress = False,
+    dtype: str | Precision = "fp16",
     quantize: str | None = None,
     group_size: int | None = None,
     max_seq_len: int | None = None,
     params: str | None = None,
     clamp_fp16: bool = False,
-    progress: bool | Progress = False,
     target_runtime: str | None = DEFAULT_TARGET,
     allow_missing_kernels: bool = False,
     verify_steps: int = 0,
@@ -303,29 +255,43 @@ def export_llm(
     quantize_head: str | None = None,
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER``, ``gguf:FILE.gguf``, or ``llama:CHECKPOINT.pth``
-    with ``params``) to ``output``, a ``.pte`` executorch's LLM runner loads with the MPS delegate.
+    with ``params``) to ``output``, a ``.pte`` its runner (executorch's LLM, multimodal or ASR runner) loads
+    with the MPS delegate.
 
-    ``dtype``: ``fp16`` (default) or ``fp32`` on the device. ``quantize``: ``int4`` or ``int8``
-    weight-only (torchao, ``group_size`` as in ``mps-backend export``). ``max_seq_len``: the static
-    KV-cache length (default 2048 capped by the model's positions). ``target_runtime``: as in
-    :func:`mps_backend.export.export_model` (checked before anything is written). ``verify_steps``:
-    after writing, run that many decode steps of the ``.pte`` against the eager float32 model
-    (:mod:`mps_backend.llm.verify`; the CLI's default is 4) into ``result.verification``.
-    ``quantize_embedding``: the embedding table int8 with a scale per row, dequantized after the
-    lookup (:class:`mps_backend.quantize.RowQuantizedEmbedding`). ``quantize_head``: the output head
-    under ``quantize`` (``int8``, the default; ``int4``; ``float``)."""
-    from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
-
+    ``options``: an :class:`~mps_backend.llm.options.ExportOptions`; or the same as keywords, each named as
+    its flag of ``mps-backend export``: ``dtype`` (``fp16``, the default, or ``fp32`` on the device; or a
+    :class:`~mps_backend.precision.Precision`), ``quantize`` (``int4`` or ``int8`` weight-only, torchao, with
+    ``group_size`` and ``quantize_head``), ``max_seq_len`` (the static KV-cache length, default 2048 capped by
+    the model's positions), ``target_runtime`` (as in :func:`mps_backend.export.export_model`, checked before
+    anything is written), ``verify_steps`` (after writing, that many decode steps of the ``.pte`` against
+    the eager float32 model, :mod:`mps_backend.llm.verify`, the CLI's default 4, into ``result.verification``),
+    ``quantize_embedding`` (the embedding table int8 with a scale per row, dequantized after the lookup),
+    ``prefill_chunk`` (rows one call computes)."""
+    keywords = dict(
+        quantize=quantize,
+        group_size=group_size,
+        max_seq_len=max_seq_len,
+        params=params,
+        clamp_fp16=clamp_fp16,
+        target_runtime=target_runtime,
+        allow_missing_kernels=allow_missing_kernels,
+        verify_steps=verify_steps,
+        quantize_embedding=quantize_embedding,
+        prefill_chunk=prefill_chunk,
+        quantize_head=quantize_head,
+    )
+    if options is None:
+        options = ExportOptions.of(dtype, **keywords)
+    elif dtype != "fp16" or any(getattr(ExportOptions, k) != v for k, v in keywords.items()):
+        raise TypeError("export_llm: give the options either as an ExportOptions or as keywords, not both")
     out = pathlib.Path(output)
     output_target(out)  # a directory, device or FIFO is refused before the checkpoint is read
-    kind, source = parse_model_spec(model)
-
-    guards.check_output_is_not_an_input(out, kind, source, params)  # -o FOLDER/model.safetensors, a link to it...
-    guards.check_export_options(verify_steps, group_size, quantize)
-    if quantize_head is not None and not quantize:
-        raise CheckpointError(f"--quantize-head {quantize_head} applies to --quantize int4|int8")
+    spec = parse_model_spec(model)
+    guards.check_output_is_not_an_input(out, spec.kind, spec.path, options.params)  # -o FOLDER/model.safetensors...
+    check_environment()  # the byte-count settings, parsed before any work (a bad one is one ConfigError)
+    family = family_for(spec)
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
-    weights = _checkpoint_state(source)  # checked again before the weights are copied and before the write
+    weights = _checkpoint_state(spec.path)  # checked again before the weights are copied and before the write
     # converted weights (bfloat16 -> float16) and quantized int8 data are written here and mapped back,
     # one tensor at a time (mps_backend.pages.ScratchFile: each file unlinked once mapped); the folder
     # is removed when the export ends, also on error
@@ -341,75 +307,41 @@ def export_llm(
         # a model's code torch cannot trace is refused in one line (_refusal), not after torch's own traceback
         cleanup.enter_context(quiet_reraised_failures())
         with prog.stage("load checkpoint", ticker=False):
-            lm = load_checkpoint(
-                model,
-                dtype,
-                params=params,
-                max_seq_len=max_seq_len,
-                clamp_fp16=clamp_fp16,
-                progress=prog,
-                scratch=pathlib.Path(scratch),
-            )
+            lm = family.load(spec, options, progress=prog, scratch=pathlib.Path(scratch))
         notes = list(lm.notes)
-        seq_len, note = resolve_max_seq_len(lm, max_seq_len)
-        guards.check_verify_steps(verify_steps, seq_len)  # before anything is written
+        seq_len, note = resolve_max_seq_len(lm, options.max_seq_len)
+        guards.check_verify_steps(options.verify_steps, seq_len)  # before anything is written
         guards.check_positions(lm.model, lm.max_positions, seq_len)  # a learned position table bounds the cache
-        if lm.kind == "hf":
-            cfg = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") else lm.model.config
-            kv, k_cols, v_cols = cache_layout(lm.model, cfg)
-            check_kv_cache_size(lm.n_layers, kv, (k_cols + v_cols) / 2, seq_len, lm.dtype)
-            guards.check_state_sizes(lm.model, cfg, lm.dtype)  # recurrent states, before the decode step allocates them
+        family.check(lm, options, seq_len)
         if note:
             notes.append(note)
-        vision = is_vision_language(lm.model_type)
-        if vision and quantize_embedding:
-            raise CheckpointError(
-                f"--quantize-embedding: not done for vision-language models ({lm.model_type}): their token_embedding "
-                "method reads the float table"
-            )
-        if quantize:
-            group = resolve_group_size(quantize, group_size)
-            # a vision-language model: its text decoder and head (what each decode step reads); the vision
-            # encoder runs once an image and stays in float (mps_backend.llm.vision.text_part)
-            target, rest = lm.model, ""
-            if vision:
-                target, rest = text_part(lm.model), "; the vision encoder stays in float"
-            elif lm.model_type == "whisper":  # the decoder and head (mps_backend.llm.whisper.quantize_target)
-                target, rest = quantize_target(lm.model), "; the audio encoder stays in float"
-            note = quantization_count(target, quantize, group, quantize_head)  # none quantized: an error, not a label
-            notes.append(note + rest)
-            with prog.stage(f"quantize {quantize}"):
-                quantize_model(target, quantize, group, head=quantize_head, scratch=scratch)
-        if quantize_embedding:
+        rows = family.rows(lm, options, seq_len)
+        if options.quantize:
+            target = family.quantize_target(lm)  # the weights every decode step reads
+            group = resolve_group_size(options.quantize, options.group_size)
+            head = options.quantize_head
+            notes.append(quantization_count(target, options.quantize, group, head) + family.quantize_rest)  # none: an error
+            with prog.stage(f"quantize {options.quantize}"):
+                quantize_model(target, options.quantize, group, head=head, scratch=scratch)
+        if options.quantize_embedding:
             with prog.stage("quantize embedding int8"):
                 quantize_embeddings(lm.model)
-        if vision:  # the rows of one text_decoder call: at least an image's embeddings
-            chunk = check_rows(lm.model, prefill_chunk, seq_len)
-        else:
-            try:
-                chunk = check_chunk(DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, seq_len)
-            except ValueError as e:
-                raise CheckpointError(f"--prefill-chunk: {e}") from None
-        if chunk > 1 and lm.model_type == "whisper":
-            raise CheckpointError("--prefill-chunk: Whisper's text_decoder reads one token a call (the ASR runner's contract)")
-        methods = program_methods(lm, seq_len, chunk)
-        meta = metadata(lm, seq_len, chunk)
+        methods = program_methods(family, lm, seq_len, rows)
+        meta = family.metadata(lm, seq_len, rows)
         model_type, weight_bytes = lm.model_type, lm.weight_bytes
         del lm  # the methods hold the model; nothing else may keep the weights alive past lowering
-        # a chunk's padding, positions and row slices have the prompt's length: on CPU by design
-        partitioner = MPSPartitioner(use_fp16=dtype == "fp16", dynamic_ok=chunk > 1 or vision)
+        partitioner = MPSPartitioner(precision=options.precision, dynamic_ok=family.dynamic(rows))
         with torch.no_grad():
             eps = {}
             with prog.stage("torch.export"):
-                for name, build in methods:
+                for method in methods:
                     # what the method replaces of the model is undone once it is exported, also on error
                     with Replacements() as changes:
                         try:
-                            module, inputs, *dynamic = build(changes)
-                            eps[name] = drop_unused_constants(
-                                torch.export.export(module, inputs, dynamic_shapes=dynamic[0] if dynamic else None, strict=False)
-                            )
-                            sort_unsorted_topk(eps[name])  # MoE routers: order-free top-k, on the device
+                            module, inputs, dynamic = method.build(changes)
+                            ep = torch.export.export(module, inputs, dynamic_shapes=dynamic, strict=False)
+                            eps[method.name] = drop_unused_constants(ep)
+                            sort_unsorted_topk(eps[method.name])  # MoE routers: order-free top-k, on the device
                         except Exception as e:  # noqa: BLE001 - any failure of the model's code is one line naming it
                             raise _refusal(model_type, e) from None
                         del module
@@ -429,20 +361,19 @@ def export_llm(
                     raise _refusal(model_type, e) from e
             del eps
             method_delegates = {name: _count_mps_delegates(edge, name) for name in sorted(edge.methods)}
-            delegates = sum(method_delegates.values())
             with prog.stage("to_executorch"), warnings.catch_warnings():
                 # executorch warns that a mutated buffer's initial contents are not serialized: the KV
                 # caches' are never read (positions after input_pos are masked; docs/llm.md, The program)
                 warnings.filterwarnings("ignore", message="Mutation on a buffer in the model is detected", category=UserWarning)
                 # the KV-cache writes (index_put on CPU, mps_backend.partitioner.CACHE_WRITE_REASON) made in
                 # place: index_put_ writes the rows, no aten::copy_ of a whole cache back into its buffer
-                program = edge.to_executorch(backend_config(edge, unplanned_inputs(model_type)))
+                program = edge.to_executorch(backend_config(edge, family.unplanned_inputs))
             del edge
-            check_kernels(program, target_runtime, warn_only=allow_missing_kernels)
+            check_kernels(program, options.target_runtime, warn_only=options.allow_missing_kernels)
         _check_checkpoint_unchanged(weights, "while its weights were copied into the program")
         # with a self-check, the program is written beside the output under a temporary name and
         # put in place only once it passed (publish_checked): a wrong program never reaches the path
-        written = staging_path(out) if verify_steps else out
+        written = staging_path(out) if options.verify_steps else out
         with prog.stage(f"write {out.name}", ticker=False):
             bar = prog.bytes_bar("write", 0)
             size = write_atomically(written, lambda f: program.write_to_file(CountingWriter(f, bar)))
@@ -451,60 +382,31 @@ def export_llm(
     result = LLMExportResult(
         path=out,
         model_type=model_type,
-        precision="float16" if dtype == "fp16" else "float32",
+        options=options,
         max_seq_len=seq_len,
         report=partitioner.report(),
-        delegates=delegates,
+        delegates=sum(method_delegates.values()),
         pte_bytes=size,
         weight_bytes=weight_bytes,
         metadata=meta,
-        quantize=quantize,
-        quantize_embedding=quantize_embedding,
-        quantize_head=quantize_head,
-        prefill_chunk=chunk,
         seconds=dict(prog.seconds),
         notes=notes,
         method_delegates=method_delegates,
+        signature=family.signature,
+        prefill_chunk=rows,
+        family=family.name,
+        length=family.describe(seq_len, rows),
     )
-    if model_type == "whisper":
-        result.signature = WHISPER_SIGNATURE
-    if is_vision_language(model_type):
-        result.signature = VISION_SIGNATURE
-    if verify_steps:
+    if options.verify_steps:
 
-        def export_truncated(spec: str, path: pathlib.Path, truncated_params: str | None) -> None:
-            export_llm(
-                spec,
-                path,
-                dtype=dtype,
-                quantize=quantize,
-                group_size=group_size,
-                max_seq_len=seq_len,
-                params=truncated_params,
-                clamp_fp16=clamp_fp16,
-                target_runtime=target_runtime,
-                allow_missing_kernels=allow_missing_kernels,
-                quantize_embedding=quantize_embedding,
-                prefill_chunk=chunk,
-                quantize_head=quantize_head,
-            )
+        def export_truncated(truncated: str, path: pathlib.Path, truncated_params: str | None) -> None:
+            """The self-check's layer-truncated copy, exported with these options (its cache and rows as resolved)."""
+            copy = options.replace(params=truncated_params, max_seq_len=seq_len, prefill_chunk=rows, verify_steps=0)
+            export_llm(truncated, path, copy)
 
         try:
-            with prog.stage(f"verify {verify_steps} steps"):
-                if model_type == "whisper":
-                    result.verification = verify_whisper(result, model, steps=verify_steps, group_size=group_size, pte=written)
-                elif is_vision_language(model_type):
-                    result.verification = verify_vision(result, model, steps=verify_steps, pte=written, group_size=group_size)
-                else:
-                    result.verification = verify_export(
-                        result,
-                        model,
-                        steps=verify_steps,
-                        group_size=group_size,
-                        params=params,
-                        export=export_truncated,
-                        pte=written,
-                    )
+            with prog.stage(f"verify {options.verify_steps} steps"):
+                result.verification = family.verify(result, model, options, written, export_truncated)
         except BaseException:
             written.unlink(missing_ok=True)  # an unchecked program is never left, under any name
             raise
@@ -528,8 +430,6 @@ def _refusal(model_type: str, error: BaseException) -> CheckpointError:
 
 
 def _count_mps_delegates(edge, method: str = "forward") -> int:
-    from executorch.exir.lowered_backend_module import get_lowered_submodules  # noqa: PLC0415
-
     return sum(
         1
         for _, lowered, _ in get_lowered_submodules(edge.exported_program(method).graph_module)

@@ -36,13 +36,13 @@ import torch
 
 from mps_backend.errors import CheckpointError
 from mps_backend.llm.checkpoint import (
-    TESTED_MODEL_TYPES,
     LoadedLM,
     _ConvertOnRead,
     _token_ids,
     load_state_dict_into,
 )
 from mps_backend.llm.gguf_check import check_model, scan_header
+from mps_backend.llm.registry import TESTED_MODEL_TYPES
 
 _NEEDS = "gguf: checkpoints need transformers, gguf and accelerate: pip install 'mps-backend[llm]'"
 _LAYER = re.compile(r"^blk\.(\d+)\.")

@@ -4,9 +4,10 @@
   any file of its folder but an ExecuTorch program (decided by what the file is, not by a list of names:
   ``-o FOLDER/model.safetensors`` replaced the weights with the program (#38), ``-o FOLDER/processor_config.json``
   the processor the runner reads (#47)); a symlink loop is one line.
-- :func:`check_export_options`: ``--verify-steps`` and ``--group-size`` are counts the export can honour,
-  refused in one line before the checkpoint is read (a negative step count or group size failed only after
-  the ``.pte`` was written, or as a traceback).
+- the options themselves (``--verify-steps``, ``--group-size``, ...) are refused when they are built,
+  before the checkpoint is read: :class:`mps_backend.llm.options.ExportOptions`.
+- :func:`check_verify_steps`, :func:`check_positions`: the self-check's steps and the cache within the cache's
+  and the model's positions, once the model's length is known, still before anything is written.
 - :func:`check_state_sizes`: the recurrent states a decode step will keep, from a fake-tensor run of its probe,
   bounded before any is allocated (#47: a Qwen3-Next with linear head dims of 16384 was killed at 8 GB).
 - :func:`remove_stale_scratch`: the scratch folders (``.NAME.pte.scratch.*``) of exports killed (SIGKILL runs
@@ -21,15 +22,12 @@ import os
 import pathlib
 import shutil
 
-from mps_backend.config import check_environment
 from mps_backend.errors import CheckpointError
 from mps_backend.files import real_path, temp_stem, writer_gone
 from mps_backend.llm.decoder import has_recurrent_layers
 from mps_backend.llm.recurrent import probe_states
 from mps_backend.runtime.program_check import max_plan_bytes
 
-#: the largest ``--group-size``: beyond any weight's row (the bound of ``hidden_size`` and ``intermediate_size``)
-MAX_GROUP_SIZE = 1 << 18
 #: entries of a checkpoint folder compared with the output by identity (hard links, a Hugging Face cache's
 #: ``snapshots/REV/x -> ../../blobs/HASH`` links); a folder with more is compared by path only beyond these
 MAX_FOLDER_ENTRIES = 100_000
@@ -111,22 +109,6 @@ def check_output_is_not_an_input(out: str | os.PathLike, kind: str, source: str,
                 f"{root} but an ExecuTorch program: the loader, tokenizer, processor, self-check and runners read "
                 "from it): choose another -o"
             )
-
-
-def check_export_options(verify_steps: int, group_size: int | None, quantize: str | None) -> None:
-    """Refuse step counts and group sizes no export can honour, before the checkpoint is read. (A step count
-    beyond the KV-cache length is refused once that length is known, still before anything is written.) The
-    environment's byte-count settings are parsed too (:func:`mps_backend.config.check_environment`)."""
-    check_environment()
-    if isinstance(verify_steps, bool) or not isinstance(verify_steps, int) or verify_steps < 0:
-        raise CheckpointError(f"--verify-steps {verify_steps}: give a count of 0 (no check) or more")
-    if group_size is not None:
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or not 0 <= group_size <= MAX_GROUP_SIZE:
-            raise CheckpointError(
-                f"--group-size {group_size}: give 0 (one scale per output channel) or a group of 1 to {MAX_GROUP_SIZE} columns"
-            )
-        if not quantize:
-            raise CheckpointError(f"--group-size {group_size} applies to --quantize int4|int8")
 
 
 def check_verify_steps(verify_steps: int, max_seq_len: int) -> None:

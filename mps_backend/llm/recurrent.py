@@ -11,8 +11,11 @@ shapes it computes with:
 
 - a state is small and fixed (a short convolution's last ``L`` inputs, ``[1, D, L]``): a step reads and
   writes it whole, which is its floor; the write-back is executorch's copy of a mutated buffer;
-- the states are always present, so the model takes its one-token path at every position, the first too
-  (a zero state is what its prompt path pads with);
+- the states are always present, so every call reads them, the first too (a zero state is what a layer's
+  prompt path starts from): a one-token step takes the layer's one-token path; a chunk of rows
+  (``--prefill-chunk``) its path for several rows from the state, the chunk's padding rows made to leave the
+  state alone (:data:`CHUNK_SCANS`; a short convolution keeps the columns of the prompt's rows:
+  :meth:`mps_backend.llm.decoder.StaticCache.update_conv_state`);
 - at ``input_pos == 0`` the step starts from a zero state (:func:`restart_at_zero`): the runner starts a new
   prompt at position 0 in the same loaded program, and a state, unlike the KV cache's rows, is not masked
   by position.

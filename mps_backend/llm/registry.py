@@ -39,9 +39,22 @@ FAMILIES = (
         ("gemma3", "llava", "smolvlm"),
         "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING",
     ),
-    Registration("llama", "mps_backend.llm.export", ("llama",), ()),
-    Registration("causal-lm", "mps_backend.llm.export", ("hf", "gguf"), (), "MODEL_FOR_CAUSAL_LM_MAPPING"),
+    Registration("llama", "mps_backend.llm.llama", ("llama",), ()),
+    Registration("causal-lm", "mps_backend.llm.causal", ("hf", "gguf"), (), "MODEL_FOR_CAUSAL_LM_MAPPING"),
 )
+
+
+#: the transformers ``model_type`` values the tests export (tiny random checkpoints: tests/test_llm.py's families,
+#: tests/test_llm_archs.py's table, tests/test_llm_prefill.py's cases, the vision-language families, Whisper;
+#: tests/test_llm_families.py checks the list against them); a checkpoint of another type gets a note
+TESTED_MODEL_TYPES = (
+    "afmoe", "apertus", "arcee", "cohere", "cohere2", "deepseek_v2", "deepseek_v3", "diffllama", "ernie4_5", "exaone4",
+    "falcon", "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "glm", "glm4", "glm4_moe_lite", "gpt2", "gpt_neox",
+    "gpt_oss", "granite", "granitemoe", "granitemoehybrid", "helium", "hunyuan_v1_dense", "lfm2", "llama", "llama4_text",
+    "llava", "minicpm3", "mistral", "mixtral", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "opt", "persimmon", "phi",
+    "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_text", "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "smolvlm",
+    "stablelm", "starcoder2", "whisper",
+)  # fmt: skip
 
 
 def registration(kind: str, model_type: str | None) -> Registration:
@@ -63,4 +76,12 @@ VISION_LANGUAGE_TYPES = model_types("vision-language")
 ENCODER_DECODER_TYPES = model_types("speech")
 
 
-__all__ = ["ENCODER_DECODER_TYPES", "FAMILIES", "VISION_LANGUAGE_TYPES", "Registration", "model_types", "registration"]
+__all__ = [
+    "ENCODER_DECODER_TYPES",
+    "FAMILIES",
+    "TESTED_MODEL_TYPES",
+    "VISION_LANGUAGE_TYPES",
+    "Registration",
+    "model_types",
+    "registration",
+]

@@ -44,8 +44,10 @@ from mps_backend.llm.generate import Tokenizer, read_metadata
 from mps_backend.llm.gguf import load_gguf, truncated_gguf
 from mps_backend.llm.gguf import parameter_count as gguf_parameters
 from mps_backend.llm.greedy import GenerationStats, greedy, prefill
+from mps_backend.llm.options import ExportOptions
 from mps_backend.llm.spec import parse_model_spec
 from mps_backend.pages import PageReleaser
+from mps_backend.precision import Precision
 from mps_backend.quantize import quantize_dequantized, quantize_embeddings, resolve_group_size
 from mps_backend.runtime import LoadedMethod
 
@@ -69,6 +71,11 @@ VERIFY_PROMPT = (
     "The history of the town begins in 1851, when three families crossed the river and built a mill. "
     "By the spring of 1903 it had a school, two churches and a railway station; today"
 )
+
+
+def precision_name(precision: Precision) -> str:
+    """The tolerance's name of a precision policy: ``fp16`` for any float16 one, else ``fp32``."""
+    return "fp16" if precision.float16 else "fp32"
 
 
 def tolerance(dtype: str, quantize: str | None = None) -> float:
@@ -447,12 +454,11 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
 
 
-def verify_export(
-    result, model: str, *, steps: int, group_size: int | None, params: str | None, export, pte: pathlib.Path | None = None
-) -> LLMVerification:
-    """Verify the export ``result`` (an ``LLMExportResult``) of ``model``, written to ``pte`` (default
-    ``result.path``); when the eager model is too large (:func:`needs_truncation`), on a truncated copy
-    exported by ``export(spec, out, params)``."""
+def verify_export(result, model: str, options: ExportOptions, *, export, pte: pathlib.Path | None = None) -> LLMVerification:
+    """Verify the export ``result`` (an ``LLMExportResult``) of ``model`` with ``options``, written to ``pte``
+    (default ``result.path``); when the eager model is too large (:func:`needs_truncation`), on a truncated
+    copy exported by ``export(spec, out, params)``."""
+    steps, params = options.verify_steps, options.params
 
     def release() -> None:  # an export's program and graphs, freed before what comes next is loaded
         gc.collect()
@@ -461,14 +467,13 @@ def verify_export(
     release()
     pte = result.path if pte is None else pte
     kind, path = parse_model_spec(model)
-    dtype = "fp16" if result.precision == "float16" else "fp32"
     common = dict(
-        dtype=dtype,
+        dtype=precision_name(options.precision),
         steps=steps,
-        quantize=result.quantize,
-        group_size=group_size,
-        quantize_embedding=result.quantize_embedding,
-        quantize_head=getattr(result, "quantize_head", None),
+        quantize=options.quantize,
+        group_size=options.group_size,
+        quantize_embedding=options.quantize_embedding,
+        quantize_head=options.quantize_head,
     )
     bos = result.metadata.get("get_bos_id")
     common["prompt"] = prompt_tokens(kind, pathlib.Path(path), result.metadata.get("get_vocab_size"), result.max_seq_len - steps)

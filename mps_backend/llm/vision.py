@@ -29,12 +29,14 @@ from __future__ import annotations
 import torch
 
 from mps_backend.errors import CheckpointError
+from mps_backend.llm.checkpoint import LoadedLM
 from mps_backend.llm.decoder import HFDecoder
+from mps_backend.llm.family import Family, Method, runner_metadata
 from mps_backend.llm.multimodal import ImageGeneration, generate_ids, load_processor, process, prompt_inputs
-from mps_backend.llm.registry import VISION_LANGUAGE_TYPES
+from mps_backend.llm.options import ExportOptions
 from mps_backend.llm.spec import parse_model_spec
 from mps_backend.llm.swap import Replacements
-from mps_backend.llm.verify import LLMVerification, tolerance
+from mps_backend.llm.verify import LLMVerification, precision_name, tolerance
 from mps_backend.quantize import quantize_dequantized, resolve_group_size
 
 #: the method names (extension/llm/runner/constants.h:23-26 at v1.0.0)
@@ -49,10 +51,6 @@ VISION_SIGNATURE = (
     "vision_encoder pixel_values float32 [1, 3, H, W] -> float32 [1, N, D]; token_embedding tokens [1, T] -> float32 "
     "[1, T, D]; text_decoder float32 embeddings [1, S, D], input_pos [1] -> logits [1, vocab] (S <= get_max_seq_len)"
 )
-
-
-def is_vision_language(model_type: str) -> bool:
-    return model_type in VISION_LANGUAGE_TYPES
 
 
 def image_shape(config) -> tuple[int, int]:
@@ -231,10 +229,10 @@ def check_rows(model: torch.nn.Module, rows: int | None, max_seq_len: int) -> in
     return rows
 
 
-def vision_methods(model: torch.nn.Module, max_seq_len: int, rows: int) -> list:
-    """``[(name, build)]`` for :func:`mps_backend.llm.export.export_llm`: ``vision_encoder`` and
-    ``token_embedding`` first (the model's eager attention), then ``text_decoder`` (which switches the
-    language model to grouped attention and its rotary embeddings to tables)."""
+def vision_methods(model: torch.nn.Module, max_seq_len: int, rows: int) -> list[Method]:
+    """The MultimodalRunner's methods: ``vision_encoder`` and ``token_embedding`` (the model's eager
+    attention), ``text_decoder`` (the language model switched to grouped attention and its rotary
+    embeddings to tables while it is built and exported)."""
     h, w = image_shape(model.config)
     width = int(model.config.get_text_config().hidden_size)
     pixels = torch.zeros(1, 3, h, w, dtype=torch.float32)
@@ -242,12 +240,12 @@ def vision_methods(model: torch.nn.Module, max_seq_len: int, rows: int) -> list:
     t = torch.export.Dim("tokens", min=1, max=rows)
     s = torch.export.Dim("rows", min=1, max=rows)
     return [
-        (VISION_METHOD, lambda changes: (VisionEncoderStep(model).eval(), (pixels,))),
-        (
+        Method(VISION_METHOD, lambda changes: (VisionEncoderStep(model).eval(), (pixels,), None)),
+        Method(
             EMBEDDING_METHOD,
             lambda changes: (TokenEmbeddingStep(model).eval(), (torch.zeros(1, 2, dtype=torch.long),), {"tokens": {1: t}}),
         ),
-        (
+        Method(
             DECODER_METHOD,
             lambda changes: (
                 TextDecoderStep(model, max_seq_len, rows, block, changes).eval(),
@@ -261,22 +259,9 @@ def vision_methods(model: torch.nn.Module, max_seq_len: int, rows: int) -> list:
 def vision_metadata(lm, max_seq_len: int, rows: int) -> dict:
     """The MultimodalRunner's metadata (``get_llm_metadata``): ``get_max_seq_len`` the rows of one
     ``text_decoder`` call, ``get_max_context_len`` the cache's length (the runner stops there)."""
-    meta = {
-        "get_max_seq_len": rows,
-        "get_max_context_len": max_seq_len,
-        "get_vocab_size": lm.vocab_size,
-        "get_n_layers": lm.n_layers,
-        "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": False,
-        "enable_dynamic_shape": True,
-    }
-    if lm.model.config.model_type == "gemma3":  # a call of this many rows is an image (bidirectional)
-        meta["image_block_rows"] = image_tokens(lm.model)
-    if lm.bos_id is not None:
-        meta["get_bos_id"] = lm.bos_id
-    if lm.eos_ids:
-        meta["get_eos_ids"] = list(lm.eos_ids)
-    return meta
+    # Gemma 3: a call of this many rows is an image (attended bidirectionally)
+    extra = {"image_block_rows": image_tokens(lm.model)} if lm.model.config.model_type == "gemma3" else {}
+    return runner_metadata(lm, rows=rows, context=max_seq_len, dynamic=True, extra=extra)
 
 
 #: the self-check's prompt (after the image)
@@ -339,28 +324,70 @@ def eager_reference(
     return logits[n - 1 : n - 1 + len(generated)].float()
 
 
-def verify_vision(result, model: str, *, steps: int, pte=None, group_size: int | None = None):
+def verify_vision(result, model: str, options: ExportOptions, *, pte=None):
     """The export's self-check: the written ``.pte`` on the emulated runtime (the python MultimodalRunner
     loop on :func:`verification_image` and :data:`VERIFY_PROMPT` through the folder's processor, then
-    ``steps`` greedy tokens) against transformers' eager float32 model on the same inputs, teacher-forced;
-    the language models' tolerances."""
+    ``options.verify_steps`` greedy tokens) against transformers' eager float32 model on the same inputs,
+    teacher-forced; the language models' tolerances."""
+    steps = options.verify_steps
     _, folder = parse_model_spec(model)
     where = pte or result.path
     image = verification_image()
     run = ImageGeneration(logits=[])
     tokens = generate_ids(where, prompt_inputs(where, folder, VERIFY_PROMPT, image), steps, result=run, stop_at_eos=False)
     batch = process(load_processor(folder), VERIFY_PROMPT, image)
-    dtype = "fp16" if result.precision == "float16" else "fp32"
-    quant = dict(quantize=result.quantize, group_size=group_size, head=result.quantize_head)
+    dtype = precision_name(options.precision)
+    quant = dict(quantize=options.quantize, group_size=options.group_size, head=options.quantize_head)
     ref = eager_reference(folder, batch, tokens, dtype=dtype, **quant)
     dev = torch.stack(run.logits)
-    quantized = f" ({result.quantize} text weights quantized alike, dequantized)" if result.quantize else ""
+    quantized = f" ({options.quantize} text weights quantized alike, dequantized)" if options.quantize else ""
     return LLMVerification(
         steps=len(tokens),
         max_abs_diff=float((dev - ref).abs().max()),
         scale=float(ref.abs().max()),
-        tolerance=tolerance(dtype, result.quantize),
+        tolerance=tolerance(dtype, options.quantize),
         tokens_agree=sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens)),
         reference=f"eager transformers float32{quantized}, after a test image and {VERIFY_PROMPT!r} through the "
         f"checkpoint's processor ({run.prompt_rows} rows), teacher-forced",
     )
+
+
+class VisionLanguage(Family):
+    """Vision-language models (:data:`mps_backend.llm.registry.VISION_LANGUAGE_TYPES`) for executorch's
+    MultimodalRunner (the module doc)."""
+
+    name = "vision-language"
+    signature = VISION_SIGNATURE
+    quantize_rest = "; the vision encoder stays in float"
+
+    def check(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> None:
+        super().check(lm, options, max_seq_len)
+        if options.quantize_embedding:
+            raise CheckpointError(
+                f"--quantize-embedding: not done for vision-language models ({lm.model_type}): their token_embedding "
+                "method reads the float table"
+            )
+
+    def rows(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> int:
+        return check_rows(lm.model, options.prefill_chunk, max_seq_len)  # at least an image's embeddings
+
+    def quantize_target(self, lm: LoadedLM) -> torch.nn.Module:
+        return text_part(lm.model)
+
+    def methods(self, lm: LoadedLM, max_seq_len: int, rows: int) -> list[Method]:
+        return vision_methods(lm.model, max_seq_len, rows)
+
+    def metadata(self, lm: LoadedLM, max_seq_len: int, rows: int) -> dict:
+        return vision_metadata(lm, max_seq_len, rows)
+
+    def dynamic(self, rows: int) -> bool:
+        return True  # token_embedding takes [1, T] and text_decoder [1, S, D]: padding and slices on CPU
+
+    def describe(self, max_seq_len: int, rows: int) -> str:
+        return f"{max_seq_len} (KV cache; {self.signature}; the device computes {rows} rows per text_decoder call)"
+
+    def verify(self, result, spec: str, options: ExportOptions, pte, export):
+        return verify_vision(result, spec, options, pte=pte)
+
+
+FAMILY = VisionLanguage()

@@ -29,13 +29,15 @@ import torch
 
 from mps_backend.errors import CheckpointError
 from mps_backend.llm.attention import use_grouped_attention
-from mps_backend.llm.checkpoint import load_hf
+from mps_backend.llm.checkpoint import LoadedLM, load_hf
 from mps_backend.llm.decoder import StaticCache, additive_mask, register_kv_caches
+from mps_backend.llm.family import Family, Method, chunk_rows
 from mps_backend.llm.folder_check import json_object
+from mps_backend.llm.options import ExportOptions
 from mps_backend.llm.spec import parse_model_spec
 from mps_backend.llm.swap import Replacements
 from mps_backend.llm.transcribe import transcribe_ids
-from mps_backend.llm.verify import LLMVerification, tolerance
+from mps_backend.llm.verify import LLMVerification, precision_name, tolerance
 from mps_backend.quantize import quantize_dequantized, resolve_group_size
 
 #: the method names executorch's ASR runner calls (extension/asr/runner/runner.cpp:28-29 at v1.1.0)
@@ -157,23 +159,31 @@ WHISPER_SIGNATURE = (
 )
 
 
-def whisper_methods(model: torch.nn.Module, max_seq_len: int) -> list:
-    """``[(name, build)]`` for :func:`mps_backend.llm.export.export_llm`: ``encoder`` first (the
-    model's eager attention), then ``text_decoder`` (which switches the model to grouped attention)."""
-    config = model.config
-    positions = int(config.max_target_positions)
+def check_positions(model: torch.nn.Module, max_seq_len: int) -> None:
+    """Whisper's decoder embeds positions from a learned table: a cache longer than it is refused."""
+    positions = int(model.config.max_target_positions)
     if max_seq_len > positions:
         raise CheckpointError(
             f"--max-seq-len {max_seq_len}: Whisper's decoder embeds at most {positions} positions "
             "(max_target_positions: a learned table, no position beyond it exists)"
         )
+
+
+def whisper_methods(model: torch.nn.Module, max_seq_len: int) -> list[Method]:
+    """The ASR runner's methods: ``encoder`` (the model's eager attention), ``text_decoder`` (the model
+    switched to grouped attention while it is built and exported)."""
+    config = model.config
     dtype = next(model.parameters()).dtype
     features = torch.zeros(1, int(config.num_mel_bins), WINDOW_FRAMES, dtype=torch.float32)
     cross = torch.zeros(cross_kv_shape(config), dtype=dtype)
     token, position = torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+
+    def decoder(changes: Replacements):
+        return WhisperDecoderStep(model, max_seq_len, changes).eval(), (token, cross, position), None
+
     return [
-        (ENCODER_METHOD, lambda changes: (WhisperEncoderStep(model).eval(), (features,))),
-        (DECODER_METHOD, lambda changes: (WhisperDecoderStep(model, max_seq_len, changes).eval(), (token, cross, position))),
+        Method(ENCODER_METHOD, lambda changes: (WhisperEncoderStep(model).eval(), (features,), None)),
+        Method(DECODER_METHOD, decoder),
     ]
 
 
@@ -225,26 +235,29 @@ def verification_features(n_mels: int) -> torch.Tensor:
     return fe(audio.astype(np.float32), sampling_rate=rate, return_tensors="pt").input_features
 
 
-def verify_whisper(result, model: str, *, steps: int, group_size: int | None, pte=None):
-    """The export's self-check: ``encoder`` and the first ``steps`` decode steps of the written
+def verify_whisper(result, model: str, options: ExportOptions, *, pte=None):
+    """The export's self-check: ``encoder`` and the first ``options.verify_steps`` decode steps of the written
     ``.pte`` on the emulated runtime (greedy from the start token) against transformers' eager
     float32 Whisper on the same features and tokens; the tolerances of the language models. ``pte``: where
     the program is until it passed (default ``result.path``)."""
+    steps = options.verify_steps
     if steps > result.max_seq_len:
         raise CheckpointError(f"--verify-steps {steps} exceeds --max-seq-len {result.max_seq_len}")
     _, folder = parse_model_spec(model)
-    dtype = "fp16" if result.precision == "float16" else "fp32"
+    dtype = precision_name(options.precision)
     logits: list[torch.Tensor] = []
     features = verification_features(int(json_object(pathlib.Path(folder), "config.json", required=True)["num_mel_bins"]))
     tokens = transcribe_ids(pte or result.path, features, steps, stop_at_eos=False, logits=logits)
-    ref, reference = eager_logits(folder, features, tokens[:-1], result.quantize, group_size, dtype, result.quantize_head)
+    ref, reference = eager_logits(
+        folder, features, tokens[:-1], options.quantize, options.group_size, dtype, options.quantize_head
+    )
     dev = torch.stack(logits).float()
     agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
     return LLMVerification(
         steps=len(logits),
         max_abs_diff=float((dev - ref).abs().max()),
         scale=float(ref.abs().max()),
-        tolerance=tolerance(dtype, result.quantize),
+        tolerance=tolerance(dtype, options.quantize),
         tokens_agree=agree,
         reference=reference,
     )
@@ -265,3 +278,36 @@ def eager_logits(folder, features: torch.Tensor, tokens: list[int], quantize=Non
     with torch.no_grad():
         out = model(input_features=features.to(model.dtype), decoder_input_ids=torch.tensor([tokens]))
     return out.logits[0].float(), reference
+
+
+class Speech(Family):
+    """Whisper for executorch's ASR runner (the module doc)."""
+
+    name = "speech"
+    signature = WHISPER_SIGNATURE
+    unplanned_inputs = (DECODER_METHOD,)  # handed the encoder's cross-attention K/V every step, used in place
+    quantize_rest = "; the audio encoder stays in float"
+
+    def check(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> None:
+        super().check(lm, options, max_seq_len)
+        check_positions(lm.model, max_seq_len)
+
+    def rows(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> int:
+        if chunk_rows(options, max_seq_len) > 1:
+            raise CheckpointError("--prefill-chunk: Whisper's text_decoder reads one token a call (the ASR runner's contract)")
+        return 1
+
+    def quantize_target(self, lm: LoadedLM) -> torch.nn.Module:
+        return quantize_target(lm.model)
+
+    def methods(self, lm: LoadedLM, max_seq_len: int, rows: int) -> list[Method]:
+        return whisper_methods(lm.model, max_seq_len)
+
+    def metadata(self, lm: LoadedLM, max_seq_len: int, rows: int) -> dict:
+        return whisper_metadata(lm, max_seq_len)
+
+    def verify(self, result, spec: str, options: ExportOptions, pte, export):
+        return verify_whisper(result, spec, options, pte=pte)
+
+
+FAMILY = Speech()

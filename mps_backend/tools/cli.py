@@ -23,10 +23,13 @@ from mps_backend.files import output_target, write_atomically
 from mps_backend.llm.export import export_llm
 from mps_backend.llm.generate import GenerationStats, Tokenizer, generate, generate_with_executorch_runner
 from mps_backend.llm.multimodal import generate_image
+from mps_backend.llm.options import ExportOptions
 from mps_backend.llm.spec import USAGE, is_llm_spec, parse_model_spec
 from mps_backend.llm.transcribe import encoder_input, feature_extractor, preprocessor_path, transcribe
+from mps_backend.llm.whisper import Speech
 from mps_backend.llm.whisper_preprocessor import export_preprocessor
 from mps_backend.operators import default_registry
+from mps_backend.precision import Precision
 from mps_backend.progress import Progress
 from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size, verify_tolerance
 from mps_backend.runtime.bundled_check import check_bundle
@@ -91,23 +94,22 @@ def cmd_export_llm(args) -> int:
         raise SystemExit("error: --bundled and --etrecord apply to single-step models, not to language models")
     out = _output_path(args, _use_fp16(args))
     try:
-        result = export_llm(
-            args.model,
-            out,
-            dtype="fp16" if _use_fp16(args) else "fp32",
+        # the flags as one options object, each of the same name (mps_backend.llm.options), validated here
+        options = ExportOptions(
+            precision=Precision.of(_use_fp16(args)),
+            max_seq_len=args.max_seq_len,
+            prefill_chunk=args.prefill_chunk,
             quantize=args.quantize,
             group_size=args.group_size,
-            max_seq_len=args.max_seq_len,
+            quantize_head=args.quantize_head,
+            quantize_embedding=args.quantize_embedding,
+            verify_steps=0 if args.no_verify else args.verify_steps,
             params=args.params,
             clamp_fp16=args.clamp_fp16,
-            progress=Progress(enabled=True),
             target_runtime=_target_runtime(args),
             allow_missing_kernels=args.allow_missing_kernels,
-            verify_steps=0 if args.no_verify else args.verify_steps,
-            quantize_embedding=args.quantize_embedding,
-            prefill_chunk=args.prefill_chunk,
-            quantize_head=args.quantize_head,
         )
+        result = export_llm(args.model, out, options, progress=Progress(enabled=True))
     except (CheckpointError, FileNotFoundError, RuntimeCompatError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -120,7 +122,7 @@ def cmd_export_llm(args) -> int:
         )
         return 1
     print(f"wrote {result.path}")
-    if result.model_type == "whisper":
+    if result.family == Speech.name:  # Whisper: its audio front end beside it
         return _export_whisper_preprocessor(args, result)
     if args.preprocessor:
         print(f"error: --preprocessor applies to Whisper checkpoints, not {result.model_type}", file=sys.stderr)
