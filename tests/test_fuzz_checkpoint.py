@@ -55,7 +55,8 @@ FOUND = [
 
 def test_found_cases_are_typed_one_line_errors(base, tmp_path, monkeypatch):
     import mps_backend.llm.export as llm_export
-    from mps_backend.llm.checkpoint import CheckpointError, load_hf
+    from mps_backend.errors import CheckpointError
+    from mps_backend.llm.checkpoint import load_hf
 
     def stop(*_args, **_kwargs):
         raise _Loaded

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from mps_backend.llm.checkpoint import CheckpointError
+from mps_backend.errors import CheckpointError
 from mps_backend.tools.cli import main
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))

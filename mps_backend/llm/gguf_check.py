@@ -30,7 +30,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from mps_backend.llm.checkpoint import CheckpointError
+from mps_backend.errors import CheckpointError
 from mps_backend.llm.folder_check import FolderError, check_config, check_declared_weights
 
 #: blocks (layers) of a GGUF model: the largest released GGUF is Llama 3.1 405B's 126; transformers' GGUF name
