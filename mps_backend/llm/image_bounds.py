@@ -28,7 +28,7 @@ import warnings
 from typing import Any
 
 from mps_backend.errors import MPSBackendError
-from mps_backend.llm.folder_check import _json_object
+from mps_backend.llm.folder_check import json_object
 
 #: pixels of an image (and of an image as its processor resizes it): PIL's ``MAX_IMAGE_PIXELS`` default,
 #: 89,478,485 (0.25 GiB of RGB), where PIL itself warns of a decompression bomb (it refuses twice that)
@@ -157,7 +157,7 @@ def check_processor_files(folder: str | pathlib.Path) -> None:
     string, 10^9 of them at load time). A file that is not a bounded JSON object is a FolderError."""
     folder = pathlib.Path(folder)
     for name, sub in PROCESSOR_FILES:
-        config = _json_object(folder, name)
+        config = json_object(folder, name)
         if config is None:
             continue
         inner = config.get(sub) if sub else config
