@@ -66,8 +66,9 @@ def _ids(value: Any) -> list[int]:
 
 def _transformers_step(folder: pathlib.Path, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, a transformers call that reads the folder's config: whatever it refuses
-    the config with (its strict-dataclass validation errors, ValueError, TypeError, KeyError ... of a
-    config that passed :func:`check_folder`'s bounded checks) becomes one :class:`CheckpointError` line."""
+    the config with (its strict-dataclass validation errors, ValueError, TypeError, KeyError ... of a config
+    that passed :func:`~mps_backend.llm.folder_check.check_folder`'s bounded checks) becomes one
+    :class:`CheckpointError` line."""
     try:
         return fn(*args, **kwargs)
     except (MPSBackendError, MemoryError):

@@ -149,7 +149,8 @@ class Family:
 
     def verify(self, result: Any, spec: str, options: ExportOptions, pte, export: Callable) -> Any:
         """The self-check of the program written to ``pte`` (:class:`mps_backend.llm.verify.LLMVerification`);
-        ``export(spec, path, options)`` exports a checkpoint with other options (a layer-truncated copy)."""
+        ``export(spec, path, params)`` exports a layer-truncated copy (its ``spec`` and ``params.json``) with the
+        export's options."""
         raise NotImplementedError
 
 
