@@ -277,6 +277,7 @@ def main(argv=None) -> int:
     p.add_argument("-k", default="", help="only the cases whose name contains this")
     p.add_argument("--in-process", action="store_true", help="every case in this process (default: a fresh one each)")
     p.add_argument("--list", action="store_true")
+    p.add_argument("--resume", action="store_true", help="skip the cases --out holds a hash of already")
     p.add_argument("--compare", nargs=2, type=pathlib.Path, metavar=("A", "B"))
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -299,6 +300,8 @@ def main(argv=None) -> int:
             args.out.write_text(json.dumps(dict(sorted(results.items())), indent=1) + "\n")
 
     for name in names:
+        if args.resume and "sha256" in results.get(name, {}):
+            continue
         if args.in_process:
             results[name] = run_case(name)
         else:
