@@ -18,6 +18,10 @@ Groups (``--group``, repeatable; default ``llm``):
 
 Each ``llm`` and ``zoo`` case runs in a fresh process (``--in-process``: all in this one), so that what one
 export leaves behind cannot change the next; an ``ops`` row's blobs are hashed in one process per group.
+The fresh processes run with ``PYTHONHASHSEED=0`` (another value when the environment sets one): modeling
+code that iterates a set of strings traces its nodes in the order of Python's string hashes, random per
+process otherwise (transformers' Gemma 3 computes its RoPE per layer type ``for layer_type in
+set(config.layer_types)``: two orders of the same program, value ids swapped).
 A case that fails records its error (one line) instead of a hash: a comparison shows it too.
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -306,7 +311,12 @@ def main(argv=None) -> int:
             results[name] = run_case(name)
         else:
             done = subprocess.run(
-                [sys.executable, __file__, "--child", name], capture_output=True, text=True, cwd=ROOT, check=False
+                [sys.executable, __file__, "--child", name],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                check=False,
+                env={**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")},
             )
             line = next((x for x in done.stdout.splitlines() if x.startswith("PTE-HASH ")), None)
             tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:300]
