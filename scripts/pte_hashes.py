@@ -18,7 +18,7 @@ Groups (``--group``, repeatable; default ``llm``):
 
 Each ``llm`` and ``zoo`` case runs in a fresh process (``--in-process``: all in this one), so that what one
 export leaves behind cannot change the next; an ``ops`` row's blobs are hashed in one process per group.
-The fresh processes run with ``PYTHONHASHSEED=0`` (another value when the environment sets one): modeling
+The fresh processes run with ``PYTHONHASHSEED=0`` (``--hash-seed`` for another value): modeling
 code that iterates a set of strings traces its nodes in the order of Python's string hashes, random per
 process otherwise (transformers' Gemma 3 computes its RoPE per layer type ``for layer_type in
 set(config.layer_types)``: two orders of the same program, value ids swapped).
@@ -281,6 +281,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=pathlib.Path, help="JSON file of name -> hash (written as cases finish)")
     p.add_argument("-k", default="", help="only the cases whose name contains this")
     p.add_argument("--in-process", action="store_true", help="every case in this process (default: a fresh one each)")
+    p.add_argument("--hash-seed", type=int, default=0, help="PYTHONHASHSEED of the fresh processes (default 0)")
     p.add_argument("--list", action="store_true")
     p.add_argument("--resume", action="store_true", help="skip the cases --out holds a hash of already")
     p.add_argument("--compare", nargs=2, type=pathlib.Path, metavar=("A", "B"))
@@ -316,7 +317,7 @@ def main(argv=None) -> int:
                 text=True,
                 cwd=ROOT,
                 check=False,
-                env={**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")},
+                env={**os.environ, "PYTHONHASHSEED": str(args.hash_seed)},
             )
             line = next((x for x in done.stdout.splitlines() if x.startswith("PTE-HASH ")), None)
             tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:300]
