@@ -136,10 +136,12 @@ def load_checkpoint(
     clamp_fp16: bool = False,
     progress: Progress | None = None,
     scratch: pathlib.Path | None = None,
+    keep_quantized: bool = False,
 ) -> LoadedLM:
     """Load ``hf:FOLDER``, ``gguf:FILE.gguf`` or ``llama:CHECKPOINT.pth`` in the export precision (no
     export). ``scratch``: a folder for converted hf:/gguf: weights (:func:`mps_backend.llm.checkpoint.load_hf`,
-    :func:`mps_backend.llm.gguf.load_gguf`)."""
+    :func:`mps_backend.llm.gguf.load_gguf`). ``keep_quantized``: a GGUF's quantized tensors kept as
+    they are (:func:`mps_backend.llm.gguf.load_gguf`)."""
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown dtype {dtype!r}: use fp16 or fp32")
     kind, path = parse_model_spec(spec)
@@ -148,7 +150,7 @@ def load_checkpoint(
         if kind == "gguf":
             from mps_backend.llm.gguf import load_gguf  # noqa: PLC0415
 
-            return load_gguf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar, scratch=scratch)
+            return load_gguf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar, scratch=scratch, keep_quantized=keep_quantized)
         return load_hf(path, DTYPES[dtype], clamp_fp16=clamp_fp16, bar=bar, scratch=scratch)
     bar = (lambda total: progress.bytes_bar("convert weights", total)) if progress is not None else None
     return load_llama(path, params, DTYPES[dtype], max_seq_len or DEFAULT_MAX_SEQ_LEN, clamp_fp16=clamp_fp16, bar=bar)
@@ -347,7 +349,8 @@ def export_llm(
     (:mod:`mps_backend.llm.verify`; the CLI's default is 4) into ``result.verification``.
     ``quantize_embedding``: the embedding table int8 with a scale per row, dequantized after the
     lookup (:class:`mps_backend.quantize.RowQuantizedEmbedding`). ``quantize_head``: the output head
-    under ``quantize`` (``int8``, the default; ``int4``; ``float``)."""
+    under ``quantize`` (``int8``, the default; ``int4``; ``float``). A ``gguf:`` file without
+    ``quantize`` keeps its quantized tensors (:func:`mps_backend.llm.gguf.load_gguf`)."""
     from executorch.exir import to_edge_transform_and_lower  # noqa: PLC0415
 
     from mps_backend.export import drop_unused_constants, release_export_caches  # noqa: PLC0415
@@ -385,6 +388,7 @@ def export_llm(
                 clamp_fp16=clamp_fp16,
                 progress=prog,
                 scratch=pathlib.Path(scratch),
+                keep_quantized=not quantize,
             )
         notes = list(lm.notes)
         seq_len, note = resolve_max_seq_len(lm, max_seq_len)

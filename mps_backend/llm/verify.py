@@ -10,10 +10,10 @@ The tokens: the model's BOS id (else 0) and, when the checkpoint has a tokenizer
 fixed English text (:data:`VERIFY_PROMPT`, teacher-forced: BOS alone hides little of what real text
 makes the activations do), then at each step the ``.pte``'s own greedy token; the eager model
 (transformers ``AutoModelForCausalLM`` with eager attention for ``hf:``, executorch's example llama
-for ``llama:``, both float32, quantized the same way when the export was) reads the same tokens.
-The gap is ``max |pte logits - eager logits|`` over every position, and relative to the
-eager logits' scale ``max |eager logits|`` it must be at most :func:`tolerance` (the bounds the LLM
-tests use, ``tests/test_llm.py``).
+for ``llama:``, both float32, quantized the same way when the export was; a ``gguf:`` file's kept
+quantized tensors as kept) reads the same tokens. The gap is ``max |pte logits - eager logits|`` over
+every position, and relative to the eager logits' scale ``max |eager logits|`` it must be at most
+:func:`tolerance` (the bounds the LLM tests use, ``tests/test_llm.py``).
 
 A model whose eager float32 copy does not fit the memory bound (:func:`eager_budget`) is verified on
 a layer-truncated copy instead: the checkpoint's first :data:`TRUNCATED_LAYERS` layers (and its
@@ -283,16 +283,25 @@ def _eager_logits(
     dtype: str,
     embedding=False,
     head=None,
+    keep: bool = True,
 ):
     """Float32 eager logits after each of ``tokens``. A quantized export's reference quantizes the
     weights as the export did (in the export precision: scales of float16 weights differ from those of
-    the float32 ones) and computes in float32 with those weights dequantized."""
-    load = torch.float16 if (quantize or embedding) and dtype == "fp16" else torch.float32
+    the float32 ones) and computes in float32 with those weights dequantized; so does a ``gguf:``
+    file's with its quantized tensors kept (``keep``, without ``quantize``: as the export keeps them)."""
+    kept = kind == "gguf" and keep and not quantize
+    load = torch.float16 if (quantize or embedding or kept) and dtype == "fp16" else torch.float32
     if kind == "gguf":
         from mps_backend.llm.gguf import load_gguf  # noqa: PLC0415
 
-        model = load_gguf(path, load, clamp_fp16=True).model  # the GGUF dequantized as the export does
+        # the GGUF as the export loads it: its kept tensors dequantized as the device computes them
+        model = load_gguf(path, load, clamp_fp16=True, keep_quantized=kept).model
         reference = "eager transformers float32"
+        if kept:
+            from mps_backend.quantize import dequantize_weights  # noqa: PLC0415
+
+            if dequantize_weights(model):
+                reference += " (the GGUF's quantized tensors as kept, dequantized)"
     elif kind == "hf":
         from mps_backend.llm.checkpoint import load_hf  # noqa: PLC0415
 
