@@ -80,6 +80,9 @@ class LLMVerification:
     prompt_rows: int = 0
     #: where the prompt's tokens came from (the tokenizer file), or why there are none
     prompt_source: str = ""
+    #: a quantized export: the eager model with the quantized weights against the one with the float
+    #: weights on the same tokens (:func:`quantization_price`), None otherwise
+    price: str | None = None
 
     @property
     def relative(self) -> float:
@@ -100,6 +103,8 @@ class LLMVerification:
             head += f"\nverify           from BOS alone: {self.prompt_source}"
         if self.truncated:
             head += f"\nverify           {self.truncated}"
+        if self.price:
+            head += f"\nverify           {self.price}"
         return (
             f"{head}\nverify           max |logit diff| {self.max_abs_diff:.3g} = {self.relative:.3g} of the logits' "
             f"scale {self.scale:.3g} (tolerance {self.tolerance:g}); greedy tokens agree {self.tokens_agree}/{self.steps}: "
@@ -454,6 +459,11 @@ def verify_llm(
     )
     if ref.shape[-1:] != dev.shape[-1:] or ref.shape[0] != len(tokens) - 1:
         raise CheckpointError(f"the .pte's logits {list(dev.shape)} and the eager model's {list(ref.shape)} differ in shape")
+    price = None
+    if quantize or quantize_embedding:  # the float model loaded after the quantized one is released
+        floating, _ = _eager_logits(kind, path, params, tokens[:-1], None, None, length, dtype, keep=False)
+        price = quantization_price(ref, floating, tokens)
+        del floating
     ref = ref[rows]  # the positions the program gave logits for (a chunked prefill: each piece's last)
     top_ref, top_dev = ref.argmax(-1).tolist(), dev.argmax(-1).tolist()
     m = len(prefix)
@@ -469,6 +479,21 @@ def verify_llm(
         prompt_agree=sum(int(a == b) for a, b in zip(top_ref[:prompt_rows], top_dev[:prompt_rows])),
         prompt_rows=prompt_rows,
         prompt_source=source,
+        price=price,
+    )
+
+
+def quantization_price(quantized: torch.Tensor, floating: torch.Tensor, tokens: list[int]) -> str:
+    """What quantizing cost on ``tokens`` (every token read or chosen): ``quantized`` and ``floating`` are
+    the eager logits after each but the last, with the quantized and with the float weights; the top-1
+    agreement over every position and the perplexity of the tokens under each."""
+    from mps_backend.llm.quality import perplexity  # noqa: PLC0415
+
+    agree = int((quantized.argmax(-1) == floating.argmax(-1)).sum())
+    ppl_q, ppl_f = perplexity(quantized, tokens), perplexity(floating, tokens)
+    return (
+        "the quantization's price on these tokens (eager, quantized weights vs float ones): "
+        f"top tokens agree {agree}/{quantized.shape[0]}, perplexity {ppl_q:.4g} vs {ppl_f:.4g} = {ppl_q / ppl_f:.4f}x"
     )
 
 
