@@ -1,4 +1,4 @@
-"""Checks of a language-model export's request made before anything is loaded or written (#38).
+"""Checks of a language-model export's request made before anything is loaded or written (#38, #47).
 
 - :func:`check_output_is_not_an_input`: the output path is not, and does not resolve to, the checkpoint or
   any file of its folder but an ExecuTorch program (decided by what the file is, not by a list of names:
@@ -7,10 +7,12 @@
 - :func:`check_export_options`: ``--verify-steps`` and ``--group-size`` are counts the export can honour,
   refused in one line before the checkpoint is read (a negative step count or group size failed only after
   the ``.pte`` was written, or as a traceback).
+- :func:`check_positions`: a KV-cache length within a learned position table (GPT-2's ``wpe``).
 - :func:`check_state_sizes`: the recurrent states a decode step will keep, from a fake-tensor run of its probe,
   bounded before any is allocated (#47: a Qwen3-Next with linear head dims of 16384 was killed at 8 GB).
 - :func:`remove_stale_scratch`: the scratch folders (``.NAME.pte.scratch.*``) of exports killed (SIGKILL runs
-  no clean-up) are removed by the next export beside them.
+  no clean-up) are removed by the next export beside them; :func:`temp_stem` keeps the temporary names of a
+  long output name within the file system's 255 bytes.
 """
 
 from __future__ import annotations
