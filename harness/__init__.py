@@ -6,7 +6,9 @@ install ``harness``): they drive the product, the product never imports them.
   backend test suite (``pytest -p harness.suite_flow -m flow_mps ...``); :mod:`harness.run_suite` runs the
   suite's operator tests for a flow and writes ``docs/operator-suite.md``.
 * :mod:`harness.fuzz_pte` -- the ``.pte`` fuzz campaign (``make fuzz``).
-* :mod:`harness.fuzz_checkpoint` -- the ``hf:`` checkpoint-folder fuzz campaign (``make fuzz-checkpoint``).
+* :mod:`harness.fuzz_checkpoint` -- the ``hf:`` checkpoint-folder fuzz campaign (``make fuzz-checkpoint``), and
+  :mod:`harness.fuzz_inputs` its other input kinds (GGUF files, chat templates, processor configs, images);
+  :mod:`harness.gguf_files` writes the GGUF files byte by byte.
 
 Run them from the checkout's root (``python -m harness.NAME``); the tests import them (pytest's
 ``pythonpath`` setting puts the root on ``sys.path``). Importing this package has no side effects.

@@ -2,6 +2,7 @@
 worker process under an address-space limit and a time limit.
 
     python -m harness.fuzz_checkpoint --cases 10000 [--seed 1] [--crash-dir DIR]
+        [--kind folders|gguf|templates|processors|images|all]
 
 Bases: tiny random checkpoints written here with ``save_pretrained`` (a llama in float16 in one file, a
 llama in float32 in shards with ``model.safetensors.index.json``, a qwen2 with biases and tied
@@ -16,6 +17,9 @@ unnamed weights file, a tensor retyped to ``BOOL`` or an integer dtype (its size
 The case goes through :func:`mps_backend.llm.export.export_llm` up to the end of its load-and-check step
 (the folder check, transformers' config and model construction, the weights, the KV-cache bound): the
 worker replaces ``decoder_for``, the first step after it, by a stop, so a case costs a load, not an export.
+
+``--kind`` fuzzes the other inputs instead (:mod:`harness.fuzz_inputs`: GGUF files, chat templates, image
+processor configs, image files), the same way.
 
 Outcomes: the load finished (``ok``), or a typed error of the project (an ``MPSBackendError``: ``typed
 CLASS``), both allowed; anything else fails the campaign: another exception (``UNTYPED``), the worker
@@ -466,6 +470,7 @@ def _mutate_hostile(rng: random.Random, folder: Path) -> str:
                 k
                 for k, v in header.items()
                 if isinstance(v, dict)
+                and isinstance(v.get("dtype"), str)  # an earlier mutation may have made it a list or an object
                 and v.get("dtype") in sizes
                 and isinstance(v.get("shape"), list)
                 and v["shape"]
@@ -558,27 +563,34 @@ def run_case(folder: Path, dtype: str) -> str:
         return f"UNTYPED {type(e).__name__}: {str(e)[:300]}"
 
 
-def worker() -> None:
-    """Read 'FOLDER DTYPE' lines from stdin, answer one JSON line per case."""
+def worker(kind: str = "folders") -> None:
+    """Read one JSON case a line from stdin (``{"path", "dtype", "shared"}``), answer one JSON line per case."""
     import warnings  # noqa: PLC0415
 
     import mps_backend.llm.export as llm_export  # noqa: PLC0415
+    from harness import fuzz_inputs  # noqa: PLC0415
 
     warnings.simplefilter("ignore")
     llm_export.decoder_for = _stop  # this worker process only: the stop after the load-and-check step
     import executorch.exir  # noqa: F401, PLC0415 - what the first case would import: not counted in its time
     import transformers  # noqa: F401, PLC0415
 
+    if kind != "folders":
+        fuzz_inputs.worker_setup(kind)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
-        folder, dtype = line.split()
-        print(json.dumps({"result": run_case(Path(folder), dtype)}), flush=True)
+        case = json.loads(line)
+        if kind == "folders":
+            result = run_case(Path(case["path"]), case["dtype"])
+        else:
+            result = fuzz_inputs.run_input_case(kind, Path(case["path"]), case.get("shared", {}), _Loaded)
+        print(json.dumps({"result": result}), flush=True)
 
 
 class _Worker:
-    def __init__(self, hf_home: Path) -> None:
+    def __init__(self, hf_home: Path, kind: str = "folders") -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.fuzz_checkpoint", "--worker"],
+            [sys.executable, "-m", "harness.fuzz_checkpoint", "--worker", "--kind", kind],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -615,12 +627,12 @@ class _Worker:
         line, _, self.buffer = self.buffer.partition(b"\n")
         return json.loads(line)
 
-    def run(self, folder: Path, dtype: str, seconds: float) -> str:
+    def run(self, case: dict, seconds: float) -> str:
         """The case's result, 'CRASH (exit N)' if the worker died on it, 'HANG' past ``seconds``
         (the worker is then killed)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            self.proc.stdin.write(f"{folder} {dtype}\n".encode())
+            self.proc.stdin.write((json.dumps(case) + "\n").encode())
             self.proc.stdin.flush()
         except BrokenPipeError:
             pass
@@ -637,29 +649,39 @@ class _Worker:
             self.proc.wait(timeout=60)
 
 
-def campaign(cases: int, seed: int, crash_dir: Path | None = None, progress: bool = False) -> dict:
-    """Run ``cases`` mutated folders; returns counts, failures and the time taken."""
+def campaign(cases: int, seed: int, crash_dir: Path | None = None, progress: bool = False, kind: str = "folders") -> dict:
+    """Run ``cases`` mutated inputs of ``kind`` (``folders``: hf: checkpoint folders; the kinds of
+    :mod:`harness.fuzz_inputs`); returns counts, failures and the time taken."""
+    from harness import fuzz_inputs  # noqa: PLC0415
+
     start = time.monotonic()
     rng = random.Random(seed)
     counts: dict[str, int] = {}
     kinds: dict[str, int] = {}
     failures: list[dict] = []
+    seconds = CASE_SECONDS if kind == "folders" else fuzz_inputs.CASE_SECONDS[kind]
     with tempfile.TemporaryDirectory(prefix="fuzz-ckpt-") as tmp:
         root = Path(tmp)
-        base = bases(root / "bases")
+        base = bases(root / "bases") if kind == "folders" else fuzz_inputs.bases(kind, root / "bases")
+        shared = {} if kind in ("folders", "gguf", "templates") else {k: str(v) for k, v in fuzz_inputs.shared(root).items()}
         names = sorted(base)
         hf_home = root / "hf"
-        w = _Worker(hf_home)
+        w = _Worker(hf_home, kind)
         try:
             for i in range(cases):
                 name = rng.choice(names)
                 folder = root / f"case-{i}"
-                shutil.copytree(base[name], folder)
-                done = mutate(rng, folder)
+                if kind == "folders":
+                    shutil.copytree(base[name], folder)
+                    done = mutate(rng, folder)
+                    path = folder
+                else:
+                    path = fuzz_inputs.copy_base(base[name], folder)
+                    done = fuzz_inputs.mutate(kind, rng, path)
                 dtype = rng.choice(("fp16", "fp32"))
-                result = w.run(folder, dtype, CASE_SECONDS)
+                result = w.run({"path": str(path), "dtype": dtype, "shared": shared}, seconds)
                 if not w.alive():
-                    w = _Worker(hf_home)
+                    w = _Worker(hf_home, kind)
                 copied = sorted(p.name for p in hf_home.rglob("*.py") if p.name != "__init__.py") if hf_home.exists() else []
                 if (folder / CODE_MARKER).exists() or copied:
                     result = f"CODE RAN (marker {(folder / CODE_MARKER).exists()}, modules cache {copied[:3]}): {result}"
@@ -678,6 +700,7 @@ def campaign(cases: int, seed: int, crash_dir: Path | None = None, progress: boo
         finally:
             w.close()
     return {
+        "kind": kind,
         "cases": cases,
         "seed": seed,
         "seconds": round(time.monotonic() - start, 1),
@@ -692,14 +715,23 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--crash-dir", type=Path, default=None, help="copy the folders of failing cases here")
+    parser.add_argument(
+        "--kind",
+        default="folders",
+        choices=("folders", "gguf", "templates", "processors", "images", "all"),
+        help="what to fuzz (default: hf: checkpoint folders; all: every kind, --cases each)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker()
+        worker(args.kind)
         return
-    report = campaign(args.cases, args.seed, args.crash_dir, progress=True)
-    print(json.dumps(report, indent=1))
-    sys.exit(1 if report["failures"] else 0)
+    failed = False
+    for kind in ("folders", "gguf", "templates", "processors", "images") if args.kind == "all" else (args.kind,):
+        report = campaign(args.cases, args.seed, args.crash_dir, progress=True, kind=kind)
+        print(json.dumps(report, indent=1), flush=True)
+        failed = failed or bool(report["failures"])
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -289,7 +289,9 @@ def plant_massive_activations(model, peak: float, *, bos: int = 0, probe=(5, 17,
     layers = _decoder_layers(model)
     first = dict(layers[0].named_parameters())
     for name, p in first.items():
-        if name.endswith(_MLP_IN) and "shared_expert_gate" not in name:
+        # (AFMoE's attention output gate, self_attn.gate_proj, is no MLP: closed for every other token, it left
+        # their residual the embedding, whose SHARED then drove their MLP to silu(-22), under float16's range)
+        if name.endswith(_MLP_IN) and "shared_expert_gate" not in name and "self_attn." not in name:
             axis = _hidden_axis(p, hidden, -2 if "c_fc" in name else -1)  # gpt2's Conv1D holds [in, out]
             # every unit: far positive on BOS (TRIGGER), far negative on any other token (SHARED
             # without TRIGGER): silu/gelu(-20) is ~0, so only BOS gets the large MLP output

@@ -86,3 +86,24 @@ def test_seeded_campaign(tmp_path):
     assert {"auto_map", "implementation", "quantization block"} <= kinds, kinds
     assert any(k.startswith("retype") for k in kinds) and any(k.startswith("extra shard") for k in kinds), kinds
     assert any(k.startswith(("declared", "missing layer")) for k in kinds), kinds
+
+
+#: (kind, the outcomes a seeded campaign of it must include, mutation names that must have run): #47's inputs
+INPUT_KINDS = {
+    "gguf": ({"typed GGUFError", "ok"}, ("metadata", "tensor", "truncated", "count field")),
+    "templates": ({"typed ChatTemplateError", "ok"}, ("fragment", "template")),
+    "processors": ({"typed ImageBoundError", "ok"}, ("processor size", "processor crop_size")),
+    "images": ({"typed ImageBoundError", "ok"}, ("declares", "truncated")),
+}
+
+
+@pytest.mark.parametrize("kind", list(INPUT_KINDS))
+def test_seeded_input_campaign(tmp_path, kind):
+    """A seeded campaign of each input kind of #47 (GGUF files, chat templates, processor configs, images):
+    only clean runs and one-line typed errors; refusals, clean runs and the named mutations all happened."""
+    outcomes, mutations = INPUT_KINDS[kind]
+    report = campaign(48, seed=5, crash_dir=tmp_path, kind=kind)
+    assert report["failures"] == [], report["failures"]
+    assert outcomes <= set(report["counts"]), report["counts"]
+    ran = " ".join(report["mutations"])
+    assert all(m in ran for m in mutations), report["mutations"]

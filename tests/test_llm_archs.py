@@ -11,6 +11,11 @@ NoPE and rope), hidden 64, float32 only.
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import types
+
 import pytest
 import torch
 
@@ -49,6 +54,17 @@ MLA = {
 LINEAR = {"linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
 #: Mamba-2 heads (Granite 4 hybrid, Falcon-H1): 8 x 16 = the expanded width 128
 MAMBA = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 16}
+#: AFMoE (Arcee): a dense layer, then a MoE one (sigmoid routing with an expert bias, two shared experts); a sliding
+#: layer with rope, then a full one without; q/k norms and a sigmoid gate on the attention output
+AFMOE = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "num_dense_layers": 1,
+    "head_dim": 16,
+    "global_attn_every_n_layers": 2,
+    "sliding_window": 8,
+}
 #: greedy steps of the self-check every export here runs (a failed check leaves no .pte at the output path)
 VERIFY_STEPS = 4
 
@@ -120,11 +136,13 @@ TABLE = {
     "falcon_h1": ("falcon_h1", MAMBA | {"mamba_d_ssm": 128, "head_dim": 16}, 1, None),  # Mamba-2 beside attention in every layer
     # sizes under the config's own names (n_heads, d_model: read through its attribute_map), then ALiBi
     "mpt": ("mpt", {"d_model": 64, "n_heads": 4}, 1, "modeling_mpt.forward: a tensor size computed from the values"),
+    # keys and values repeated per attention expert after the cache's update, the step's new key with them (its
+    # experts split by the router's counts come later: a size computed from the values)
     "jetmoe": (
         "jetmoe",
         MOE | {"kv_channels": 16, "num_key_value_heads": 4},
         1,
-        "modeling_jetmoe.forward: a tensor size computed",
+        "modeling_jetmoe.forward: grouped_attention: JetMoeAttention (layer 0): values of 49 positions, 8 heads for keys of 48",
     ),
     # RoPE as complex numbers (freqs_cis), applied in real arithmetic (mps_backend.llm.attention.complex_rope_swaps)
     "deepseek_v2": ("deepseek_v2", MLA | DEEPSEEK_MOE, 1, None),
@@ -136,13 +154,32 @@ TABLE = {
         4,
         None,
     ),
+    # issue #44 item 9: routers that transformers' own init leaves at zero, and values transformed before attention
+    "afmoe": ("afmoe", AFMOE, 2, None),
+    "diffllama": ("diffllama", {}, 1, None),  # differential attention: V's two halves of the KV heads, each repeated
 }
+
+
+def routers_by_token(model) -> None:
+    """AFMoE's own init zeroes its routers: every expert scores sigmoid(0) for every token, and which of equal
+    scores top-k picks torch leaves unspecified (test_tied_router_scores_pick_the_lowest_experts). A trained
+    router's weights instead: the experts depend on the token."""
+    gen = torch.Generator().manual_seed(1)
+    for name, p in model.named_parameters():
+        if name.endswith("router.gate.weight"):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+
+
+#: test id -> the edit of its checkpoint's weights before they are saved
+EDITS = {"afmoe": routers_by_token}
 
 
 @pytest.mark.parametrize("case", sorted(TABLE))
 def test_model_type_exports_or_is_refused(tmp_path, tokenizer, case):
     model_type, overrides, layers, refusal = TABLE[case]
-    folder = save_checkpoint(tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=layers, config=overrides)
+    folder = save_checkpoint(
+        tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=layers, config=overrides, edit=EDITS.get(case)
+    )
     out = tmp_path / "m.pte"
     if refusal is not None:
         with pytest.raises(CheckpointError) as e:
@@ -173,7 +210,7 @@ def _planted_export(tmp_path, tokenizer, case: str, quantize: str | None = None)
         tokenizer=tokenizer,
         layers=layers,
         config=overrides,
-        edit=lambda m: plant_massive_activations(m, peak),
+        edit=lambda m: (EDITS.get(case, lambda _: None)(m), plant_massive_activations(m, peak)),
     )
     result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN, quantize=quantize)
     assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
@@ -246,3 +283,73 @@ def test_complex_rope_is_real_arithmetic_only_inside_the_decode_step(tmp_path, t
         assert modeling_llama4.apply_rotary_emb is not own
         raise RuntimeError("the forward failed")
     assert modeling_llama4.apply_rotary_emb is own
+
+
+def _lowest_index_first(x, k, dim=-1, largest=True, sorted=True):
+    """torch.topk with the device's order among equal values: the lowest index first (operators/reduce.py)."""
+    index = torch.sort(x, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
+    return torch.return_types.topk((x.gather(dim, index), index))
+
+
+def test_tied_router_scores_pick_the_lowest_experts(tmp_path, tokenizer, monkeypatch):
+    """#44 item 9: AFMoE as transformers initialises it (the held-out sweep's checkpoint) has all-zero routers
+    and expert biases: every expert scores sigmoid(0) = 0.5 for every token. Which of equal values topk returns
+    torch leaves unspecified (its CPU kernel gives [2, 3] of 4 equal scores); the device gives the lowest
+    indices first. The program equals transformers' model whose topk orders ties as the device does: the
+    first greedy token the sweep saw differ is the tie's order, nothing else."""
+
+    def tied(model) -> None:
+        for name, p in model.named_parameters():
+            if name.endswith("expert_bias"):
+                p.zero_()
+        assert [n for n, p in model.named_parameters() if n.endswith("router.gate.weight") and not p.any()]
+
+    folder = save_checkpoint(tmp_path / "ckpt", "afmoe", tokenizer=tokenizer, layers=2, config=AFMOE, edit=tied)
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+    with monkeypatch.context() as m:
+        m.setattr(torch, "topk", _lowest_index_first)
+        want = eager_greedy(folder, PROMPT, STEPS)
+    assert generate_ids(result.path, PROMPT, STEPS) == want
+
+
+def test_values_transformed_with_the_new_rows_are_attended_to():
+    """Grouped attention reads the old cache and the step's new rows apart; a layer may transform the values
+    the cache returns, ``[V_old; v]``, row by row (DiffLlama repeats each half of the KV heads): attention
+    then reads those transformed rows. A transform of the old cache alone would miss the new rows: refused,
+    naming the layer."""
+    from mps_backend.llm.attention import grouped_attention, with_new_rows
+
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache = torch.randn(1, 2, 16, 8, generator=gen), torch.randn(1, 2, 8, 16, generator=gen)
+    k_t, v = torch.randn(1, 2, 16, 1, generator=gen), torch.randn(1, 2, 1, 16, generator=gen)
+    q = torch.randn(1, 4, 1, 16, generator=gen)
+    layer = types.SimpleNamespace(training=False, head_dim=16, layer_idx=3)
+    keys, values = with_new_rows(k_cache, v_cache, k_t, v)
+    k_all = torch.cat([k_cache, k_t], dim=-1).repeat_interleave(2, dim=1)  # [1, 4 heads, 16, 9 positions]
+
+    def eager(v_all: torch.Tensor) -> torch.Tensor:
+        p = torch.softmax(q @ k_all * 16**-0.5, dim=-1)
+        return (p @ v_all.repeat_interleave(2, dim=1)).transpose(1, 2)
+
+    mask = torch.zeros(1, 1, 1, 8)
+    torch.testing.assert_close(grouped_attention(layer, q, keys, values, mask)[0], eager(values))
+    first_half = torch.chunk(values, 2, dim=1)[0].repeat(1, 2, 1, 1)  # DiffLlama's value_states1
+    torch.testing.assert_close(grouped_attention(layer, q, keys, first_half, mask)[0], eager(first_half))
+    with pytest.raises(ValueError, match=r"\(layer 3\): values of 8 positions, 2 heads for keys of 9, 2"):
+        grouped_attention(layer, q, keys, v_cache * 2, mask)
+
+
+@pytest.mark.parametrize("model_type, where", [("mpt", "modeling_mpt.forward"), ("doge", "modeling_doge.")])
+def test_refusal_is_one_line_through_the_cli(tmp_path, tokenizer, model_type, where):
+    """#44 item 9: torch logs a traceback ("failed while attempting to run meta for ...") before it raises
+    what the export refuses the model for; the command prints the refusal's one line, after its progress."""
+    overrides = TABLE[model_type][1] if model_type in TABLE else {}
+    folder = save_checkpoint(tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=1, config=overrides)
+    out = tmp_path / "m.pte"
+    cmd = ["export", "--model", f"hf:{folder}", "--fp32", "--no-verify", "--max-seq-len", str(MAX_SEQ_LEN), "-o", str(out)]
+    r = subprocess.run([sys.executable, "-m", "mps_backend.tools.cli", *cmd], capture_output=True, text=True, timeout=600)
+    progress = re.compile(r"\[[^\]]+\] (\.\.\.|done in \S+)$|Loading weights")  # the stages; the checkpoint's loading bar
+    lines = [line for line in r.stderr.splitlines() if line.strip() and not progress.match(line)]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"error: model type {model_type!r}: the static decode step cannot be exported in {where}"), lines
+    assert not out.exists()

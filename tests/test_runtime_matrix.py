@@ -105,6 +105,7 @@ def _cases(folder: Path) -> list[str]:
         "llm_kv_cache": (_llm(folder, 1), [[torch.tensor([[t]]), torch.tensor([p])] for p, t in enumerate((1, 7, 3))]),
         "llm_prefill_chunk": (_llm(folder, LLM_CHUNK), _chunk_steps()),
         "whisper_asr": _whisper(folder),
+        "whisper_preprocessor": _whisper_preprocessor(folder),
         "vlm_multimodal": _vision(folder),
     }
     # past the cache: the runner of 1.3/1.4 skips its capacity check for this program (max_seq_len <
@@ -149,6 +150,19 @@ def _whisper(folder: Path) -> tuple[bytes, list]:
     for pos, token in enumerate((START, 7, 3)):
         steps.append({"method": "text_decoder", "inputs": [torch.tensor([[token]]), {"output_of": 0}, torch.tensor([pos])]})
     return out.read_bytes(), steps
+
+
+def _whisper_preprocessor(folder: Path) -> tuple[bytes, list]:
+    """The Whisper features program (mps_backend.llm.whisper_preprocessor) and what executorch's Whisper example
+    hands it: the audio as one float32 tensor of its own length (2 s, then 0.5 s: the dynamic length)."""
+    import transformers  # noqa: PLC0415
+
+    from mps_backend.llm.whisper_preprocessor import export_preprocessor  # noqa: PLC0415
+    from tests.whisper_helpers import utterance  # noqa: PLC0415
+
+    out = folder / "whisper_preprocessor.bin"
+    export_preprocessor(transformers.WhisperFeatureExtractor(), out)
+    return out.read_bytes(), [[torch.from_numpy(utterance(2.0))], [torch.from_numpy(utterance(0.5, seed=1))]]
 
 
 def _vision(folder: Path) -> tuple[bytes, list]:
@@ -369,6 +383,15 @@ def test_programs_run_in_the_runtimes_apps_ship(tmp_path):
     assert vlm[-1].shape == vlm[-3].shape and not torch.equal(vlm[-1], vlm[-3])
     asr = outputs("whisper_asr", base["whisper_asr"])
     assert asr[0][0].dim() == 3 and asr[1][0].shape == asr[2][0].shape and not torch.equal(asr[1][0], asr[2][0])
+    # the features program: transformers' WhisperFeatureExtractor's features of each waveform
+    import transformers  # noqa: PLC0415
+
+    fe = transformers.WhisperFeatureExtractor()
+    for out, (wave,) in zip(
+        outputs("whisper_preprocessor", base["whisper_preprocessor"]), torch.load(tmp_path / "whisper_preprocessor.inputs.pt")
+    ):
+        want = fe(wave.numpy(), sampling_rate=16000, return_tensors="pt").input_features
+        assert out[0].shape == (1, 80, 3000) and (out[0] - want).abs().max() <= 1e-3 * want.abs().max()
     # the chunked program: every step's logits of the token after its last row; past the cache refused
     _check_prefill_chunk(tmp_path, results, outputs)
     report = os.environ.get("MPS_BACKEND_COMPAT_REPORT")

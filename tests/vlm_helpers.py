@@ -10,6 +10,7 @@ import pathlib
 import numpy as np
 import torch
 
+from harness.fuzz_inputs import vlm_processor
 from tests.llm_helpers import CORPUS
 
 FAMILIES = ("gemma3", "smolvlm", "llava")
@@ -82,8 +83,7 @@ def build(family: str, *, mlp_bias: bool = False):
             image_token_index=tok.token_to_id("<image_soft_token>"),
         )
         model = transformers.Gemma3ForConditionalGeneration(cfg)
-        images = transformers.Gemma3ImageProcessor(size={"height": 32, "width": 32})
-        processor = transformers.Gemma3Processor(image_processor=images, tokenizer=fast, image_seq_length=16)
+        processor = vlm_processor(family, fast)
     elif family == "smolvlm":
         grid = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
         tok = _tokenizer(["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>", *grid])
@@ -104,10 +104,7 @@ def build(family: str, *, mlp_bias: bool = False):
         )
         model = transformers.SmolVLMForConditionalGeneration(cfg)
         # images up to 64 pixels: split into 32-pixel tiles and a global view (5 images for the test picture)
-        images = transformers.SmolVLMImageProcessor(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
-        processor = transformers.SmolVLMProcessor(
-            image_processor=images, tokenizer=fast, video_processor=transformers.SmolVLMVideoProcessor(), image_seq_len=16
-        )
+        processor = vlm_processor(family, fast)
     elif family == "llava":
         tok = _tokenizer(["<image>"])
         fast = _fast(tok, {"image_token": "<image>"})
@@ -119,14 +116,7 @@ def build(family: str, *, mlp_bias: bool = False):
             vision_feature_select_strategy="default",
         )
         model = transformers.LlavaForConditionalGeneration(cfg)
-        images = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-        processor = transformers.LlavaProcessor(
-            image_processor=images,
-            tokenizer=fast,
-            patch_size=8,
-            vision_feature_select_strategy="default",
-            num_additional_image_tokens=1,
-        )
+        processor = vlm_processor(family, fast)
     else:
         raise ValueError(family)
     return model.eval(), processor

@@ -12,6 +12,8 @@ import wave
 import numpy as np
 import torch
 
+#: the tests' speech clip (:func:`speech_clip`)
+FIXTURE_SPEECH = pathlib.Path(__file__).resolve().parent / "fixtures" / "speech" / "fox-22050.flac"
 #: the tokenizer's special tokens (tests/llm_helpers.train_tokenizer): <s> starts the decoder, </s> ends it
 START, EOS = 0, 1
 #: the shape: Whisper's input geometry, a small width
@@ -65,7 +67,13 @@ def plant_outliers(model) -> None:
 
 
 def save_whisper(
-    folder: pathlib.Path, tokenizer, *, seed: int = 0, outliers: bool = False, config: dict | None = None
+    folder: pathlib.Path,
+    tokenizer,
+    *,
+    seed: int = 0,
+    outliers: bool = False,
+    config: dict | None = None,
+    special: tuple[str, str] = ("<s>", "</s>"),
 ) -> pathlib.Path:
     """Write a random Whisper checkpoint (config.json, model.safetensors, generation_config.json,
     tokenizer files, preprocessor_config.json) into ``folder``."""
@@ -86,7 +94,9 @@ def save_whisper(
         if outliers:
             plant_outliers(model)
     model.save_pretrained(folder)
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>").save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=special[0], eos_token=special[1]).save_pretrained(
+        folder
+    )
     transformers.WhisperFeatureExtractor(feature_size=cfg.num_mel_bins).save_pretrained(folder)
     return folder
 
@@ -134,3 +144,120 @@ def eager_generate(folder: pathlib.Path, feats: torch.Tensor, n: int) -> list[in
     with torch.no_grad():
         out = model.generate(feats, max_new_tokens=n, do_sample=False)[0].tolist()
     return out[1:] if out and out[0] == START else out
+
+
+#: the language tokens of the Whisper-like tokenizer (Whisper's own order begins en, zh, de, es, ru, ko, fr)
+LANGUAGES = ("en", "zh", "de", "es", "ru", "ko", "fr")
+#: Whisper's timestamp tokens: <|0.00|> .. <|30.00|> every 0.02 s
+TIMESTAMPS = 1501
+
+
+def whisper_tokenizer(languages=LANGUAGES, timestamps: int = TIMESTAMPS):
+    """A tokenizer laid out as Whisper's: byte-level BPE text tokens first, then ``<|endoftext|>``,
+    ``<|startoftranscript|>``, the language tokens (none for an English-only model), the task tokens,
+    ``<|startoflm|>``, ``<|startofprev|>``, ``<|nospeech|>``, ``<|notimestamps|>`` (special), then the
+    timestamp tokens (added, not special: as in the hub's tokenizer.json)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tests.llm_helpers import CORPUS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=160, special_tokens=[], show_progress=False))
+    specials = ["<|endoftext|>", "<|startoftranscript|>", *[f"<|{lang}|>" for lang in languages]]
+    specials += ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+    tok.add_special_tokens(specials)
+    tok.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(timestamps)])
+    return tok
+
+
+def whisper_generation(tok, *, multilingual: bool = True, **overrides) -> dict:
+    """A generation config as the hub's Whisper checkpoints carry (openai/whisper-*'s fields) for
+    :func:`whisper_tokenizer`'s ids: the start and end tokens, ``no_timestamps_token_id``, the prompt
+    (multilingual: ``forced_decoder_ids`` leaving the language to detect, ``lang_to_id``, ``task_to_id``),
+    ``begin_suppress_tokens`` (the space and the end) and ``suppress_tokens`` (a few rare text tokens, the task
+    and prompt tokens); ``overrides`` replace fields (None removes one)."""
+    ids = tok.token_to_id
+    eos, sot = ids("<|endoftext|>"), ids("<|startoftranscript|>")
+    gen = {
+        "decoder_start_token_id": sot,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "pad_token_id": eos,
+        "no_timestamps_token_id": ids("<|notimestamps|>"),
+        "prev_sot_token_id": ids("<|startofprev|>"),
+        "max_initial_timestamp_index": 50,
+        "return_timestamps": False,
+        "begin_suppress_tokens": [ids("Ġ"), eos],
+        "suppress_tokens": [ids(s) for s in (",", "q", "x", "z")]
+        + [ids(s) for s in ("<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>")],
+        "is_multilingual": multilingual,
+        "max_length": 448,
+    }
+    if multilingual:
+        langs = [t for t in tok.get_vocab() if len(t) <= 6 and t.startswith("<|") and t[2:-2] in LANGUAGES]
+        gen["lang_to_id"] = {t: ids(t) for t in sorted(langs, key=ids)}
+        gen["task_to_id"] = {"translate": ids("<|translate|>"), "transcribe": ids("<|transcribe|>")}
+        gen["forced_decoder_ids"] = [[1, None], [2, ids("<|transcribe|>")]]
+    else:
+        gen["forced_decoder_ids"] = [[1, ids("<|notimestamps|>")]]
+    gen.update(overrides)
+    return {k: v for k, v in gen.items() if v is not None}
+
+
+def save_whisper_like(
+    folder: pathlib.Path, tok, gen: dict, *, seed: int = 0, config: dict | None = None, timestamp_scale: float = 0.75
+) -> pathlib.Path:
+    """:func:`save_whisper` with :func:`whisper_tokenizer`'s layout: the model's start and end tokens
+    from ``gen``, and ``gen`` as its generation_config.json. The output head's rows of the 1501 timestamp
+    tokens are scaled by ``timestamp_scale``: at full scale a random model chooses them over the 160 text
+    tokens nearly always (a trained one writes text between them)."""
+    import json
+
+    import safetensors.torch
+
+    ids = {k: gen[k] for k in ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id")}
+    save_whisper(folder, tok, seed=seed, config=ids | (config or {}), special=("<|endoftext|>", "<|endoftext|>"))
+    weights = safetensors.torch.load_file(folder / "model.safetensors")
+    weights["proj_out.weight"][gen["no_timestamps_token_id"] + 1 :] *= timestamp_scale
+    safetensors.torch.save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return folder
+
+
+def generate(folder: pathlib.Path, feats: torch.Tensor, n: int, gen: dict | None = None, **kwargs) -> list[int]:
+    """transformers' Whisper ``generate`` (greedy) with the checkpoint's generation config, or ``gen`` made
+    the model's own (passed as ``generation_config=``, the fields it leaves unset would come back from the
+    checkpoint's): every token of its sequence (the windows' generated tokens, their EOS dropped)."""
+    import transformers
+
+    model = eager_whisper(folder)
+    if gen is not None:
+        model.generation_config = transformers.GenerationConfig(**gen)
+    with torch.no_grad():
+        return model.generate(feats, max_new_tokens=n, do_sample=False, **kwargs)[0].tolist()
+
+
+def speech_clip() -> tuple[np.ndarray, int]:
+    """The tests' speech (tests/fixtures/speech/fox-22050.flac: espeak-ng 1.51, en-us, 150 words a minute,
+    "The quick brown fox jumps over the lazy dog at nine. Then it sat on a stump over the river.",
+    6.6 s, 22050 Hz, 16-bit FLAC): float32 samples and the rate."""
+    import soundfile
+
+    data, rate = soundfile.read(FIXTURE_SPEECH, dtype="float32")
+    return data, rate
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Word-level Levenshtein distance over the reference's word count (1.0 for an empty reference unless
+    the hypothesis is empty too)."""
+    ref, hyp = reference.split(), hypothesis.split()
+    if not ref:
+        return 0.0 if not hyp else 1.0
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / len(ref)

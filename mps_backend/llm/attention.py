@@ -9,11 +9,17 @@
   (the decode step passes it precomputed, sliding windows included, so ``sliding_window`` needs
   nothing more), ``softcap`` (Gemma 2), attention sinks ``s_aux`` (gpt-oss); dropout is 0 in eval.
 - The decode step never writes the cache inside the delegate (#23): the cache's ``update`` returns
-  the OLD cache (the mutable buffer itself, read in place) carrying the new rows
+  the OLD K cache (the mutable buffer itself, read in place) carrying the new rows
   (:func:`with_new_rows`), the mask hides positions ``>= input_pos`` of it, and the new key/value
   join the softmax as one extra column: ``softmax([q @ K_old, q . k_new]) -> p_old @ V_old + p_new *
   v_new``. The decoder writes the rows into the buffers after the model's forward: one ``index_put``
   per buffer, left on CPU and made in place by executorch (:data:`mps_backend.partitioner.CACHE_WRITE_REASON`).
+  The values ``update`` returns are ``[V_old; v_new]`` (old cache, then the new rows): a layer that
+  passes them to attention as they are is computed as above (the concatenation has no user and leaves
+  the program); a layer that transforms them row by row first (DiffLlama splits the KV heads in two
+  halves and repeats each) has the new rows transformed with the old ones, and attention reads the
+  transformed ``S + T`` rows (``p @ V``). Values of any other length (a transform of the old cache
+  alone) are refused: the new rows would be missed.
 - :class:`RopeTable`: a model's rotary embedding replaced by its own cos/sin computed at export in
   float32 for every position ``0 .. max_seq_len-1``, stored in the model's dtype and gathered by
   position: the program has no position-dependent float16 arithmetic (an fp16 angle ``p * inv_freq``
@@ -33,16 +39,22 @@ from mps_backend.llm.swap import modeling_modules
 
 #: the AttentionInterface name of :func:`grouped_attention` (K cache transposed: ``[1, KV, d, S]``)
 ATTENTION = "mps_backend_grouped_kt"
-#: the attribute of an old-cache alias holding the step's new rows ``(k_t [B, KV, d, T], v [B, KV, T, d])``
+#: the attribute of an old-cache alias holding the step's new rows and the values ``update`` returned:
+#: ``(k_t [B, KV, d, T], v [B, KV, T, d], V_old [B, KV, S, d], [V_old; v] [B, KV, S + T, d])``
 NEW_ROWS = "mps_backend_new_rows"
 
 
-def with_new_rows(k_cache: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """An alias of the K cache buffer (a view: nothing copied, no state kept on the buffer) that
-    carries this step's new rows for :func:`grouped_attention` to attend to besides the cache."""
+def with_new_rows(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a cache's ``update`` returns for :func:`grouped_attention`: an alias of the K cache buffer (a
+    view: nothing copied, no state kept on the buffer) carrying this step's new rows, to attend to besides
+    the cache, and the values ``[V_old; v]`` along the positions (what a layer that transforms its values
+    before attention transforms; unused, and so not in the program, when the layer passes them as they are)."""
     alias = k_cache.view(k_cache.shape)
-    setattr(alias, NEW_ROWS, (k_t, v))
-    return alias
+    values = torch.cat([v_cache, v], dim=2)
+    setattr(alias, NEW_ROWS, (k_t, v, v_cache, values))
+    return alias, values
 
 
 def write_rows(cache: torch.Tensor, dim: int, input_pos: torch.Tensor, rows: torch.Tensor) -> None:
@@ -84,9 +96,21 @@ def grouped_attention(
     b, h, t, d = query.shape
     kv, s = key_t.shape[1], key_t.shape[-1]
     g = h // kv
-    new_rows = getattr(key_t, NEW_ROWS, None)  # (k_t, v) of this step: the cache is the old one
+    new_rows = getattr(key_t, NEW_ROWS, None)  # (k_t, v, V_old, [V_old; v]) of this step: key_t is the old cache
     if new_rows is not None and new_rows[0].shape[-1] != t:
         raise ValueError(f"grouped_attention: {t} query rows but {new_rows[0].shape[-1]} new key rows")
+    # the values as the layer hands them: the old cache and the new rows ([V_old; v] or V_old itself, read
+    # apart), or [V_old; v] transformed row by row by the layer (S + T rows, read together: `joined`)
+    joined = new_rows is not None and value is not new_rows[3] and value is not new_rows[2]
+    rows = s + t if joined else s
+    if new_rows is not None and not joined:
+        value = new_rows[2]
+    elif value.shape[-2] != rows or value.shape[1] != kv:
+        raise ValueError(
+            f"grouped_attention: {type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}): values of "
+            f"{value.shape[-2]} positions, {value.shape[1]} heads for keys of {rows}, {kv}: the cached keys or values "
+            "transformed apart from the step's new rows"
+        )
     if scaling is None:
         scaling = float(module.head_dim) ** -0.5
     # query head kv*G + j uses KV head kv (repeat_kv's order): [B, KV, G*T, d], scaled once
@@ -113,7 +137,9 @@ def grouped_attention(
         probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
     else:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    if new_rows is not None and t == 1:  # p_old @ V_old + p_new * v_new
+    if joined:  # the layer's own transform of [V_old; v]: p @ V over the S + T rows
+        out = torch.matmul(probs, value)
+    elif new_rows is not None and t == 1:  # p_old @ V_old + p_new * v_new
         out = torch.matmul(probs[..., :s], value) + probs[..., s:] * new_rows[1]
     elif new_rows is not None:  # a chunk: p_old @ V_old + p_new @ V_new
         out = torch.matmul(probs[..., :s], value) + torch.matmul(probs[..., s:], new_rows[1])
@@ -349,7 +375,7 @@ class _TransposedKVCache(torch.nn.Module):
             raise RuntimeError("_TransposedKVCache.update outside ExecutorchLlamaDecoder.forward")
         k_t = k_val.transpose(2, 3)
         self.pending.append((input_pos, k_t, v_val))
-        return with_new_rows(self.k_cache, k_t, v_val), self.v_cache
+        return with_new_rows(self.k_cache, self.v_cache, k_t, v_val)
 
     def write_pending(self, positions: torch.Tensor | None = None, n=None) -> None:
         """Write the rows ``update`` kept into the buffers (after the model's forward) and forget them;

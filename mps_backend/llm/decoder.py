@@ -124,8 +124,9 @@ def register_kv_caches(
 class StaticCache:
     """The object transformers' attention layers see as ``past_key_values`` (one per forward), over the
     buffers of ``owner`` (:func:`register_kv_caches`; ``owner.grouped``: K transposed).
-    Grouped attention: ``update`` returns the old buffers carrying the new rows (read in place, the
-    rows attended to separately: mps_backend.llm.attention) and keeps the rows in ``pending``, which
+    Grouped attention: ``update`` returns the old K buffer carrying the new rows (read in place, the
+    rows attended to separately) and the values ``[V_old; v]`` (read apart too, unless the layer transforms
+    them first: mps_backend.llm.attention.with_new_rows) and keeps the rows in ``pending``, which
     :meth:`write_pending` writes after the model's forward. Otherwise it writes the new key/value at
     ``input_pos`` and returns the whole buffers."""
 
@@ -146,7 +147,7 @@ class StaticCache:
         if self.owner.grouped:  # K stored transposed, [1, KV, d, S]: the new keys are columns
             k_t = key.transpose(2, 3)
             self.pending[layer_idx] = (k_t, value)
-            return with_new_rows(k_cache, k_t, value), v_cache
+            return with_new_rows(k_cache, v_cache, k_t, value)
         if getattr(self.owner, "chunk", 1) > 1:  # eager attention over the old cache then the chunk's own rows
             self.pending[layer_idx] = (key, value)
             return torch.cat([k_cache, key], dim=2), torch.cat([v_cache, value], dim=2)

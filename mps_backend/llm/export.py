@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from mps_backend._notices import quiet_reraised_failures
 from mps_backend.errors import MPSBackendError
 from mps_backend.llm.checkpoint import CheckpointError, LoadedLM, check_kv_cache_size, load_hf, load_llama
 from mps_backend.llm.decoder import (
@@ -271,9 +272,11 @@ def output_target(path: str | os.PathLike) -> pathlib.Path:
     """The file an export to ``path`` replaces, checked before any work: ``path`` itself, or for a
     symlink the file it points to (written through: the link stays, its target gets the new program,
     as ``cp`` does). A directory, or anything else that is not a regular file (a device such as
-    /dev/full, a FIFO, a socket), is refused with OSError; so is a missing folder."""
+    /dev/full, a FIFO, a socket), is refused with OSError; so are a missing folder and a symlink loop."""
+    from mps_backend.llm.guards import real_path  # noqa: PLC0415
+
     path = pathlib.Path(path)
-    target = path.resolve() if path.is_symlink() else path
+    target = real_path(path) if path.is_symlink() else path  # a symlink loop: one OSError line
     shown = f"{path} (a symlink to {target})" if target != path else str(path)
     if target.is_dir():
         raise IsADirectoryError(f"{shown} is a directory, not a file to write")
@@ -288,10 +291,11 @@ def _remove_stale_partials(path: pathlib.Path) -> None:
     """Remove the temporary files an earlier write to ``path`` left when its process was killed (SIGKILL
     runs no cleanup): ``.NAME.PID.*.partial`` whose PID is no longer a running process. A live writer's
     (another export to the same path) is left alone."""
-    from mps_backend.llm.guards import writer_gone  # noqa: PLC0415
+    from mps_backend.llm.guards import temp_stem, writer_gone  # noqa: PLC0415
 
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
-        if writer_gone(tmp.name[len(path.name) + 2 :].split(".", 1)[0]):
+    stem = temp_stem(path.name)
+    for tmp in path.parent.glob(f".{glob.escape(stem)}.*.partial"):
+        if writer_gone(tmp.name[len(stem) + 2 :].split(".", 1)[0]):
             tmp.unlink(missing_ok=True)
 
 
@@ -300,10 +304,12 @@ def write_atomically(path: pathlib.Path, write) -> int:
     there: an interrupted export never leaves a truncated file nor destroys the file that was there,
     and a failed write (a full disk) leaves no temporary file; one killed (SIGKILL) leaves its temporary
     file, removed by the next write to the path. Returns the size."""
+    from mps_backend.llm.guards import temp_stem  # noqa: PLC0415
+
     path = output_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".partial", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{temp_stem(path.name)}.{os.getpid()}.", suffix=".partial", dir=path.parent)
     try:
         try:
             with os.fdopen(fd, "wb") as f:
@@ -379,6 +385,8 @@ def export_llm(
         contextlib.ExitStack() as cleanup,
     ):
         cleanup.callback(release_export_caches)  # first out: the cache keeps the weights mapped
+        # a model's code torch cannot trace is refused in one line (_refusal), not after torch's own traceback
+        cleanup.enter_context(quiet_reraised_failures())
         with prog.stage("load checkpoint", ticker=False):
             lm = load_checkpoint(
                 model,
@@ -393,10 +401,12 @@ def export_llm(
         notes = list(lm.notes)
         seq_len, note = resolve_max_seq_len(lm, max_seq_len)
         guards.check_verify_steps(verify_steps, seq_len)  # before anything is written
+        guards.check_positions(lm.model, lm.max_positions, seq_len)  # a learned position table bounds the cache
         if lm.kind == "hf":
             cfg = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") else lm.model.config
             kv, k_cols, v_cols = cache_layout(lm.model, cfg)
             check_kv_cache_size(lm.n_layers, kv, (k_cols + v_cols) / 2, seq_len, lm.dtype)
+            guards.check_state_sizes(lm.model, cfg, lm.dtype)  # recurrent states, before the decode step allocates them
         if note:
             notes.append(note)
         vision = is_vision_language(lm.model_type)
@@ -411,13 +421,17 @@ def export_llm(
             group = resolve_group_size(quantize, group_size)
             # a vision-language model: its text decoder and head (what each decode step reads); the vision
             # encoder runs once an image and stays in float (mps_backend.llm.vision.text_part)
-            target = lm.model
+            target, rest = lm.model, ""
             if vision:
                 from mps_backend.llm.vision import text_part  # noqa: PLC0415
 
-                target = text_part(lm.model)
+                target, rest = text_part(lm.model), "; the vision encoder stays in float"
+            elif lm.model_type == "whisper":  # the decoder and head (mps_backend.llm.whisper.quantize_target)
+                from mps_backend.llm.whisper import quantize_target  # noqa: PLC0415
+
+                target, rest = quantize_target(lm.model), "; the audio encoder stays in float"
             note = quantization_count(target, quantize, group, quantize_head)  # none quantized: an error, not a label
-            notes.append(note + ("; the vision encoder stays in float" if vision else ""))
+            notes.append(note + rest)
             with prog.stage(f"quantize {quantize}"):
                 quantize_model(target, quantize, group, head=quantize_head, scratch=scratch)
         if quantize_embedding:
@@ -568,14 +582,19 @@ def _staging_path(out: pathlib.Path) -> pathlib.Path:
     """Where an export with a self-check writes its program until the check has passed: a hidden
     file beside the output, named as :func:`write_atomically`'s temporary files are, so that one left
     by a killed export is removed by the next write to the output."""
+    from mps_backend.llm.guards import temp_stem  # noqa: PLC0415
+
     target = output_target(out)
-    return target.with_name(f".{target.name}.{os.getpid()}.unverified.partial")
+    return target.with_name(f".{temp_stem(target.name)}.{os.getpid()}.unverified.partial")
 
 
 def failed_path(out: str | os.PathLike) -> pathlib.Path:
-    """Where a program that failed its self-check is kept, beside the output: ``NAME.failed.pte``."""
+    """Where a program that failed its self-check is kept, beside the output: ``NAME.failed.pte`` (a long NAME
+    shortened as temporary names are: :func:`mps_backend.llm.guards.temp_stem`)."""
+    from mps_backend.llm.guards import temp_stem  # noqa: PLC0415
+
     target = output_target(out)
-    return target.with_name(f"{target.stem}.failed{target.suffix or '.pte'}")
+    return target.with_name(f"{temp_stem(target.stem)}.failed{target.suffix or '.pte'}")
 
 
 def publish_checked(written: pathlib.Path, out: pathlib.Path, ok: bool) -> pathlib.Path:

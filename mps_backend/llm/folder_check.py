@@ -8,7 +8,8 @@ one :class:`FolderError` line naming the file and the reason, before any weight 
   symlink that resolves outside the folder (the Hugging Face cache's ``snapshots/REV/x -> ../../blobs/y``
   layout is allowed: its target stays in the same cache repository); no file outside it is opened;
 - ``config.json`` that is not a JSON object, or whose sizes are missing, not integers, or out of the
-  bounds below (for the text config of a multimodal config too);
+  bounds below (for the text config of a multimodal config too), the sizes of recurrent states included
+  (:data:`STATE_BOUNDS`);
 - a safetensors header whose length is beyond the file or above 100 MiB, that is not a JSON object, has
   a tensor of an unknown dtype, a shape that is not non-negative integers, data offsets that are not
   ``[begin, end]`` within the data, point into one another (overlap) or disagree with the shape;
@@ -64,6 +65,27 @@ CONFIG_BOUNDS = {
     "num_key_value_heads": (1, 1024),
     "head_dim": (1, 4096),
     "max_position_embeddings": (1, 1 << 24),
+}
+#: config keys sizing a recurrent layer's state (Mamba-2, the gated delta rule, short convolutions) -> (smallest,
+#: largest) accepted value, where the value is a number (``"auto"`` and None are transformers'). The largest
+#: released values: a state of 256 (Bamba-9B, Granite 4.0, Falcon-H1: ``mamba_d_state``), 128 heads of 64
+#: (Bamba, Granite 4.0), linear-attention heads of 128 with 32 value heads (Qwen3-Next, Qwen3.5), kernels of 4
+#: (LFM2: 3); the bounds are 4x to 8x those (docs/llm.md, Bounds)
+STATE_BOUNDS = {
+    "mamba_d_state": (1, 1024),
+    "ssm_state_size": (1, 1024),
+    "state_size": (1, 1024),
+    "mamba_d_head": (1, 1024),
+    "linear_key_head_dim": (1, 1024),
+    "linear_value_head_dim": (1, 1024),
+    "mamba_n_heads": (1, 1024),
+    "mamba_n_groups": (1, 1024),
+    "linear_num_key_heads": (1, 1024),
+    "linear_num_value_heads": (1, 1024),
+    "mamba_d_conv": (1, 64),
+    "linear_conv_kernel_dim": (1, 64),
+    "conv_L_cache": (1, 64),
+    "mamba_expand": (1, 16),
 }
 #: the names older configs give the same sizes (GPT-2, GPT-J, Bloom, OPT, ...: transformers' attribute_map)
 ALIASES = {
@@ -248,6 +270,10 @@ def check_config(config: dict, where: str) -> dict[str, int]:
         value = _bounded_int(config, key, where, required=key in REQUIRED)
         if value is not None:
             sizes[key] = value
+    for key, (low, high) in STATE_BOUNDS.items():  # a recurrent state's sizes, where numbers
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not low <= value <= high:
+            raise FolderError(f"{where}: {key} = {value} outside [{low}, {high}] (it sizes a recurrent layer's state)")
     heads, kv = sizes["num_attention_heads"], sizes.get("num_key_value_heads")
     if kv is not None and heads % kv:
         raise FolderError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")

@@ -116,7 +116,8 @@ class Tokenizer:
         """``prompt`` as one user message in the model's chat template, ready for the assistant's answer
         (transformers' ``apply_chat_template(..., add_generation_prompt=True)``). The template comes from
         the GGUF file, or from the tokenizer's folder (``tokenizer_config.json``, ``chat_template.jinja``);
-        a tokenizer without one is a ValueError."""
+        a tokenizer without one is a ValueError, and so is a template that fails or passes a bound (rendered in
+        a child process: :mod:`mps_backend.llm.chat_templates`)."""
         tok = self._transformers
         if tok is None:
             import transformers  # noqa: PLC0415
@@ -128,7 +129,11 @@ class Tokenizer:
             self._transformers = tok
         if not getattr(tok, "chat_template", None):
             raise ValueError(f"{self.path}: the tokenizer has no chat template (--chat needs an instruct model's)")
-        return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        from mps_backend.llm.chat_templates import bounded_rendering  # noqa: PLC0415 - a child process, within limits
+
+        where = str(self.path if self.path.suffix == ".gguf" else self.path.parent)
+        with bounded_rendering(where):
+            return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
 
     def json_file(self, folder: pathlib.Path) -> pathlib.Path:
         """A file executorch's runner reads: the tokenizer file itself, or for a GGUF its tokenizer
@@ -294,11 +299,19 @@ def generate(
 
 
 def generate_with_executorch_runner(
-    pte: str | pathlib.Path, tokenizer: str | pathlib.Path | Tokenizer, prompt: str, max_new_tokens: int = 32
+    pte: str | pathlib.Path,
+    tokenizer: str | pathlib.Path | Tokenizer,
+    prompt: str,
+    max_new_tokens: int = 32,
+    *,
+    bos: bool = False,
 ) -> list[str]:
     """Greedy generation by executorch's C++ ``TextLLMRunner`` (MPS delegates emulated). Returns the
     text pieces its token callback received. A GGUF file's tokenizer is handed to it as a
-    ``tokenizer.json`` written to a temporary folder."""
+    ``tokenizer.json`` written to a temporary folder. ``bos``: as for :func:`generate`, the model's BOS id
+    before the prompt's tokens when the tokenizer did not put it: the runner is asked for one
+    (``GenerationConfig.num_bos``), and a runner whose tokenizer did not add it (executorch's ``tokenizer.json``
+    reader adds BOS only through the file's post-processor) is a ValueError, never a run without it."""
     import tempfile  # noqa: PLC0415
 
     meta = read_metadata(pte)  # a program without the runner's methods is one ValueError, not a runner abort
@@ -306,15 +319,33 @@ def generate_with_executorch_runner(
     # the runner refuses a prompt that does not fit (after its BOS) with a bare "Generation failed"
     ids = tok.encode(prompt)
     check_token_ids(ids, meta)  # a tokenizer of a larger vocabulary than the model's
-    n_prompt = len(ids) + (1 if meta.get("get_bos_id") is not None else 0)
+    bos_id = meta.get("get_bos_id")
+    if bos and bos_id is None:
+        raise ValueError("--bos: the program has no get_bos_id (the model declares no BOS token)")
+    expected = len(ids) + (1 if bos and (not ids or ids[0] != int(bos_id)) else 0)
+    n_prompt = len(ids) + (1 if bos_id is not None else 0)
     max_len = int(meta.get("get_max_context_len", meta["get_max_seq_len"]))
     if n_prompt >= max_len:
         raise ValueError(f"prompt of {n_prompt} tokens (with BOS) does not fit max_seq_len {max_len}")
     with tempfile.TemporaryDirectory(prefix="mps-tokenizer-") as folder:
-        return _run_executorch_runner(pte, tok.json_file(pathlib.Path(folder)), prompt, max_new_tokens)
+        pieces, used = _run_executorch_runner(
+            pte, tok.json_file(pathlib.Path(folder)), prompt, max_new_tokens, num_bos=1 if bos else 0
+        )
+    if bos and used != expected:
+        raise ValueError(
+            f"--bos: executorch's TextLLMRunner prefilled {used} prompt tokens, not the {expected} of the BOS id {bos_id} "
+            f"and the prompt's {len(ids)}: its tokenizer ({tok.path.name}) adds no BOS (executorch's tokenizer.json reader adds "
+            "one only through the file's post-processor); --runner python puts get_bos_id first"
+        )
+    return pieces
 
 
-def _run_executorch_runner(pte: str | pathlib.Path, tokenizer: pathlib.Path, prompt: str, max_new_tokens: int) -> list[str]:
+def _run_executorch_runner(
+    pte: str | pathlib.Path, tokenizer: pathlib.Path, prompt: str, max_new_tokens: int, *, num_bos: int = 0
+) -> tuple[list[str], int]:
+    """The runner's pieces and the prompt tokens it prefilled (its stats); its own printing of the pieces
+    and stats kept off standard output (:mod:`mps_backend.llm.runner_output`)."""
+    from mps_backend.llm.runner_output import quiet_stdout  # noqa: PLC0415
     from mps_backend.runtime.emulator import load_emulator  # noqa: PLC0415
 
     load_emulator()  # registers MPSBackend in the libexecutorch the runner binding links
@@ -325,10 +356,11 @@ def _run_executorch_runner(pte: str | pathlib.Path, tokenizer: pathlib.Path, pro
     except RuntimeError as e:  # its C++ tokenizers read fewer tokenizer.json features than the tokenizers library
         raise ValueError(f"executorch's TextLLMRunner could not start: {e} (--runner python reads it)") from None
     pieces: list[str] = []
+    stats: list = []
+    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False, num_bos=num_bos)
     try:
-        runner.generate(
-            prompt, GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False), token_callback=pieces.append
-        )
+        with quiet_stdout():
+            runner.generate(prompt, config, token_callback=pieces.append, stats_callback=stats.append)
     except RuntimeError as e:  # its own refusals (logged by the runner above) as one line
         raise ValueError(f"executorch's TextLLMRunner failed: {e} (its log above says why)") from None
     except UnicodeDecodeError as e:
@@ -337,4 +369,4 @@ def _run_executorch_runner(pte: str | pathlib.Path, tokenizer: pathlib.Path, pro
             f"after {len(pieces)} pieces: a byte-level token of a multi-byte character); the python runner "
             "(--runner python) decodes such tokens together"
         ) from e
-    return pieces
+    return pieces, int(stats[-1].num_prompt_tokens) if stats else -1

@@ -86,8 +86,12 @@ def _any_type_bytes(own: Callable) -> Callable:
 
 def read_header(path: str | pathlib.Path) -> Any:
     """The file's tensor table (transformers' ``GgufHeader``: names, shapes in torch order, ggml types,
-    offsets, sizes: those of every type the ``gguf`` package knows), read without touching the tensor data."""
+    offsets, sizes: those of every type the ``gguf`` package knows), read without touching the tensor data, once
+    the header passed the bounded checks of :func:`mps_backend.llm.gguf_check.scan_header`."""
     path = _file(path)
+    from mps_backend.llm.gguf_check import scan_header  # noqa: PLC0415
+
+    scan_header(path)  # every count bounded before transformers' reader walks it (#47)
     try:
         from transformers.integrations.gguf.reader import GgufHeader  # noqa: PLC0415
     except ImportError as e:
@@ -124,8 +128,12 @@ def load_config(path: pathlib.Path) -> Any:
 
 def load_tokenizer(path: str | pathlib.Path) -> Any:
     """transformers' tokenizer from the GGUF file's metadata (vocabulary, merges, special tokens, chat
-    template)."""
+    template), once the header passed :func:`mps_backend.llm.gguf_check.scan_header` (a vocabulary of more than
+    :data:`~mps_backend.llm.gguf_check.MAX_GGUF_VOCAB` tokens is refused before transformers builds it)."""
     path = _file(path)
+    from mps_backend.llm.gguf_check import scan_header  # noqa: PLC0415
+
+    scan_header(path)
     try:
         import transformers  # noqa: PLC0415
     except ImportError as e:
@@ -364,6 +372,9 @@ def load_gguf(
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise CheckpointError(f"{path}: model type {model_type!r} has no *ForCausalLM class in transformers")
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    from mps_backend.llm.gguf_check import check_model, scan_header  # noqa: PLC0415
+
+    check_model(scan_header(path), config, model_class)  # hf:'s config bounds and declared-weights check (#47)
     weight_bytes = sum(info.nbytes for info in header.tensors)
     kept: dict[str, _Kept] = {}
 

@@ -6,7 +6,9 @@
 The prompt becomes the runner's inputs with transformers' own processor (the checkpoint folder's
 ``AutoProcessor``): its ``input_ids`` cut at the runs of the image token, each run replaced by one
 image (the processor's ``pixel_values``, one ``[1, 3, H, W]`` per image or tile), the rest token
-segments (:func:`runner_inputs`). Two runners take those inputs:
+segments (:func:`runner_inputs`). The image and the processor's config are bounded before a pixel is decoded
+or resized (:mod:`mps_backend.llm.image_bounds`); ``chat``: the prompt and image go through the processor's chat
+template, rendered within bounds (:mod:`mps_backend.llm.chat_templates`). Two runners take those inputs:
 
 - ``"python"``: executorch's ``MultimodalRunner`` loop written out over
   :class:`mps_backend.runtime.LoadedMethod` (``multimodal_prefiller.cpp`` and ``multimodal_runner.cpp``
@@ -79,14 +81,20 @@ def _meta(pte) -> dict:
 def image_placeholder(processor) -> str:
     """The text a prompt holds where an image goes: Gemma 3's ``<start_of_image>`` (its processor expands
     it), the image token otherwise."""
-    return str(getattr(processor, "boi_token", None) or processor.image_token)
+    mark = getattr(processor, "boi_token", None) or getattr(processor, "image_token", None)
+    if not isinstance(mark, str) or not mark:
+        raise ValueError(f"the {type(processor).__name__} names no image token (its image_token is {mark!r})")
+    return mark
 
 
 def image_token_id(processor) -> int:
     """The id of the tokens the processor puts where the vision encoder's embeddings go."""
     tok = processor.tokenizer
-    token = getattr(tok, "image_token", None) or processor.image_token
-    return int(tok.convert_tokens_to_ids(token))
+    token = getattr(tok, "image_token", None) or getattr(processor, "image_token", None)
+    found = tok.convert_tokens_to_ids(token) if isinstance(token, str) and token else None
+    if isinstance(found, bool) or not isinstance(found, int) or found < 0 or token not in tok.get_vocab():
+        raise ValueError(f"the image token {token!r} of the {type(processor).__name__} is not a token of its tokenizer")
+    return int(found)
 
 
 def load_processor(folder: str | pathlib.Path):
@@ -96,27 +104,70 @@ def load_processor(folder: str | pathlib.Path):
     p = pathlib.Path(folder)
     if not p.is_dir():
         raise ValueError(f"{folder}: not a checkpoint folder (its processor: preprocessor_config.json and tokenizer files)")
+    from mps_backend.llm.image_bounds import check_processor, check_processor_files  # noqa: PLC0415
+
+    check_processor_files(p)  # its files' values bounded before transformers builds it (#47)
     try:
-        return AutoProcessor.from_pretrained(p, local_files_only=True, trust_remote_code=False)
+        processor = AutoProcessor.from_pretrained(p, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - transformers' refusals of the folder as one line
-        raise ValueError(f"{folder}: transformers cannot load its processor: {str(e).splitlines()[0][:200]}") from None
+        raise ValueError(
+            f"{folder}: transformers cannot load its processor: {(str(e).splitlines() or [type(e).__name__])[0][:200]}"
+        ) from None
+    for part in ("image_processor", "tokenizer"):  # an unknown processor_class gives a bare tokenizer
+        if getattr(processor, part, None) is None:
+            raise ValueError(f"{folder}: transformers loaded a {type(processor).__name__}, not a processor with an {part}")
+    check_processor(processor, str(folder))  # its sizes bounded before it sees an image (#47)
+    return processor
 
 
-def process(processor, prompt: str, image) -> Any:
+def chat_text(processor, prompt: str, where: str) -> str:
+    """``prompt`` after one image as a user message in the processor's chat template, ready for the answer
+    (transformers' ``apply_chat_template(..., add_generation_prompt=True)``, rendered within the bounds of
+    :mod:`mps_backend.llm.chat_templates`); a processor without a template, or a template that fails, is one
+    ValueError line naming ``where`` (the checkpoint folder)."""
+    from mps_backend.llm.chat_templates import bounded_rendering  # noqa: PLC0415
+
+    if not getattr(processor, "chat_template", None):
+        raise ValueError(f"{where}: the processor has no chat template (--chat needs an instruct model's)")
+    message = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    with bounded_rendering(where):
+        try:
+            return processor.apply_chat_template(message, add_generation_prompt=True, tokenize=False)
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001 - transformers' own refusals of the conversation
+            raise ValueError(f"{where}: the chat template failed: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def process(processor, prompt: str, image, *, chat: bool = False, folder: str | pathlib.Path = "the processor") -> Any:
     """The processor's tensors for ``prompt`` with ``image`` (a path or a PIL image): the prompt gets the
-    image placeholder in front when it holds none."""
+    image placeholder in front when it holds none; ``chat``: the prompt in the processor's chat template
+    (:func:`chat_text`; no second BOS when the template writes one, as transformers' own). The image's size,
+    and its size once resized, are bounded before its pixels are decoded (:mod:`mps_backend.llm.image_bounds`)."""
     from PIL import Image  # noqa: PLC0415
 
+    from mps_backend.llm.image_bounds import check_dimensions, check_resize, open_image  # noqa: PLC0415
+
+    where = str(image) if not isinstance(image, Image.Image) else "the image"
     if not isinstance(image, Image.Image):
-        try:
-            image = Image.open(image)
-            image.load()
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{image}: not an image file PIL reads ({e})") from None
+        image = open_image(image)
+    check_dimensions(image.width, image.height, where)
+    check_resize(processor, image.width, image.height, where)
     image = image.convert("RGB")
-    mark = image_placeholder(processor)
-    text = prompt if mark in prompt else mark + prompt
-    return processor(text=text, images=image, return_tensors="pt")
+    extra = {}
+    if chat:
+        text = chat_text(processor, prompt, str(folder))
+        bos = getattr(processor.tokenizer, "bos_token", None)
+        if bos and text.startswith(bos):
+            extra["add_special_tokens"] = False
+    else:
+        mark = image_placeholder(processor)
+        text = prompt if mark in prompt else mark + prompt
+    try:
+        return processor(text=text, images=image, return_tensors="pt", **extra)
+    except Exception as e:  # noqa: BLE001 - transformers' processor on the folder's config: its failure in one line
+        detail = " ".join(str(e).split())[:200] or type(e).__name__
+        raise ValueError(f"{folder}: the processor failed on {where}: {type(e).__name__}: {detail}") from None
 
 
 def runner_inputs(batch, image_id: int, rows: int, block: int | None = None) -> list[RunnerInput]:
@@ -222,11 +273,12 @@ def generate_ids(
     return result.tokens
 
 
-def prompt_inputs(pte, folder, prompt: str, image) -> list[RunnerInput]:
-    """The runner's inputs for ``prompt`` and ``image`` by the folder's processor, cut for the program."""
+def prompt_inputs(pte, folder, prompt: str, image, *, chat: bool = False) -> list[RunnerInput]:
+    """The runner's inputs for ``prompt`` and ``image`` by the folder's processor, cut for the program
+    (``chat``: the prompt in the processor's chat template)."""
     meta = _meta(pte)
     processor = load_processor(folder)
-    batch = process(processor, prompt, image)
+    batch = process(processor, prompt, image, chat=chat, folder=folder)
     block = meta.get("image_block_rows")
     return runner_inputs(batch, image_token_id(processor), int(meta["get_max_seq_len"]), int(block) if block else None)
 
@@ -239,11 +291,13 @@ def generate_image(
     max_new_tokens: int = 32,
     *,
     runner: str = "python",
+    chat: bool = False,
 ) -> ImageGeneration:
     """The text the program writes about ``image`` after ``prompt`` (greedy). ``folder``: the checkpoint
-    folder (its processor and tokenizer)."""
+    folder (its processor and tokenizer). ``chat``: the image and prompt as a user message in the
+    processor's chat template."""
     pte = pathlib.Path(pte)
-    inputs = prompt_inputs(pte, folder, prompt, image)
+    inputs = prompt_inputs(pte, folder, prompt, image, chat=chat)
     if runner == "executorch":
         text = generate_with_executorch_runner(pte, folder, inputs, max_new_tokens)
         return ImageGeneration(text=text, stopped_by="executorch MultimodalRunner")
@@ -275,8 +329,11 @@ def generate_with_executorch_runner(
     converted = [make_image_input(v[0]) if k == "image" else make_token_input(list(v)) for k, v in inputs]
     pieces: list[str] = []
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False)
+    from mps_backend.llm.runner_output import quiet_stdout  # noqa: PLC0415
+
     try:
-        runner.generate(converted, config, pieces.append)
+        with quiet_stdout():  # it prints each piece itself: the CLI prints the answer once
+            runner.generate(converted, config, pieces.append)
     except RuntimeError as e:
         raise ValueError(f"executorch's MultimodalRunner failed: {e} (its log above says why)") from None
     return "".join(pieces)

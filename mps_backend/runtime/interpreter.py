@@ -7,7 +7,7 @@
 ``Interpreter(blob, mode)`` decodes the blob and loads its constants once (zero-copy views of the
 blob bytes); ``run`` / ``run_with_report`` execute it on one set of inputs. What depends on constants
 only (a weight's transpose, dequantization or cast, and float16 weights widened for a matmul) is
-computed on the first run and kept for the next ones when it fits ``$MPS_BACKEND_EMULATOR_MEMO_BYTES``
+computed on the first run and kept for the next ones when it fits ``$MPS_BACKEND_EMULATOR_MEMO_BYTES`` (0: off)
 (:class:`Memo`): the same kernels on the same values, so the same results, once instead of per call. ``report`` has one
 ``OutputInfo`` per output: its ``reinterpreted`` flag is true where the device writes another dtype
 or element count than the declared output tensor holds (ExecuTorch would see reinterpreted bytes).
@@ -210,7 +210,8 @@ class Interpreter:
         self._constants = {vid: load_constant(self.blob, vid, vid in self._packed) for vid in g.constant_ids}
         self._plan = [(i, node, KERNELS.get(node.op)) for i, node in enumerate(g.nodes)]
         self._dead_after = _dead_after(g)
-        self.memo = Memo.plan(g, memo_bytes())
+        budget = memo_bytes()
+        self.memo = Memo.plan(g, budget) if budget else None  # 0: off
 
     # --------------------------------------------------------------------------------------------
 
@@ -324,6 +325,7 @@ DEFAULT_MEMO_BYTES = 1 << 30
 
 
 def memo_bytes() -> int:
+    """``$MPS_BACKEND_EMULATOR_MEMO_BYTES`` (0: nothing is kept)."""
     return env_bytes("MPS_BACKEND_EMULATOR_MEMO_BYTES", DEFAULT_MEMO_BYTES)
 
 

@@ -295,7 +295,11 @@ class _Emulator:
             try:
                 outputs = _execute_delegate(blob, inputs, mode, observer, getattr(self.state, "loaded", None), handle_id)
             except ValueError as exc:  # a malformed blob, or the interpreter refusing the bound tensors
+                from mps_backend.config import ConfigError  # noqa: PLC0415
                 from mps_backend.serialization import MPSFormatError  # noqa: PLC0415
+
+                if isinstance(exc, ConfigError):  # a setting of the environment, not the program: said as such
+                    raise
 
                 what = "malformed blob" if isinstance(exc, MPSFormatError) else "the program's tensors do not match its blob"
                 raise EmulatorError(f"MPS delegate (handle {handle_id}): {what}: {exc}") from exc

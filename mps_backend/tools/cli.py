@@ -96,6 +96,33 @@ def cmd_export_llm(args) -> int:
         )
         return 1
     print(f"wrote {result.path}")
+    if result.model_type == "whisper":
+        return _export_whisper_preprocessor(args, result)
+    if args.preprocessor:
+        print(f"error: --preprocessor applies to Whisper checkpoints, not {result.model_type}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _export_whisper_preprocessor(args, result) -> int:
+    """The Whisper program's audio front end, beside it (``--preprocessor FILE``, default
+    ``OUT-preprocessor.pte``): waveform -> features on the MPS delegate (mps_backend.llm.whisper_preprocessor)."""
+    from mps_backend.llm.spec import parse_model_spec  # noqa: PLC0415
+    from mps_backend.llm.transcribe import encoder_input, feature_extractor, preprocessor_path  # noqa: PLC0415
+    from mps_backend.llm.whisper_preprocessor import export_preprocessor  # noqa: PLC0415
+
+    path = pathlib.Path(args.preprocessor) if args.preprocessor else preprocessor_path(result.path)
+    try:
+        fe = feature_extractor(parse_model_spec(args.model)[1], encoder_input(result.path)[0])
+        info = export_preprocessor(fe, path)
+    except (ValueError, OSError) as e:
+        print(f"error: the preprocessor: {e}", file=sys.stderr)
+        return 2
+    cpu = ", ".join(info["cpu"]) or "nothing"
+    print(
+        f"wrote {path} (waveform [n <= {fe.n_samples}] -> features [1, {fe.feature_size}, {fe.nb_max_frames}]; "
+        f"MPS delegates {info['delegates']}, on CPU: {cpu})"
+    )
     return 0
 
 
@@ -121,7 +148,7 @@ def cmd_generate(args) -> int:
     echo = "" if args.chat else args.prompt
     if args.runner == "executorch":
         try:
-            pieces = generate_with_executorch_runner(pte, tok, prompt, args.max_new_tokens)
+            pieces = generate_with_executorch_runner(pte, tok, prompt, args.max_new_tokens, bos=args.bos)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -151,7 +178,9 @@ def _generate_image(args, pte: pathlib.Path) -> int:
         print("error: --bos applies to text prompts (the processor makes a vision-language prompt's tokens)", file=sys.stderr)
         return 2
     try:
-        result = generate_image(pte, args.tokenizer, args.image, args.prompt, args.max_new_tokens, runner=args.runner)
+        result = generate_image(
+            pte, args.tokenizer, args.image, args.prompt, args.max_new_tokens, runner=args.runner, chat=args.chat
+        )
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -170,13 +199,27 @@ def cmd_transcribe(args) -> int:
             print(f"error: {path}: no such {what}", file=sys.stderr)
             return 2
     try:
-        result = transcribe(pte, args.audio, args.tokenizer, args.max_new_tokens)
+        result = transcribe(
+            pte,
+            args.audio,
+            args.tokenizer,
+            args.max_new_tokens,
+            language=args.language,
+            task=args.task,
+            timestamps=True if args.timestamps else None,
+            max_seconds=args.max_seconds,
+            preprocessor=args.preprocessor,
+        )
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for note in result.notes:
         _say(f"note: {note}")
-    print(result.text)
+    if args.timestamps:
+        for seg in result.segments:
+            print(f"[{seg.start:.2f} --> {seg.end:.2f}] {seg.text.strip()}")
+    else:
+        print(result.text)
     _say(result.stats())
     return 0
 
@@ -188,11 +231,11 @@ def cmd_export(args) -> int:
 
     if is_llm_spec(args.model):
         return cmd_export_llm(args)
-    for flag in ("max_seq_len", "params", "prefill_chunk"):
-        if getattr(args, flag) is not None:
-            raise SystemExit(f"--{flag.replace('_', '-')} applies to language models (--model {USAGE})")
+    for flag in ("max_seq_len", "params", "prefill_chunk", "preprocessor"):
+        if getattr(args, flag) is not None:  # one line, exit 2 (a SystemExit of text had no "error:" and exit 1)
+            raise UserError(f"--{flag.replace('_', '-')} applies to language models (--model {USAGE})")
     if args.quantize_embedding or args.no_verify:
-        raise SystemExit(f"--quantize-embedding and --no-verify apply to language models (--model {USAGE})")
+        raise UserError(f"--quantize-embedding and --no-verify apply to language models (--model {USAGE})")
 
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
@@ -587,6 +630,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-verify", action="store_true", help="language models: skip the --verify-steps check")
     p.add_argument(
+        "--preprocessor",
+        default=None,
+        help="Whisper: where to write the audio front end's program (waveform -> features on the MPS delegate; "
+        "default: OUT-preprocessor.pte beside the output)",
+    )
+    p.add_argument(
         "-o",
         "--output",
         help="output path (default: <output_dir>/<model>_mps_<fp16|fp32>.pte); written atomically (a temporary "
@@ -716,14 +765,33 @@ def main(argv: list[str] | None = None) -> int:
         help="speech to text with a Whisper .pte on the emulated runtime (executorch's ASR runner's loop, greedy)",
     )
     p.add_argument("file", help="the .pte (mps-backend export --model hf:WHISPER_FOLDER)")
-    p.add_argument("--audio", required=True, help="a PCM .wav (its first 30 seconds; resampled to 16 kHz if need be)")
+    p.add_argument(
+        "--audio",
+        required=True,
+        help="an audio file libsndfile reads (WAV, FLAC, Ogg, MP3...): mixed to mono, resampled to 16 kHz",
+    )
     p.add_argument(
         "--tokenizer",
         required=True,
         help="the checkpoint folder (tokenizer.json; its preprocessor_config.json for the features) or a tokenizer.json",
     )
     p.add_argument(
-        "--max-new-tokens", type=int, default=None, help="tokens to generate at most (default: the decoder's get_max_seq_len)"
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="tokens to generate at most per 30-s window (default: what the decoder's cache holds after the prompt)",
+    )
+    p.add_argument("--language", default=None, help="the spoken language (a code such as fr, or a name); default: detected")
+    p.add_argument(
+        "--task", choices=("transcribe", "translate"), default=None, help="multilingual checkpoints: translate to English"
+    )
+    p.add_argument("--timestamps", action="store_true", help="print each segment with its start and end in seconds")
+    p.add_argument("--max-seconds", type=float, default=3600.0, help="longer audio is refused (memory: 64 KB a second at 16 kHz)")
+    p.add_argument(
+        "--preprocessor",
+        default=None,
+        help="the features program (default: FILE-preprocessor.pte beside the program, if there; 'none': "
+        "transformers' WhisperFeatureExtractor)",
     )
     p.set_defaults(fn=cmd_transcribe)
     p = sub.add_parser(
@@ -745,9 +813,54 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args.fn, args)
 
 
+#: the KeyboardInterrupt argument that tells SIGTERM from SIGINT
+SIGTERM_NOTE = "SIGTERM"
+
+
+def _terminate(signum, frame) -> None:
+    """SIGTERM raised where the process is, as SIGINT's KeyboardInterrupt is (the same clean-up runs: the export's
+    temporary files and scratch folder are removed on the way out)."""
+    raise KeyboardInterrupt(SIGTERM_NOTE)
+
+
+def _is_sigterm(e: BaseException) -> bool:
+    return isinstance(e, KeyboardInterrupt) and e.args == (SIGTERM_NOTE,)
+
+
 def _run(fn, args) -> int:
-    """``fn(args)``, any error of mps_backend (or the file system) told in one line."""
+    """``fn(args)``, any error of mps_backend (or the file system) told in one line; SIGTERM handled as SIGINT
+    for the duration (its previous handler put back after). A SIGINT or SIGTERM whose exception was raised
+    inside a finalizer (a weakref callback, a ``__del__``: Python prints "Exception ignored" and goes on) is
+    delivered again, so that it ends the command all the same."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
     try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: no handler
+        previous = None
+    unraisable = sys.unraisablehook
+
+    def redeliver(info) -> None:
+        if previous is not None and isinstance(info.exc_value, KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM if _is_sigterm(info.exc_value) else signal.SIGINT)
+            return
+        unraisable(info)
+
+    sys.unraisablehook = redeliver
+    try:
+        return _run_checked(fn, args)
+    finally:
+        sys.unraisablehook = unraisable
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run_checked(fn, args) -> int:
+    from mps_backend.config import check_environment  # noqa: PLC0415
+
+    try:
+        check_environment()  # a bad MPS_BACKEND_*_BYTES is one line before any work
         return fn(args)
     except InternalError as e:  # a bug of mps_backend, not the input's fault: one line, exit 1
         print(f"internal error (a bug of mps_backend, please report it): {e}", file=sys.stderr)
@@ -755,7 +868,10 @@ def _run(fn, args) -> int:
     except (MPSBackendError, OSError, MemoryError) as e:  # this input cannot be used: one line, exit 2
         print(f"error: {_runtime_failure(e) or e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # SIGINT: the export's temporary files and scratch folder are removed on the way out
+    except KeyboardInterrupt as e:  # SIGINT, SIGTERM: the export's temporary files and scratch folder are removed on the way out
+        if _is_sigterm(e):
+            print("\nerror: terminated (SIGTERM)", file=sys.stderr)
+            return 143
         print("\nerror: interrupted (SIGINT)", file=sys.stderr)
         return 130
 
