@@ -6,8 +6,9 @@ per precision) and run on the emulated runtime.
 Per precision (fp16, the default, and fp32, both keeping the file's Q4_1/Q8_0 tensors as int4/int8 groups;
 int8 per channel and int4 groups of 32 re-quantized from the dequantized weights, both in the default fp16
 precision):
-- greedy text on 3 real prompts equals eager float32's with the same weights (the file's kept tensors
-  dequantized as the device computes them, #43; int8/int4: the same quantized weights) for 24 tokens;
+- greedy text on 3 real prompts for 24 tokens is eager float32's with the same weights (the file's kept
+  tensors dequantized as the device computes them, #43; int8/int4: the same quantized weights): fed the
+  export's tokens, eager ranks each first or within one rounding step of the export's compute dtype;
 - teacher-forced over the README's prose (256 tokens): top-1 agreement with that eager model and the
   largest relative logit gap, printed beside the same figures of eager bfloat16 and eager float16 (and
   of the .pte against eager float32 of the file's float values, transformers' own GGUF loading); target:
@@ -141,10 +142,6 @@ def eager_kept(gguf: pathlib.Path, dtype: str):
     return model.float().requires_grad_(False)
 
 
-def _first_difference(got: list[int], want: list[int]) -> int | None:
-    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-
-
 def test_gguf_loads_as_transformers_does(gguf, eager32, tmp_path):
     """mps_backend's GGUF loading (dequantized a block of rows at a time into scratch files) gives
     transformers' own ``from_pretrained(folder, gguf_file=...)`` weights bit for bit: float32, and float16
@@ -195,8 +192,11 @@ def test_gguf_refusals_are_one_line(tmp_path, gguf):
 @pytest.mark.parametrize("exported", PARAMS, indirect=True)
 def test_real_greedy_text(exported, gguf, tok, references):
     """The export's own self-check passes (unquantized exports; on a prompt tokenized by the GGUF's
-    tokenizer), and greedy text on 3 real prompts equals the eager model's for 24 tokens (EOS ignored on
-    both sides)."""
+    tokenizer), and greedy text on 3 real prompts is the eager model's for 24 tokens (EOS ignored): fed the
+    export's own tokens, eager float32 ranks each of them first, or it is an exact tie at the export's
+    precision (the eager gap to the top logit below one rounding step of that logit in the export's
+    compute dtype: two tokens the program cannot tell apart; the int4 export met one at 27.94 vs 27.93, a
+    float16 step being 0.0156 there)."""
     name, pte, status, stdout = exported
     assert status == 0 and "MPS delegates    1" in stdout, stdout
     if not EXPORTS[name][1]:  # the self-check passed, on a prompt tokenized by the file's tokenizer
@@ -206,22 +206,20 @@ def test_real_greedy_text(exported, gguf, tok, references):
         assert kept + "groups of 32, 1 read by a lookup: 1.00x" in stdout, stdout
         assert pte.stat().st_size <= 1.1 * gguf.stat().st_size, (pte.stat().st_size, gguf.stat().st_size)
     model = references(name)
+    eps = torch.finfo(torch.float16 if EXPORTS[name][0] == "fp16" else torch.float32).eps
     for prompt in PROMPTS:
         ids = tok.encode(prompt)
-        with torch.no_grad():
-            want = model.generate(torch.tensor([ids]), max_new_tokens=GREEDY, do_sample=False, eos_token_id=None)
-        want = want[0, len(ids) :].tolist()
         got = generate_ids(pte, ids, GREEDY)[:GREEDY]
-        at = _first_difference(got, want)
-        assert at is None, f"{name}, {prompt!r}: token {at} differs: {tok.decode(got)!r} vs eager {tok.decode(want)!r}" + _margin(
-            model, ids + want[:at], got[at], want[at]
-        )
-
-
-def _margin(model, ids: list[int], got: int, want: int) -> str:
-    """Where the texts part: how far apart the eager model put the two tokens (a near-tie or not)."""
-    logits = eager_logits(model, ids)[-1]
-    return f" (eager logits there: {float(logits[want]):.4g} for its token, {float(logits[got]):.4g} for the export's)"
+        assert len(got) == GREEDY, got
+        logits = eager_logits(model, ids + got)[len(ids) - 1 : len(ids) - 1 + GREEDY]
+        for at, token in enumerate(got):
+            top = logits[at].max()
+            step = eps * 2.0 ** int(torch.floor(torch.log2(top.abs())))
+            gap = float(top - logits[at][token])
+            assert gap <= step, (
+                f"{name}, {prompt!r}: token {at} differs: {tok.decode(got)!r}; eager puts the export's token "
+                f"{gap:.4g} below its top logit {float(top):.4g} (a rounding step there: {step:.3g})"
+            )
 
 
 @pytest.mark.parametrize("exported", PARAMS, indirect=True)
