@@ -446,12 +446,14 @@ def eager_gguf(path: pathlib.Path, dtype: torch.dtype, quantize: str | None = No
     dequantized, then computed in ``dtype``: the same quantized weights, eagerly."""
     import transformers
 
+    from mps_backend.llm.gguf import one_name_map
     from mps_backend.quantize import quantize_dequantized, resolve_group_size
 
     load = (torch.float16 if export_dtype == "fp16" else torch.float32) if quantize else dtype
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=load, attn_implementation="eager", local_files_only=True
-    ).eval()
+    with one_name_map():  # transformers' own name map, built once instead of once per submodule (6 s)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=load, attn_implementation="eager", local_files_only=True
+        ).eval()
     if quantize:
         quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
         model.to(dtype)

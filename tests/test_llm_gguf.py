@@ -171,6 +171,30 @@ def test_gguf_loads_as_transformers_does(gguf, eager32, tmp_path):
     assert all(torch.equal(p, want[name]) for name, p in short.model.named_parameters())
 
 
+def test_one_name_map_gives_transformers_map_and_is_undone():
+    """The GGUF name map built under ``one_name_map`` (gguf's per-block map made once, not once per
+    submodule) is transformers' own, for a 30-layer llama; gguf's function is restored on exit, also on error."""
+    import gguf as gguf_package
+    import transformers
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
+
+    from mps_backend.llm.gguf import one_name_map
+
+    config = transformers.LlamaConfig(num_hidden_layers=30, hidden_size=64, intermediate_size=128, num_attention_heads=4)
+    with torch.device("meta"):
+        skeleton = transformers.LlamaForCausalLM(config)
+    original = gguf_package.get_tensor_name_map
+    want = get_gguf_hf_weights_map(skeleton, TensorProcessor())
+    with one_name_map():
+        assert gguf_package.get_tensor_name_map is not original
+        got = get_gguf_hf_weights_map(skeleton, TensorProcessor())
+    assert got == want and len(want) == 2 + 9 * 30 + 1, len(want)
+    assert gguf_package.get_tensor_name_map is original
+    with pytest.raises(RuntimeError, match="inside"), one_name_map():
+        raise RuntimeError("inside")
+    assert gguf_package.get_tensor_name_map is original
+
+
 def test_gguf_refusals_are_one_line(tmp_path, gguf):
     """Not a GGUF, a missing file, a truncated one (its tensor data cut), an unknown spec: one
     CheckpointError line each, nothing written."""

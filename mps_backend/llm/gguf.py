@@ -33,10 +33,11 @@ with the layer count changed and the kept tensors' blocks copied as stored.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import pathlib
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -276,7 +277,8 @@ def _gguf_tensors(path, header, model_class, config, dtype, clamp, overflows, ba
     processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config.to_dict())
     with torch.device("meta"):
         skeleton = model_class(config)  # its parameter names, for transformers' name map
-    mapping = get_gguf_hf_weights_map(skeleton, processor)
+    with one_name_map():
+        mapping = get_gguf_hf_weights_map(skeleton, processor)
     modules = dict(skeleton.named_modules())
     del skeleton
     tensors: dict[str, Any] = {}
@@ -348,6 +350,22 @@ def _kept_note(kind: str, size: list[int]) -> str:
         unpacked = ", unpacked" if layout.bits == 4 else ""
         text += f"{';' if n else ','} {tables} read by a lookup{unpacked}: {table_stored / table_file:.2f}x"
     return text
+
+
+@contextlib.contextmanager
+def one_name_map() -> Iterator[None]:
+    """While it is open, ``gguf.get_tensor_name_map`` builds each (architecture, block count)'s map once:
+    transformers' ``get_gguf_hf_weights_map`` recurses into every submodule of the model and builds gguf's
+    map of every block again at each (quadratic in the layer count: 6 CPU s of SmolLM2-135M's 30-layer
+    load). The maps are only read; the function is restored on exit, also on error."""
+    import gguf  # noqa: PLC0415
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.cache(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
 
 
 def load_gguf(
