@@ -225,7 +225,22 @@ def test_fp16_on_trained_like_statistics(tmp_path, tokenizer, case):
     assert_as_close_as_bfloat16(planted_figures(folder, result.path), peak)
 
 
-@pytest.mark.parametrize("case", sorted(case for case, row in TABLE.items() if row[3] is None))
+#: int4 rows refused today, the open work named (#43)
+INT4_OPEN = {
+    "falcon": "open work (#43): FalconLinear computes input @ self.weight.T and GroupQuantizedTensor has no "
+    "aten.permute (a transposed view of its groups): --quantize int4 of falcon is refused in one line",
+}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(case, marks=pytest.mark.xfail(reason=INT4_OPEN[case], strict=True, raises=CheckpointError))
+        if case in INT4_OPEN
+        else case
+        for case in sorted(case for case, row in TABLE.items() if row[3] is None)
+    ],
+)
 def test_int4_on_trained_like_statistics(tmp_path, tokenizer, case):
     """#43: the planted variants with ``--quantize int4`` (asymmetric groups of 32, the head int8): the fp16
     .pte at least as close to eager float32 with the same quantized weights as eager bfloat16 with them;
