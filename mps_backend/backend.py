@@ -17,7 +17,7 @@ from mps_backend.builder import GraphBuilder
 from mps_backend.errors import InternalError, MPSBackendError
 from mps_backend.operators.registry import default_registry
 from mps_backend.passes import Float16RangeWarning, fp16_overflow, run_lowering_passes
-from mps_backend.passes._graph import constant_tensor
+from mps_backend.passes._graph import constant_tensors
 from mps_backend.precision import Precision
 from mps_backend.serialization.device_facts import node_value_ids
 from mps_backend.serialization.writer import write_blob
@@ -86,7 +86,8 @@ def build_graph(ep: ExportedProgram, precision: Precision | bool, *, copy_progra
         ep = shared_weight_copy(ep)
     run_lowering_passes(ep, precision)
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
-    constants = {n: constant_tensor(ep, n) for n in placeholders}
+    table = constant_tensors(ep)
+    constants = {n: table.get(n.name) for n in placeholders}
     user_inputs = [n for n in placeholders if constants[n] is None]
     for n in user_inputs:  # value ids 0..n-1 in forward-argument order (format contract 3)
         val = n.meta["val"]

@@ -18,7 +18,10 @@ and caches is unknown to it. Its assumptions:
   - a permute, expand, slice, select or cast of an operand is folded into its consumer (not written;
     the consumer reads the permute's/expand's/cast's source, or what the slice takes);
   - a dequantize whose result goes (through such folds) only to matmuls is folded into them: they read
-    the packed weight and its scales instead of the dequantized weight.
+    the packed weight and its scales instead of the dequantized weight; so is an elementwise node
+    computing a value from constants alone (weight-derived: the per-group offsets added to a
+    dequantized weight, an int8 weight's cast and scale) that goes only to matmuls or to other such
+    nodes: the dequantize and its offsets are one fused read of the packed weight, scales and offsets.
 - Roles: *weights* are the delegate's constants; *weight-derived* values are computed from constants
   alone (the same every execution: a permuted or dequantized weight); *state* is mutable state, a
   delegate input that is neither a method input nor computed earlier in the method (a buffer such as the
@@ -396,10 +399,21 @@ def graph_cost(graph: Graph, state: Iterable[int] = (), delegate: int = 0) -> Gr
             cs = real_consumers(v)
             if cs and all(elementwise_use(c) for c in cs):
                 folded.add(v)
-    for n in graph.nodes:
+
+    def weight_chain(c: int) -> bool:
+        """Node ``c`` computes a weight-derived value elementwise (not a graph output)."""
+        n = graph.nodes[c]
+        return n.op in ELEMENTWISE and _out(n) not in escapes and role.get(_out(n)) == "weight-derived"
+
+    to_matmuls: set[int] = set()  # folded values that go only to matmuls (through folds)
+    for n in reversed(graph.nodes):  # consumers first: a chain's later nodes are decided before earlier ones
         v = _out(n)
-        if n.op == DEQUANTIZE and v not in escapes and _only_matmuls(v, graph, real_consumers, folded):
+        if v < 0 or v in escapes:
+            continue
+        chained = n.op == DEQUANTIZE or weight_chain(index_of[v])
+        if chained and _only_matmuls(v, graph, real_consumers, folded, to_matmuls):
             folded.add(v)
+            to_matmuls.add(v)
 
     # what reading a value costs: (key, root value, bytes) per underlying read
     memo: dict[tuple[int, bool], list[tuple[int, int, int]]] = {}
@@ -501,13 +515,15 @@ def _gathered(n: Node, v: int) -> bool:
     return n.fields.get("input1_id") == v
 
 
-def _only_matmuls(v: int, graph: Graph, real_consumers: Any, folded: set[int]) -> bool:
+def _only_matmuls(v: int, graph: Graph, real_consumers: Any, folded: set[int], to_matmuls: set[int]) -> bool:
+    """``v`` goes only to matmuls: directly, through folded permutes/casts/slices, or through the
+    elementwise nodes of a weight chain that do (``to_matmuls``, decided before: they come later)."""
     cs = real_consumers(v)
     for c in cs:
         n = graph.nodes[c]
-        if n.op in MATMULS:
+        if n.op in MATMULS or _out(n) in to_matmuls:
             continue
-        if n.op in FOLDABLE and _out(n) in folded and _only_matmuls(_out(n), graph, real_consumers, folded):
+        if n.op in FOLDABLE and _out(n) in folded and _only_matmuls(_out(n), graph, real_consumers, folded, to_matmuls):
             continue
         return False
     return bool(cs)

@@ -245,8 +245,12 @@ def collect_rows(
             if not layout:
                 layout = [(t.dtype, list(t.shape[1:])) if t is not None else None for t in pieces]
             for i, t in enumerate(pieces):
-                if t is not None:
-                    files[i].append(t) if files is not None else parts[i].append(t)
+                if t is None:
+                    continue
+                if files is not None:
+                    files[i].append(t)
+                else:
+                    parts[i].append(t)
             del pieces
         if not layout:
             raise ValueError(f"{name}: no rows")

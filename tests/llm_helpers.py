@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import pathlib
 
 import torch
@@ -348,21 +349,34 @@ def closeness(logits: torch.Tensor, reference: torch.Tensor) -> tuple[float, flo
     return top1, gap
 
 
-def planted_figures(folder: pathlib.Path, pte: pathlib.Path, tokens=PLANTED_TOKENS) -> dict:
+def quantized_eager_model(folder: pathlib.Path, dtype: torch.dtype, quantize: str, group_size=None):
+    """The checkpoint's weights quantized as an fp16 ``--quantize`` export quantizes them (from float16
+    weights) and dequantized, then computed in ``dtype``: the same quantized weights, eagerly."""
+    from mps_backend.quantize import quantize_dequantized, resolve_group_size
+
+    model = eager_model(folder, torch.float16)
+    quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
+    return model.to(dtype)
+
+
+def planted_figures(folder: pathlib.Path, pte: pathlib.Path, tokens=PLANTED_TOKENS, quantize: str | None = None) -> dict:
     """Teacher-forced ``tokens`` through the ``.pte`` (emulated runtime) and through transformers in
-    eager float32, bfloat16 and float16: {"pte"|"bfloat16"|"float16": (top-1, gap) against float32,
-    "peak": max |hidden state| of eager float32}."""
+    eager float32, bfloat16 and float16 (with ``quantize``: each with the weights quantized as the
+    export did): {"pte"|"bfloat16"|"float16": (top-1, gap) against float32, "peak": max |hidden state|
+    of eager float32 with the float weights (what was planted)}."""
     from mps_backend.runtime import LoadedMethod
 
     step = LoadedMethod(pte, "forward")
     dev = torch.stack([step([torch.tensor([[t]]), torch.tensor([pos])])[0].reshape(-1).float() for pos, t in enumerate(tokens)])
     figures, ref = {}, None
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        hidden, logits = layer_outputs(eager_model(folder, dtype), tokens)
+        model = quantized_eager_model(folder, dtype, quantize) if quantize else eager_model(folder, dtype)
+        hidden, logits = layer_outputs(model, tokens)
         logits = logits[0].float()
         if ref is None:
             ref = logits
-            figures["peak"] = max(float(h.abs().max()) for h in hidden)
+            planted = layer_outputs(eager_model(folder, dtype), tokens)[0] if quantize else hidden
+            figures["peak"] = max(float(h.abs().max()) for h in planted)
         else:
             figures[str(dtype).removeprefix("torch.")] = closeness(logits, ref)
     figures["pte"] = closeness(dev, ref)
@@ -432,12 +446,14 @@ def eager_gguf(path: pathlib.Path, dtype: torch.dtype, quantize: str | None = No
     dequantized, then computed in ``dtype``: the same quantized weights, eagerly."""
     import transformers
 
+    from mps_backend.llm.gguf import one_name_map
     from mps_backend.quantize import quantize_dequantized, resolve_group_size
 
     load = (torch.float16 if export_dtype == "fp16" else torch.float32) if quantize else dtype
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=load, attn_implementation="eager", local_files_only=True
-    ).eval()
+    with one_name_map():  # transformers' own name map, built once instead of once per submodule (6 s)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=load, attn_implementation="eager", local_files_only=True
+        ).eval()
     if quantize:
         quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
         model.to(dtype)
@@ -489,3 +505,102 @@ GRANITE_HYBRID_CONFIG = {
     "mamba_d_state": 16,
     "num_local_experts": 0,
 }
+
+
+# ---- tiny GGUF files of each quantized type (issue #43) ---------------------------------------------------
+
+#: the tiny llama of the GGUF type tests: every quantized weight's columns a multiple of 256 (the K-quants'
+#: block), two layers, an untied head (``tie``: none, the head reads token_embd)
+TINY_GGUF = dict(dim=256, heads=4, kv_heads=2, hidden=512, vocab=512, layers=2)
+
+
+def gguf_blocks(data, kind: str, rng):
+    """``data`` (float32 ``[rows, cols]``) as GGUF blocks of type ``kind``: the ``gguf`` package's own
+    quantizer where it has one (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, ...); for the K-quants and the others it
+    only dequantizes, random blocks of the type's layout with small float16 scales (every byte pattern
+    of the values is a valid block)."""
+    import gguf
+    import numpy as np
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    try:
+        return gguf.quants.quantize(data, qtype)
+    except NotImplementedError:
+        pass
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = data.shape
+    raw = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
+    # the float16 fields: (offset, scale) per type (Q4_K/Q5_K: d and dmin; Q6_K: d last; Q2_K: d, dmin last)
+    fields = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}.get(kind, ())
+    for at in fields:
+        half = rng.uniform(0.0005, 0.002, size=(raw.shape[0], 1)).astype(np.float16)
+        raw[:, at : at + 2] = half.view(np.uint8)
+    return raw.reshape(rows, cols // block * size)
+
+
+def write_llama_gguf(path, shape: dict, layers: int, tensor, *, tie=False, context=256, rope_base=10000.0, bos=1, eos=2) -> int:
+    """A llama GGUF at ``path`` of ``shape`` (dim, heads, kv_heads, hidden, vocab) and ``layers``: each tensor
+    (the token table, the head unless ``tie``, the norms, 7 linears a layer) written as ``tensor(name, shape)
+    -> (array, ggml type or None)`` gives it (a type: the array is its blocks, uint8 rows); no tokenizer.
+    Returns the parameter count."""
+    import gguf
+
+    dim, heads, kv, hidden, vocab = (shape[k] for k in ("dim", "heads", "kv_heads", "hidden", "vocab"))
+    head_dim = dim // heads
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(layers)
+    w.add_context_length(context)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(hidden)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    w.add_rope_dimension_count(head_dim)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    shapes = {"token_embd.weight": (vocab, dim), "output_norm.weight": (dim,)}
+    if not tie:
+        shapes["output.weight"] = (vocab, dim)
+    for i in range(layers):
+        shapes.update(
+            {
+                f"blk.{i}.attn_norm.weight": (dim,),
+                f"blk.{i}.ffn_norm.weight": (dim,),
+                f"blk.{i}.attn_q.weight": (dim, dim),
+                f"blk.{i}.attn_k.weight": (kv * head_dim, dim),
+                f"blk.{i}.attn_v.weight": (kv * head_dim, dim),
+                f"blk.{i}.attn_output.weight": (dim, dim),
+                f"blk.{i}.ffn_gate.weight": (hidden, dim),
+                f"blk.{i}.ffn_up.weight": (hidden, dim),
+                f"blk.{i}.ffn_down.weight": (dim, hidden),
+            }
+        )
+    for name, size in shapes.items():
+        data, kind = tensor(name, size)
+        w.add_tensor(name, data, raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return sum(math.prod(size) for size in shapes.values())
+
+
+def write_tiny_gguf(path: pathlib.Path, kind: str, *, tie: bool = False, embedding: str | None = None, seed: int = 0):
+    """A tiny llama GGUF (:data:`TINY_GGUF`) whose linear weights are of ggml type ``kind`` (``embedding``:
+    the token table's type, default ``kind``), norms float32; no tokenizer. Returns ``path``."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def tensor(name: str, shape: tuple):
+        if len(shape) == 1:
+            return (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32), None
+        t = embedding if embedding and name == "token_embd.weight" else kind
+        data = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        return gguf_blocks(data, t, rng), gguf.GGMLQuantizationType[t]
+
+    write_llama_gguf(path, TINY_GGUF, TINY_GGUF["layers"], tensor, tie=tie)
+    return path

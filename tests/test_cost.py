@@ -154,9 +154,46 @@ def test_int4_dequantize_folds_into_its_matmul_through_a_permute():
     assert roles(c.naive)["weight-derived"] == 4096 * 4
     assert [n.fused for n in c.nodes] == [0, 0, 128 + 1024 + 128 + 64]
     assert c.constants == 1152
-    # a dequantized weight also read by something else than a matmul stays materialized
-    g.nodes.append(Node("MPSAdd", {"input1_id": 3, "input2_id": 3, "output_id": 4, "alpha": 1.0}))
+    # a dequantized weight also read by something else than a matmul stays materialized (here an add
+    # whose result is a graph output; before #43 the add wrote over the matmul's operand, which now
+    # counts as a weight chain into the matmul)
+    g.values.append(Tensor(F16, [32, 64]))
+    g.output_ids.append(6)
+    g.nodes.append(Node("MPSAdd", {"input1_id": 3, "input2_id": 3, "output_id": 6, "alpha": 1.0}))
     assert graph_cost(g).nodes[0].fused == 1152 + 4096
+
+
+def test_dequantize_with_offsets_folds_into_its_matmul():
+    """#43: an int4 weight, its float16 scales and its per-group offsets (``MPSAdd`` of a ``[N, G, 1]``
+    constant over a ``[N, G, K/G]`` view, the float32 program's casts between): the matmul reads the
+    packed weight, the scales and the offsets, and nothing weight-sized is written; the floor counts
+    the offsets. An offset add whose result also goes elsewhere than to matmuls is written."""
+    F32 = DataType.float32
+    # 0 x [1,64] f32; 1 W int4 [32,64] (1024 B); 2 scales [32,2] (128 B); 3 offsets [32,2] f16 (128 B);
+    # 4 dequantized f16 [32,64]; 5 cast f32; 6 view [32,2,32]; 7 offsets cast f32; 8 view [32,2,1];
+    # 9 add [32,2,32] f32; 10 view [32,64]; 11 permute [64,32]; 12 out [1,32] f32
+    values = [(F32, (1, 64)), (I4, (32, 64)), (F16, (32, 2)), (F16, (32, 2)), (F16, (32, 64)), (F32, (32, 64))]
+    values += [(F32, (32, 2, 32)), (F32, (32, 2)), (F32, (32, 2, 1)), (F32, (32, 2, 32)), (F32, (32, 64)), (F32, (64, 32))]
+    values += [(F32, (1, 32))]
+    nodes = [
+        ("MPSDequantizePerChannelGroup", {"input1_id": 1, "scales_id": 2, "zero_points_id": -1, "output_id": 4}),
+        ("MPSCast", {"input1_id": 4, "output_id": 5}),
+        ("MPSView", {"input1_id": 5, "output_id": 6}),
+        ("MPSCast", {"input1_id": 3, "output_id": 7}),
+        ("MPSView", {"input1_id": 7, "output_id": 8}),
+        ("MPSAdd", {"input1_id": 6, "input2_id": 8, "output_id": 9, "alpha": 1.0}),
+        ("MPSView", {"input1_id": 9, "output_id": 10}),
+        ("MPSPermute", {"input1_id": 10, "output_id": 11}),
+        ("MPSMatMul", {"input1_id": 0, "input2_id": 11, "output_id": 12}),
+    ]
+    g = graph(values, nodes, inputs=[0], outputs=[12], constants=[1, 2, 3])
+    c = graph_cost(g)
+    assert [n.fused for n in c.nodes] == [0] * 8 + [256 + 1024 + 128 + 128 + 128]
+    assert c.constants == 1024 + 128 + 128 and roles(c.fused) == {"weights": 1280, "activations": 384}
+    assert c.fused.total == 1024 + 128 + 128 + 256 + 128  # the floor's constants, x and the output
+    # the offset add's result also a graph output: written (and the dequantize with it)
+    g.output_ids.append(9)
+    assert graph_cost(g).nodes[5].fused > 0 and graph_cost(g).nodes[0].fused > 0
 
 
 @pytest.fixture(scope="module")

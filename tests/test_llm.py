@@ -557,9 +557,11 @@ def test_cli_tied_embeddings_stored_once_and_nothing_unread(tmp_path, tokenizer,
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_cli_quantized_export(tmp_path, tokenizer, scheme, capsys):
-    """`--quantize int8|int4` from the CLI: every linear (lm_head too: a vocabulary padded to 128 rows,
-    like every linear here, fits the device's int4 layout N % 8 == 0, K % 32 == 0) is stored at its
-    width, 1 or 0.5 byte per weight, with one float16 scale per channel (int8) or per 32 columns (int4)."""
+    """`--quantize int8|int4` from the CLI (#43): every linear but the output head is stored at its width,
+    1 or 0.5 byte per weight, with a float16 scale and a float16 offset per output channel (int8) or per 32
+    columns (int4); the output head (the default ``--quantize-head int8``) int8 in symmetric groups of 32,
+    a float16 scale each. Every linear here (a vocabulary padded to 128 rows) fits the device's int4 layout
+    N % 8 == 0, K % 32 == 0, so none is int8 for its shape."""
     from mps_backend.operators.quant import int4_layout_fits
     from mps_backend.tools.cli import main
 
@@ -568,26 +570,31 @@ def test_cli_quantized_export(tmp_path, tokenizer, scheme, capsys):
     assert main(["export", "--model", f"hf:{folder}", "--quantize", scheme, "--max-seq-len", "16", "-o", str(out)]) == 0
     stdout = capsys.readouterr().out
     assert f"{scheme} weight-only" in stdout and "MPS delegates    1" in stdout
+    assert f"quantized 14 of 15 linear layers ({scheme}, " in stdout, stdout
+    assert "output head int8 groups of 32, symmetric" in stdout, stdout
     model = eager_model(folder, torch.float32)
-    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert len(linears) == 15 and all(int4_layout_fits(*w.shape) for w in linears)
+    head = model.get_output_embeddings().weight
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight is not head]
+    assert len(linears) == 14 and all(int4_layout_fits(*w.shape) for w in linears + [head])
     n_linear = sum(w.numel() for w in linears)
-    n_float = sum(p.numel() for p in _unique_params(folder)) - n_linear
+    n_float = sum(p.numel() for p in _unique_params(folder)) - n_linear - head.numel()
     stored = _stored_bytes(out)
     ops = collections.Counter(n.op for n in read_blob(delegate_blobs(out.read_bytes())[0].blob).graph.nodes)
     if scheme == "int4":
         assert ops["MPSDequantizePerChannelGroup"] == len(linears)
-        assert stored["int4"] == n_linear // 2 and "int8" not in stored
-        scales = n_linear // 32
+        assert stored["int4"] == n_linear // 2 and stored["int8"] == head.numel()
+        groups = n_linear // 32  # a scale and an offset each
     else:
-        assert stored["int8"] == n_linear and "int4" not in stored
-        scales = sum(w.shape[0] for w in linears)
-    # float16: the embedding, norms, biases, the scales and RoPE's cos/sin tables (16 positions each,
-    # computed in float32 at export); no linear weight left in float
+        assert stored["int8"] == n_linear + head.numel() and "int4" not in stored
+        groups = sum(w.shape[0] for w in linears)
+    head_scales = head.numel() // 32
+    # float16: the embedding, norms, biases, the scales and offsets and RoPE's cos/sin tables (16
+    # positions each, computed in float32 at export); no linear weight left in float
     head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
     rope = 2 * 16 * head_dim
-    assert (n_float + rope) * 2 <= stored["float16"] <= (n_float + scales + rope) * 2 + 64, (stored, n_float, scales, rope)
-    assert sum(stored.values()) < (n_float + n_linear) * 2 * (0.5 if scheme == "int4" else 0.65)
+    low, high = (n_float + rope + 2 * groups + head_scales) * 2, (n_float + rope + 2 * groups + head_scales) * 2 + 64
+    assert low <= stored["float16"] <= high, (stored, n_float, groups, head_scales, rope)
+    assert sum(stored.values()) < (n_float + n_linear + head.numel()) * 2 * (0.5 if scheme == "int4" else 0.65)
     assert len(generate_ids(out, PROMPT[:3], 4)) == 4
 
 

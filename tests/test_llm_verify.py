@@ -16,7 +16,7 @@ from mps_backend.llm import verify
 from mps_backend.llm.causal import CausalLM
 from mps_backend.llm.verify import BUDGET_ENV, INT4_TOLERANCE, TOLERANCE, float32_on_use, truncated_copy
 from mps_backend.tools.cli import main
-from tests.llm_helpers import save_checkpoint, save_llama_checkpoint, train_tokenizer
+from tests.llm_helpers import eager_model, save_checkpoint, save_llama_checkpoint, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -234,3 +234,40 @@ def test_generate_and_runner_metadata(tmp_path, arch, capsys):
             assert main(["generate", str(out), "--tokenizer", str(folder), "--prompt", long, "--runner", runner]) == 2
             err = capsys.readouterr().err
             assert "does not fit max_seq_len" in err and "Traceback" not in err, err
+
+
+def test_quantized_export_prints_the_price_of_its_quantization(tmp_path, folder, capsys, monkeypatch):
+    """#43 item 6: a --quantize export's self-check also compares the quantized eager model with the float
+    one on its tokens (top-1 agreement over every position, perplexity ratio): the figures printed are
+    those of the two eager models, recomputed here; an unquantized export prints no such line."""
+    from mps_backend.llm.quality import perplexity
+    from mps_backend.quantize import quantize_dequantized
+
+    seen = []
+    real = verify._pte_logits
+
+    def recording(*args, **kwargs):
+        got = real(*args, **kwargs)
+        seen.append(got[0])  # every token read or chosen
+        return got
+
+    monkeypatch.setattr(verify, "_pte_logits", recording)
+    assert _export(folder, tmp_path / "q.pte", "--quantize", "int4", "--verify-steps", "3") == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "the quantization's price" in x)
+    tokens = seen[-1]
+    ids = tokens[:-1]
+    with torch.no_grad():
+        floating = eager_model(folder, torch.float32)(input_ids=torch.tensor([ids])).logits[0]
+        quantized = quantize_dequantized(eager_model(folder, torch.float32), "int4", 32)(input_ids=torch.tensor([ids])).logits[0]
+    agree = int((floating.argmax(-1) == quantized.argmax(-1)).sum())
+    ppl_q, ppl_f = perplexity(quantized, tokens), perplexity(floating, tokens)
+    assert f"top tokens agree {agree}/{len(ids)}, perplexity {ppl_q:.4g} vs {ppl_f:.4g} = {ppl_q / ppl_f:.4f}x" in line, (
+        line,
+        agree,
+        ppl_q,
+        ppl_f,
+    )
+    assert ppl_q != ppl_f  # the quantized model is not the float one
+    assert _export(folder, tmp_path / "f.pte", "--verify-steps", "2") == 0
+    assert "the quantization's price" not in capsys.readouterr().out

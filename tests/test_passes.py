@@ -265,3 +265,27 @@ def test_precision_pass_keeps_statistics_float32_in_a_float32_program():
     assert [n.meta[DEVICE_DTYPE] for n in inputs] == [torch.float32]
     weight = next(n for n in ep.graph.nodes if n.op == "placeholder" and "0_weight" in n.name)
     assert weight.meta[DEVICE_DTYPE] == torch.float32
+
+
+def test_constant_tensors_is_constant_tensor_of_every_placeholder():
+    """The one-pass table of the constants (parameters, persistent and non-persistent buffers, lifted tensor
+    constants) holds what ``constant_tensor`` finds for each placeholder, and nothing for a user input."""
+    from mps_backend.passes._graph import constant_tensors
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4))
+            self.register_buffer("kept", torch.randn(4))
+            self.register_buffer("scratch", torch.randn(4), persistent=False)
+
+        def forward(self, x):
+            return x * self.w + self.kept - self.scratch + torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    ep = torch.export.export(M(), (torch.randn(4),))
+    table = constant_tensors(ep)
+    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+    assert len(table) == 4 and len(placeholders) == 5
+    for n in placeholders:
+        want = constant_tensor(ep, n)
+        assert table.get(n.name) is want, n.name

@@ -26,11 +26,13 @@ class CausalLM(Family):
 
     name = "causal-lm"
 
-    def load(self, spec: ModelSpec, options: ExportOptions, *, progress=None, scratch=None) -> LoadedLM:
+    def load(self, spec: ModelSpec, options: ExportOptions, *, progress=None, scratch=None, keep_quantized=False) -> LoadedLM:
         if spec.kind != "gguf":
             return super().load(spec, options, progress=progress, scratch=scratch)
         bar = (lambda total: progress.bytes_bar("load weights", total)) if progress is not None else None
-        return load_gguf(spec.path, options.dtype, clamp_fp16=options.clamp_fp16, bar=bar, scratch=scratch)
+        return load_gguf(
+            spec.path, options.dtype, clamp_fp16=options.clamp_fp16, bar=bar, scratch=scratch, keep_quantized=keep_quantized
+        )
 
     def decoder(self, lm: LoadedLM, max_seq_len: int, rows: int, changes: Replacements) -> torch.nn.Module:
         """The ``forward`` module: the static decode step (``rows`` 1) or the chunked prefill-and-decode step."""

@@ -174,13 +174,16 @@ def load_checkpoint(
     clamp_fp16: bool = False,
     progress: Progress | None = None,
     scratch: pathlib.Path | None = None,
+    keep_quantized: bool = False,
 ) -> LoadedLM:
     """Load ``hf:FOLDER``, ``gguf:FILE.gguf`` or ``llama:CHECKPOINT.pth`` in the export precision, as its
     family's loader does for an export (no export). ``scratch``: a folder for converted hf:/gguf: weights
-    (:func:`mps_backend.llm.checkpoint.load_hf`, :func:`mps_backend.llm.gguf.load_gguf`)."""
+    (:func:`mps_backend.llm.checkpoint.load_hf`, :func:`mps_backend.llm.gguf.load_gguf`). ``keep_quantized``:
+    a GGUF's quantized tensors kept as they are (:func:`mps_backend.llm.gguf.load_gguf`; an export without
+    ``--quantize`` keeps them)."""
     options = ExportOptions.of(dtype, params=params, max_seq_len=max_seq_len, clamp_fp16=clamp_fp16)
     parsed = parse_model_spec(spec)
-    return family_for(parsed).load(parsed, options, progress=progress, scratch=scratch)
+    return family_for(parsed).load(parsed, options, progress=progress, scratch=scratch, keep_quantized=keep_quantized)
 
 
 def resolve_max_seq_len(lm: LoadedLM, requested: int | None) -> tuple[int, str | None]:
@@ -266,7 +269,8 @@ def export_llm(
     anything is written), ``verify_steps`` (after writing, that many decode steps of the ``.pte`` against
     the eager float32 model, :mod:`mps_backend.llm.verify`, the CLI's default 4, into ``result.verification``),
     ``quantize_embedding`` (the embedding table int8 with a scale per row, dequantized after the lookup),
-    ``prefill_chunk`` (rows one call computes)."""
+    ``prefill_chunk`` (rows one call computes). A ``gguf:`` file without ``quantize`` keeps its quantized
+    tensors (:func:`mps_backend.llm.gguf.load_gguf`)."""
     keywords = dict(
         quantize=quantize,
         group_size=group_size,
@@ -307,7 +311,7 @@ def export_llm(
         # a model's code torch cannot trace is refused in one line (_refusal), not after torch's own traceback
         cleanup.enter_context(quiet_reraised_failures())
         with prog.stage("load checkpoint", ticker=False):
-            lm = family.load(spec, options, progress=prog, scratch=pathlib.Path(scratch))
+            lm = family.load(spec, options, progress=prog, scratch=pathlib.Path(scratch), keep_quantized=not options.quantize)
         notes = list(lm.notes)
         seq_len, note = resolve_max_seq_len(lm, options.max_seq_len)
         guards.check_verify_steps(options.verify_steps, seq_len)  # before anything is written

@@ -105,10 +105,14 @@ class Family:
     #: what ``--quantize`` leaves in float, as the summary's note adds it ("" : nothing)
     quantize_rest = ""
 
-    def load(self, spec: ModelSpec, options: ExportOptions, *, progress: Progress | None = None, scratch=None) -> LoadedLM:
+    def load(
+        self, spec: ModelSpec, options: ExportOptions, *, progress: Progress | None = None, scratch=None, keep_quantized=False
+    ) -> LoadedLM:
         """The eager model of ``spec`` in the precision of ``options`` (weights converted into ``scratch``
         files when given; ``progress``: the loading's byte bar): an ``hf:`` folder's transformers model, of
-        the class its registration's auto mapping names (:func:`mps_backend.llm.checkpoint.load_hf`)."""
+        the class its registration's auto mapping names (:func:`mps_backend.llm.checkpoint.load_hf`).
+        ``keep_quantized``: a file's quantized tensors kept as they are where the family can (``gguf:``;
+        the export asks for it without ``--quantize``)."""
         bar = (lambda total: progress.bytes_bar("load weights", total)) if progress is not None else None
         return load_hf(spec.path, options.dtype, clamp_fp16=options.clamp_fp16, bar=bar, scratch=scratch)
 

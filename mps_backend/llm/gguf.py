@@ -18,6 +18,13 @@ What transformers' ``from_pretrained(folder, gguf_file=NAME)`` does, and what is
   tensor processor, whose row permutation is read off by processing the row indices. A processor that
   does more than permute rows (merging MoE experts, transposing) is refused naming the tensor.
   Dequantizing gives the same values as transformers' loader, bit for bit (tests/test_llm_gguf.py).
+- ``keep_quantized`` (what ``export_llm`` asks for without ``--quantize``): a linear or embedding weight
+  of a type :mod:`mps_backend.llm.gguf_quants` keeps (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) is
+  handed to transformers as an untouched placeholder (:class:`_Kept`) and then replaced by a
+  :class:`~mps_backend.quant_tensor.GroupQuantizedTensor` of the file's blocks (rows in transformers'
+  order, a block of rows at a time into scratch files): the program stores the file's values, not a
+  float copy. Other types are dequantized as above, with a note naming them. The tensor table is read by
+  transformers' ``GgufHeader`` with the byte sizes of every type the ``gguf`` package knows.
 
 The self-check's layer-truncated copy of a GGUF (:func:`truncated_gguf`) is a GGUF again: the metadata
 with the layer count changed and the kept tensors' blocks copied as stored.
@@ -26,23 +33,30 @@ with the layer count changed and the kept tensors' blocks copied as stored.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import pathlib
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from mps_backend.errors import CheckpointError
 from mps_backend.llm.checkpoint import (
+    CONVERT_BLOCK_BYTES,
     LoadedLM,
     _ConvertOnRead,
     _token_ids,
     load_state_dict_into,
 )
 from mps_backend.llm.gguf_check import check_model, scan_header
+from mps_backend.llm.gguf_quants import LAYOUTS, decode_rows
 from mps_backend.llm.registry import TESTED_MODEL_TYPES
+from mps_backend.llm.swap import swapped
+from mps_backend.operators.quant import int4_layout_fits
+from mps_backend.pages import PageReleaser
+from mps_backend.quant_tensor import GroupQuantizedTensor, collect_rows
 
 _NEEDS = "gguf: checkpoints need transformers, gguf and accelerate: pip install 'mps-backend[llm]'"
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -58,10 +72,26 @@ def _file(path: str | pathlib.Path) -> pathlib.Path:
     return path
 
 
+def _any_type_bytes(own: Callable) -> Callable:
+    """transformers' byte count of a tensor (``reader._byte_count``), for every type the ``gguf`` package
+    knows (transformers' table lacks Q5_0, Q5_1, the TQ types, MXFP4, ...: it refused those files)."""
+
+    def byte_count(ggml_type: int, elements: int, gguf_path: str) -> int:
+        import gguf  # noqa: PLC0415
+
+        try:
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+        except (ValueError, KeyError):
+            return own(ggml_type, elements, gguf_path)  # a type unknown to both: transformers' refusal
+        return elements // block * size
+
+    return byte_count
+
+
 def read_header(path: str | pathlib.Path) -> Any:
     """The file's tensor table (transformers' ``GgufHeader``: names, shapes in torch order, ggml types,
-    offsets), read without touching the tensor data, once the header passed the bounded checks of
-    :func:`mps_backend.llm.gguf_check.scan_header`."""
+    offsets, sizes: those of every type the ``gguf`` package knows), read without touching the tensor data, once
+    the header passed the bounded checks of :func:`mps_backend.llm.gguf_check.scan_header`."""
     path = _file(path)
 
     scan_header(path)  # every count bounded before transformers' reader walks it (#47)
@@ -70,7 +100,8 @@ def read_header(path: str | pathlib.Path) -> Any:
     except ImportError as e:
         raise CheckpointError(_NEEDS) from e
     try:
-        return GgufHeader.from_file(str(path))
+        with swapped([("transformers.integrations.gguf.reader", "_byte_count", _any_type_bytes)]):
+            return GgufHeader.from_file(str(path))
     except Exception as e:  # noqa: BLE001 - any refusal of the file's header is one line
         raise CheckpointError(f"{path}: unreadable GGUF header: {type(e).__name__}: {str(e)[:200]}") from None
 
@@ -142,6 +173,13 @@ class _GGUFOnRead(_ConvertOnRead):
             raise CheckpointError(f"{self.path}: tensor {self.name} is truncated")
         return buf
 
+    def _stored(self, source: Any, first: int, count: int) -> np.ndarray:
+        """Rows ``first .. first + count`` in transformers' order (:attr:`order`), as stored (bytes)."""
+        want = np.arange(first, first + count) if self.order is None else self.order[first : first + count]
+        lo, hi = int(want.min()), int(want.max()) + 1
+        raw = self._read(source, lo, hi)
+        return raw if self.order is None else raw[want - lo]
+
     def _rows(self, source: Any, first: int, count: int) -> torch.Tensor:
         import gguf  # noqa: PLC0415
 
@@ -149,13 +187,52 @@ class _GGUFOnRead(_ConvertOnRead):
         if len(self.shape) != 2:  # a vector (norms, biases): small, whole
             values = gguf.dequantize(self._read(source, 0, 1), kind).reshape(-1)
             return torch.from_numpy(np.ascontiguousarray(values[first : first + count]))
-        want = np.arange(first, first + count) if self.order is None else self.order[first : first + count]
-        lo, hi = int(want.min()), int(want.max()) + 1
-        raw = self._read(source, lo, hi)
-        if self.order is not None:
-            raw = raw[want - lo]
-        values = gguf.dequantize(raw, kind).reshape(count, int(self.shape[-1]))
+        values = gguf.dequantize(self._stored(source, first, count), kind).reshape(count, int(self.shape[-1]))
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+
+class _Kept(_GGUFOnRead):
+    """A quantized GGUF tensor kept as its blocks are (:mod:`mps_backend.llm.gguf_quants`): transformers'
+    loading takes an unfilled placeholder of its shape (never read nor written: its pages are never
+    touched), and :meth:`quantized` then reads the blocks, a block of rows at a time, into the weight
+    the program stores (with a scratch folder, written there and mapped back)."""
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        if self.bar is not None:
+            self.bar.update(self.nbytes)
+        return torch.empty(list(self.shape), dtype=self.dtype)[index]
+
+    @property
+    def kind(self) -> str:
+        import gguf  # noqa: PLC0415
+
+        return gguf.GGMLQuantizationType(self.info.ggml_type).name
+
+    def quantized(self, packed: bool) -> GroupQuantizedTensor:
+        """The tensor as :class:`~mps_backend.quant_tensor.GroupQuantizedTensor` of the export dtype;
+        ``packed``: its 4-bit values in the device's int4 layout (a weight only matmuls read)."""
+        rows, columns = (int(d) for d in self.shape)
+        per = max(1, CONVERT_BLOCK_BYTES // (4 * columns))
+
+        def half(a: np.ndarray | None) -> torch.Tensor | None:
+            if a is None:
+                return None
+            t = torch.from_numpy(a).to(torch.float16)
+            if not bool(torch.isfinite(t).all()):
+                raise CheckpointError(
+                    f"{self.path}: tensor {self.name} ({self.kind}) has scales beyond float16's range: "
+                    "export with --quantize int8"
+                )
+            return t
+
+        def blocks():
+            with self._open() as source:
+                for r in range(0, rows, per):
+                    q, scale, offset = decode_rows(self._stored(source, r, min(per, rows - r)), self.kind, columns)
+                    yield torch.from_numpy(q), half(scale), half(offset)
+
+        q, scale, offset = collect_rows(blocks(), rows, self.scratch, self.name)
+        return GroupQuantizedTensor(q, scale, LAYOUTS[self.kind].bits, packed, self.dtype, offset)
 
 
 def _row_order(path: pathlib.Path, processor: Any, name: str, shape: tuple, mapping: dict) -> np.ndarray | None:
@@ -184,9 +261,12 @@ def _row_order(path: pathlib.Path, processor: Any, name: str, shape: tuple, mapp
     return None if np.array_equal(order, np.arange(rows)) else order
 
 
-def _gguf_tensors(path, header, model_class, config, dtype, clamp, overflows, bar, scratch) -> dict:
-    """The file's tensors by transformers' names, each a :class:`_GGUFOnRead`; tensors the model has no
-    place for are left out, as transformers' loader does."""
+def _gguf_tensors(path, header, model_class, config, dtype, clamp, overflows, bar, scratch, keep=False) -> dict:
+    """The file's tensors by transformers' names, each a :class:`_GGUFOnRead`, or with ``keep`` a
+    :class:`_Kept` when it is a quantized type :data:`~mps_backend.llm.gguf_quants.LAYOUTS` keeps and the
+    weight of an ``nn.Linear`` or ``nn.Embedding``; tensors the model has no place for are left out, as
+    transformers' loader does."""
+    import gguf  # noqa: PLC0415
     from transformers.modeling_gguf_pytorch_utils import (  # noqa: PLC0415
         TENSOR_PROCESSORS,
         TensorProcessor,
@@ -196,15 +276,93 @@ def _gguf_tensors(path, header, model_class, config, dtype, clamp, overflows, ba
     processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config.to_dict())
     with torch.device("meta"):
         skeleton = model_class(config)  # its parameter names, for transformers' name map
-    mapping = get_gguf_hf_weights_map(skeleton, processor)
+    with one_name_map():
+        mapping = get_gguf_hf_weights_map(skeleton, processor)
+    modules = dict(skeleton.named_modules())
     del skeleton
     tensors: dict[str, Any] = {}
     for info in header.tensors:
         if info.name not in mapping:
             continue
         order = _row_order(path, processor, info.name, info.shape, mapping)
-        tensors[mapping[info.name]] = _GGUFOnRead(path, info, header.data_start, order, dtype, clamp, overflows, bar, scratch)
+        name = mapping[info.name]
+        owner, _, leaf = name.rpartition(".")
+        kept = (
+            keep
+            and gguf.GGMLQuantizationType(info.ggml_type).name in LAYOUTS
+            and len(info.shape) == 2
+            and leaf == "weight"
+            and isinstance(modules.get(owner), (torch.nn.Linear, torch.nn.Embedding))
+        )
+        kind = _Kept if kept else _GGUFOnRead
+        tensors[name] = kind(path, info, header.data_start, order, dtype, clamp, overflows, bar, scratch)
     return tensors
+
+
+def _keep_quantized(model: torch.nn.Module, kept: dict[str, _Kept]) -> dict[str, list[int]]:
+    """Put each kept tensor into ``model`` as its quantized weight, in every module that holds it (an
+    embedding table tied to the head: both); packed int4 when only linears read it and the device's int4
+    layout takes its shape. Returns per ggml type: [tensors, bytes stored, bytes in the file] of the weights
+    only matmuls read, then the same of those read by a lookup (an embedding table: stored unpacked)."""
+    holders: dict[int, list[torch.nn.Module]] = {}
+    for m in model.modules():
+        w = m._parameters.get("weight") if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) else None
+        if w is not None:
+            holders.setdefault(id(w), []).append(m)
+    sizes: dict[str, list[int]] = {}
+    done: set[int] = set()
+    for name, tensor in kept.items():
+        param = model.get_parameter(name)
+        if id(param) in done:
+            continue
+        done.add(id(param))
+        users = holders.get(id(param), [])
+        packed = (
+            LAYOUTS[tensor.kind].bits == 4
+            and bool(users)
+            and all(isinstance(m, torch.nn.Linear) for m in users)
+            and int4_layout_fits(*param.shape)
+        )
+        weight = torch.nn.Parameter(tensor.quantized(packed), requires_grad=False)
+        for m in users:
+            m.weight = weight
+        groups = [t for t in (weight.scale, weight.offset) if t is not None]
+        stored = weight.qdata.numel() // (2 if packed else 1) + sum(t.numel() * t.element_size() for t in groups)
+        size = sizes.setdefault(tensor.kind, [0] * 6)
+        at = 3 if any(isinstance(m, torch.nn.Embedding) for m in users) else 0
+        size[at], size[at + 1], size[at + 2] = size[at] + 1, size[at + 1] + stored, size[at + 2] + tensor.nbytes
+        del weight, groups
+        PageReleaser().trim()
+    return sizes
+
+
+def _kept_note(kind: str, size: list[int]) -> str:
+    """``Q4_K (16) as int4 groups of 32, 1.11x their bytes; 1 read by a lookup, unpacked: 1.78x``."""
+    n, stored, file, tables, table_stored, table_file = size
+    layout = LAYOUTS[kind]
+    text = f"{kind} ({n + tables}) as int{layout.bits} groups of {layout.group}"
+    if n:
+        text += f", {stored / file:.2f}x their bytes"
+    if tables:
+        unpacked = ", unpacked" if layout.bits == 4 else ""
+        text += f"{';' if n else ','} {tables} read by a lookup{unpacked}: {table_stored / table_file:.2f}x"
+    return text
+
+
+@contextlib.contextmanager
+def one_name_map() -> Iterator[None]:
+    """While it is open, ``gguf.get_tensor_name_map`` builds each (architecture, block count)'s map once:
+    transformers' ``get_gguf_hf_weights_map`` recurses into every submodule of the model and builds gguf's
+    map of every block again at each (quadratic in the layer count: 6 CPU s of SmolLM2-135M's 30-layer
+    load). The maps are only read; the function is restored on exit, also on error."""
+    import gguf  # noqa: PLC0415
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.cache(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
 
 
 def load_gguf(
@@ -214,9 +372,12 @@ def load_gguf(
     clamp_fp16: bool = False,
     bar: Callable[[int], Any] | None = None,
     scratch: pathlib.Path | None = None,
+    keep_quantized: bool = False,
 ) -> LoadedLM:
     """A transformers causal LM from a GGUF file, weights dequantized into ``dtype`` tensor by tensor
-    (module docstring); ``bar`` and ``scratch`` as for :func:`mps_backend.llm.checkpoint.load_hf`."""
+    (module docstring); ``bar`` and ``scratch`` as for :func:`mps_backend.llm.checkpoint.load_hf`. With
+    ``keep_quantized``, the linear and embedding weights of a type :mod:`mps_backend.llm.gguf_quants`
+    keeps are :class:`~mps_backend.quant_tensor.GroupQuantizedTensor` of the file's values instead."""
     path = _file(path)
     header = read_header(path)
     config = load_config(path)
@@ -229,27 +390,45 @@ def load_gguf(
 
     check_model(scan_header(path), config, model_class)  # hf:'s config bounds and declared-weights check (#47)
     weight_bytes = sum(info.nbytes for info in header.tensors)
+    kept: dict[str, _Kept] = {}
+
+    def tensors(progress: Any, overflows: list) -> dict:
+        state = _gguf_tensors(path, header, model_class, config, dtype, clamp_fp16, overflows, progress, scratch, keep_quantized)
+        kept.update({name: t for name, t in state.items() if isinstance(t, _Kept)})
+        return state
+
     model, clamped = load_state_dict_into(
         model_class,
         config,
-        lambda progress, overflows: _gguf_tensors(
-            path, header, model_class, config, dtype, clamp_fp16, overflows, progress, scratch
-        ),
+        tensors,
         dtype,
         where=f"{path}: transformers cannot load this {model_type} GGUF",
         missing_in=str(path),
         clamp_fp16=clamp_fp16,
         progress=bar(weight_bytes) if bar is not None else None,
     )
+    sizes = _keep_quantized(model, kept) if kept else {}
     import gguf  # noqa: PLC0415
 
     kinds: dict[str, int] = {}
     for info in header.tensors:
         kind = gguf.GGMLQuantizationType(info.ggml_type).name
         kinds[kind] = kinds.get(kind, 0) + 1
-    notes = [
-        f"GGUF tensors {', '.join(f'{k} ({n})' for k, n in sorted(kinds.items()))} dequantized to {str(dtype).split('.')[-1]}"
-    ]
+    for kind, size in sizes.items():
+        kinds[kind] -= size[0] + size[3]
+    notes = []
+    if sizes:
+        notes.append("GGUF tensors kept quantized: " + ", ".join(_kept_note(k, size) for k, size in sorted(sizes.items())))
+    floats = {k: n for k, n in kinds.items() if n and k in ("F32", "F16", "BF16", "F64")}
+    others = {k: n for k, n in kinds.items() if n and k not in floats}
+    if floats:
+        notes.append(f"GGUF tensors {', '.join(f'{k} ({n})' for k, n in sorted(floats.items()))} in {str(dtype).split('.')[-1]}")
+    if others:
+        how = "no int4/int8 layout keeps them" if keep_quantized else "--quantize re-quantizes the model"
+        notes.append(
+            f"GGUF tensors {', '.join(f'{k} ({n})' for k, n in sorted(others.items()))} dequantized to "
+            f"{str(dtype).split('.')[-1]} ({how})"
+        )
     if model_type not in TESTED_MODEL_TYPES:
         notes.append(f"model type {model_type!r} is not among the tested ones ({', '.join(TESTED_MODEL_TYPES)})")
     if clamped:

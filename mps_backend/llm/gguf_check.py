@@ -33,8 +33,9 @@ from typing import Any
 from mps_backend.errors import CheckpointError
 from mps_backend.llm.folder_check import FolderError, check_config, check_declared_weights
 
-#: blocks (layers) of a GGUF model: the largest released GGUF is Llama 3.1 405B's 126; transformers' GGUF name
-#: map (``get_gguf_hf_weights_map``) takes time quadratic in the count (32/64/128 blocks: 19/47/164 s here)
+#: blocks (layers) of a GGUF model: the largest released GGUF is Llama 3.1 405B's 126 (transformers' GGUF name
+#: map, ``get_gguf_hf_weights_map``, takes time quadratic in the count, 164 s for 128 blocks, except under
+#: :func:`mps_backend.llm.gguf.one_name_map`, which the loader uses: 0.1 s)
 MAX_GGUF_LAYERS = 128
 #: tokens of a GGUF vocabulary (``tokenizer.ggml.tokens``, ``scores``, ``token_type``): Gemma 3 has 262,144;
 #: transformers builds a tokenizer of 1M tokens in 2.9 GB

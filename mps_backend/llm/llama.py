@@ -21,7 +21,7 @@ class Llama(CausalLM):
 
     name = "llama"
 
-    def load(self, spec: ModelSpec, options: ExportOptions, *, progress=None, scratch=None) -> LoadedLM:
+    def load(self, spec: ModelSpec, options: ExportOptions, *, progress=None, scratch=None, keep_quantized=False) -> LoadedLM:
         bar = (lambda total: progress.bytes_bar("convert weights", total)) if progress is not None else None
         length = options.max_seq_len or DEFAULT_MAX_SEQ_LEN
         return load_llama(spec.path, options.params, options.dtype, length, clamp_fp16=options.clamp_fp16, bar=bar)

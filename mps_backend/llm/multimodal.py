@@ -6,7 +6,9 @@
 The prompt becomes the runner's inputs with transformers' own processor (the checkpoint folder's
 ``AutoProcessor``): its ``input_ids`` cut at the runs of the image token, each run replaced by one
 image (the processor's ``pixel_values``, one ``[1, 3, H, W]`` per image or tile), the rest token
-segments (:func:`runner_inputs`). Two runners take those inputs:
+segments (:func:`runner_inputs`). The image and the processor's config are bounded before a pixel is decoded
+or resized (:mod:`mps_backend.llm.image_bounds`); ``chat``: the prompt and image go through the processor's chat
+template, rendered within bounds (:mod:`mps_backend.llm.chat_templates`). Two runners take those inputs:
 
 - ``"python"``: executorch's ``MultimodalRunner`` loop written out over
   :class:`mps_backend.runtime.LoadedMethod` (``multimodal_prefiller.cpp`` and ``multimodal_runner.cpp``

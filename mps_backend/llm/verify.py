@@ -10,10 +10,10 @@ The tokens: the model's BOS id (else 0) and, when the checkpoint has a tokenizer
 fixed English text (:data:`VERIFY_PROMPT`, teacher-forced: BOS alone hides little of what real text
 makes the activations do), then at each step the ``.pte``'s own greedy token; the eager model
 (transformers ``AutoModelForCausalLM`` with eager attention for ``hf:``, executorch's example llama
-for ``llama:``, both float32, quantized the same way when the export was) reads the same tokens.
-The gap is ``max |pte logits - eager logits|`` over every position, and relative to the
-eager logits' scale ``max |eager logits|`` it must be at most :func:`tolerance` (the bounds the LLM
-tests use, ``tests/test_llm.py``).
+for ``llama:``, both float32, quantized the same way when the export was; a ``gguf:`` file's kept
+quantized tensors as kept) reads the same tokens. The gap is ``max |pte logits - eager logits|`` over
+every position, and relative to the eager logits' scale ``max |eager logits|`` it must be at most
+:func:`tolerance` (the bounds the LLM tests use, ``tests/test_llm.py``).
 
 A model whose eager float32 copy does not fit the memory bound (:func:`eager_budget`) is verified on
 a layer-truncated copy instead: the checkpoint's first :data:`TRUNCATED_LAYERS` layers (and its
@@ -45,10 +45,11 @@ from mps_backend.llm.gguf import load_gguf, truncated_gguf
 from mps_backend.llm.gguf import parameter_count as gguf_parameters
 from mps_backend.llm.greedy import GenerationStats, greedy, prefill
 from mps_backend.llm.options import ExportOptions
+from mps_backend.llm.quality import perplexity
 from mps_backend.llm.spec import parse_model_spec
 from mps_backend.pages import PageReleaser
 from mps_backend.precision import Precision
-from mps_backend.quantize import quantize_dequantized, quantize_embeddings, resolve_group_size
+from mps_backend.quantize import dequantize_weights, quantize_dequantized, quantize_embeddings, resolve_group_size
 from mps_backend.runtime import LoadedMethod
 
 #: decode steps verified by default (``mps-backend export --verify-steps``)
@@ -102,6 +103,9 @@ class LLMVerification:
     prompt_rows: int = 0
     #: where the prompt's tokens came from (the tokenizer file), or why there are none
     prompt_source: str = ""
+    #: a quantized export: the eager model with the quantized weights against the one with the float
+    #: weights on the same tokens (:func:`quantization_price`), None otherwise
+    price: str | None = None
 
     @property
     def relative(self) -> float:
@@ -122,6 +126,8 @@ class LLMVerification:
             head += f"\nverify           from BOS alone: {self.prompt_source}"
         if self.truncated:
             head += f"\nverify           {self.truncated}"
+        if self.price:
+            head += f"\nverify           {self.price}"
         return (
             f"{head}\nverify           max |logit diff| {self.max_abs_diff:.3g} = {self.relative:.3g} of the logits' "
             f"scale {self.scale:.3g} (tolerance {self.tolerance:g}); greedy tokens agree {self.tokens_agree}/{self.steps}: "
@@ -276,14 +282,21 @@ def _eager_logits(
     dtype: str,
     embedding=False,
     head=None,
+    keep: bool = True,
 ):
     """Float32 eager logits after each of ``tokens``. A quantized export's reference quantizes the
     weights as the export did (in the export precision: scales of float16 weights differ from those of
-    the float32 ones) and computes in float32 with those weights dequantized."""
-    load = torch.float16 if (quantize or embedding) and dtype == "fp16" else torch.float32
+    the float32 ones) and computes in float32 with those weights dequantized; so does a ``gguf:``
+    file's with its quantized tensors kept (``keep``, without ``quantize``: as the export keeps them)."""
+    kept = kind == "gguf" and keep and not quantize
+    load = torch.float16 if (quantize or embedding or kept) and dtype == "fp16" else torch.float32
     if kind == "gguf":
-        model = load_gguf(path, load, clamp_fp16=True).model  # the GGUF dequantized as the export does
+        # the GGUF as the export loads it: its kept tensors dequantized as the device computes them
+        model = load_gguf(path, load, clamp_fp16=True, keep_quantized=kept).model
         reference = "eager transformers float32"
+        if kept:
+            if dequantize_weights(model):
+                reference += " (the GGUF's quantized tensors as kept, dequantized)"
     elif kind == "hf":
         # the export's own loader: the same folder check (no code from the folder runs, trust_remote_code=False)
         # and the same tensors from the same files, in the reference precision (clamped as an fp16 export's were)
@@ -424,6 +437,11 @@ def verify_llm(
     )
     if ref.shape[-1:] != dev.shape[-1:] or ref.shape[0] != len(tokens) - 1:
         raise CheckpointError(f"the .pte's logits {list(dev.shape)} and the eager model's {list(ref.shape)} differ in shape")
+    price = None
+    if quantize or quantize_embedding:  # the float model loaded after the quantized one is released
+        floating, _ = _eager_logits(kind, path, params, tokens[:-1], None, None, length, dtype, keep=False)
+        price = quantization_price(ref, floating, tokens)
+        del floating
     ref = ref[rows]  # the positions the program gave logits for (a chunked prefill: each piece's last)
     top_ref, top_dev = ref.argmax(-1).tolist(), dev.argmax(-1).tolist()
     m = len(prefix)
@@ -439,6 +457,19 @@ def verify_llm(
         prompt_agree=sum(int(a == b) for a, b in zip(top_ref[:prompt_rows], top_dev[:prompt_rows])),
         prompt_rows=prompt_rows,
         prompt_source=source,
+        price=price,
+    )
+
+
+def quantization_price(quantized: torch.Tensor, floating: torch.Tensor, tokens: list[int]) -> str:
+    """What quantizing cost on ``tokens`` (every token read or chosen): ``quantized`` and ``floating`` are
+    the eager logits after each but the last, with the quantized and with the float weights; the top-1
+    agreement over every position and the perplexity of the tokens under each."""
+    agree = int((quantized.argmax(-1) == floating.argmax(-1)).sum())
+    ppl_q, ppl_f = perplexity(quantized, tokens), perplexity(floating, tokens)
+    return (
+        "the quantization's price on these tokens (eager, quantized weights vs float ones): "
+        f"top tokens agree {agree}/{quantized.shape[0]}, perplexity {ppl_q:.4g} vs {ppl_f:.4g} = {ppl_q / ppl_f:.4f}x"
     )
 
 

@@ -15,6 +15,7 @@ from torch._export.utils import (
     is_param,
 )
 from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, TensorArgument
 from torch.fx import Node
 
 from mps_backend.operators.registry import op_key
@@ -39,6 +40,26 @@ def constant_tensor(ep: ExportedProgram, node: Any) -> torch.Tensor | None:
         if is_kind(ep, node):
             return get(ep, node)
     return None
+
+
+def constant_tensors(ep: ExportedProgram) -> dict[str, torch.Tensor]:
+    """Placeholder name -> the tensor it holds, for every parameter, buffer and lifted constant: what
+    :func:`constant_tensor` gives for each placeholder, in one pass over the signature (each
+    ``constant_tensor`` call rebuilds torch's name tables of every input: for all placeholders at once
+    that is quadratic in their count)."""
+    sig = ep.graph_signature
+    non_persistent = set(sig.non_persistent_buffers)
+    table = {}
+    for s in sig.input_specs:
+        if not isinstance(s.arg, TensorArgument) or not isinstance(s.target, str):
+            continue
+        if s.kind == InputKind.PARAMETER:
+            table[s.arg.name] = ep.state_dict[s.target]
+        elif s.kind == InputKind.BUFFER:
+            table[s.arg.name] = ep.constants[s.target] if s.target in non_persistent else ep.state_dict[s.target]
+        elif s.kind == InputKind.CONSTANT_TENSOR:
+            table[s.arg.name] = ep.constants[s.target]
+    return table
 
 
 def target_of(node: Node) -> Any:

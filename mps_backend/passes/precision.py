@@ -191,6 +191,9 @@ class _Assignment:
         self.deliberate: set[Node] = set()  # float32 the model computes on purpose (from an upcast)
         self.statistic: set[Node] = set()  # reduced values of a norm statistic
         self.counts = {"float32 values": 0, "widened": 0, "casts": 0, "rescaled matmuls": 0}
+        #: placeholder -> whether it holds a constant (``_from_constant`` asks for each of a matmul's operands:
+        #: ``constant_tensor`` rebuilds torch's tables of every input at each call, 2/3 of a 135M model's export)
+        self.constant: dict[Node, bool] = {}
 
     # ---- 1. forward -----------------------------------------------------------------------------
     def forward(self) -> None:
@@ -422,7 +425,9 @@ class _Assignment:
         seen = 0
         while isinstance(a, Node) and seen < 16:
             if a.op == "placeholder":
-                return constant_tensor(self.ep, a) is not None
+                if a not in self.constant:
+                    self.constant[a] = constant_tensor(self.ep, a) is not None
+                return self.constant[a]
             args = _tensor_args(a)
             if a.op != "call_function" or not args:
                 return False

@@ -79,6 +79,8 @@ class KernelContext:
     #: runs, by value id (``interpreter.Memo``): filled the first time a kernel widens one
     widened: dict[int, torch.Tensor] | None = None
     widen_ids: frozenset[int] = frozenset()
+    #: :func:`max_tensor_bytes`, read once a run (every operand of every node is checked against it)
+    limit: int = field(default_factory=lambda: max_tensor_bytes())
 
     def fail(self, reason: str) -> None:
         raise DeviceError(reason, self.node_index, self.op)
@@ -86,7 +88,7 @@ class KernelContext:
     def reserve(self, numel: int, itemsize: int, what: str) -> None:
         """Refuse (DeviceError) to allocate a tensor of ``numel`` elements of ``itemsize`` bytes
         beyond :func:`max_tensor_bytes`: called by kernels before they allocate from node fields."""
-        limit = max_tensor_bytes()
+        limit = self.limit
         if numel * itemsize > limit:
             self.fail(
                 f"{what} needs {numel * itemsize / 2**30:.3g} GiB ({numel} elements), beyond the device "

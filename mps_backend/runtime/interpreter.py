@@ -208,6 +208,7 @@ class Interpreter:
         self._packed = _dequantized_only(g)
         self._constants = {vid: load_constant(self.blob, vid, vid in self._packed) for vid in g.constant_ids}
         self._plan = [(i, node, KERNELS.get(node.op)) for i, node in enumerate(g.nodes)]
+        self._operands = [_operands(node) for node in g.nodes]
         self._dead_after = _dead_after(g)
         budget = memo_bytes()
         self.memo = Memo.plan(g, budget) if budget else None  # 0: off
@@ -283,7 +284,7 @@ class Interpreter:
                 ctx.fail(f"{node.op} has no dispatch case in the runtime (NotImplemented)")
             if observer is not None:
                 observer.begin(i, node)
-            _reserve_operands(ctx, node)
+            _reserve_operands(ctx, self._operands[i])
             try:
                 fn(ctx, node)
             except DeviceError as e:
@@ -421,12 +422,18 @@ def _dequantized_only(graph) -> set[int]:
     }
 
 
-def _reserve_operands(ctx: KernelContext, node: Node) -> None:
-    """Refuse a node whose operands are beyond the per-tensor budget: a broadcast view is cheap, what
-    reads it is not (a function of its own, so no operand outlives the check)."""
-    for name, vid in node.fields.items():
-        if name.startswith("input") and isinstance(vid, int) and vid in ctx.values:
-            t = ctx.values[vid]
+def _operands(node: Node) -> tuple[tuple[str, int], ...]:
+    """(field, value id) of each operand a node reads: its ``input*`` fields holding one id."""
+    return tuple((name, vid) for name, vid in node.fields.items() if name.startswith("input") and isinstance(vid, int))
+
+
+def _reserve_operands(ctx: KernelContext, operands: tuple[tuple[str, int], ...]) -> None:
+    """Refuse a node whose operands (:func:`_operands`) are beyond the per-tensor budget: a broadcast
+    view is cheap, what reads it is not (a function of its own, so no operand outlives the check)."""
+    values, limit = ctx.values, ctx.limit
+    for name, vid in operands:
+        t = values.get(vid)
+        if t is not None and t.numel() * t.element_size() > limit:  # (the message only for a refusal)
             ctx.reserve(t.numel(), t.element_size(), f"operand {name} (value {vid}, shape {list(t.shape)})")
 
 
