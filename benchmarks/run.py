@@ -1,6 +1,6 @@
 """Run every benchmark in this folder with its defaults (llm_scale.py: the Llama-3.2-1B and -3B shapes;
 device_cost.py: the device cost model's bytes per decode step at the 1B shape, fp16 and int4, then
-with ``--archs`` over every architecture of tests/test_llm.py, ~6 minutes; gguf_memory.py: loading a
+with ``--archs`` over every architecture of tests/llm/test_export.py, ~6 minutes; gguf_memory.py: loading a
 synthetic 1B GGUF, against transformers' own loader; llm_quality.py: SmolLM2-135M-Instruct's perplexity
 on the README's prose per precision, against eager bfloat16's); each prints ratios to a yardstick
 measured in the same run. Exit status 1 when any missed a target."""

@@ -9,8 +9,8 @@ Groups (``--group``, repeatable; default ``llm``):
 
 - ``llm``: every language-model export path the tests take, on the tests' own tiny checkpoints
   (``tests/llm_helpers.py``, ``tests/vlm_helpers.py``, ``tests/whisper_helpers.py``, fixed seeds): the
-  families of tests/test_llm.py in float32 and float16, every exported row of tests/test_llm_archs.py's
-  table, every chunked-prefill case of tests/test_llm_prefill.py, ``llama:`` checkpoints, int4/int8 weights
+  families of tests/llm/test_export.py in float32 and float16, every exported row of tests/llm/test_decoder.py's
+  table, every chunked-prefill case of tests/llm/test_prefill.py, ``llama:`` checkpoints, int4/int8 weights
   and the int8 embedding, a one-layer copy of the SmolLM2 GGUF the real-model tests read (``gguf:``), the
   three vision-language families (float32, float16, quantized) and Whisper;
 - ``zoo``: the zoo models tests/test_zoo.py exports by default (``export_model``, fp32 and fp16);
@@ -95,18 +95,18 @@ def _llama(dtype: str, *, seq: int = 48, ckpt_dtype=None, **options):
 def _register_llm() -> None:
     from tests.llm_helpers import ARCHS
 
-    # tests/test_llm.py: every family in float32 and float16 (the precision policy's casts and rescalings)
+    # tests/llm/test_export.py: every family in float32 and float16 (the precision policy's casts and rescalings)
     for arch in sorted(ARCHS):
         for dtype in ("fp32", "fp16"):
             case(f"hf-{arch}-{dtype}")(_hf(arch, dtype))
-    # tests/test_llm_archs.py: every model type the table exports
-    from tests.test_llm_archs import TABLE
+    # tests/llm/test_decoder.py: every model type the table exports
+    from tests.llm.test_decoder import TABLE
 
     for name, (model_type, config, layers, refusal) in sorted(TABLE.items()):
         if refusal is None:
             case(f"archs-{name}-fp32")(_hf(model_type, "fp32", layers=layers, config=config))
-    # tests/test_llm_prefill.py: every chunked-prefill case (chunk rows per call, dynamic prompt length)
-    from tests.test_llm_prefill import CASES as PREFILL
+    # tests/llm/test_prefill.py: every chunked-prefill case (chunk rows per call, dynamic prompt length)
+    from tests.llm.test_prefill import CASES as PREFILL
 
     for name, (model_type, config, layers, chunk, cache) in sorted(PREFILL.items()):
         if model_type == "llama:":
@@ -118,7 +118,7 @@ def _register_llm() -> None:
     case("llama-fp32")(_llama("fp32"))
     case("llama-fp16")(_llama("fp16"))
     case("llama-int8-fp32")(_llama("fp32", quantize="int8"))
-    # weight-only quantization (tests/test_llm.py, tests/test_llm_verify.py)
+    # weight-only quantization (tests/llm/test_export.py, tests/llm/test_verify.py)
     case("hf-qwen3-int8-fp32")(_hf("qwen3", "fp32", quantize="int8"))
     case("hf-qwen3-int4-fp32")(_hf("qwen3", "fp32", quantize="int4"))
     case("hf-llama-bf16-int4-fp16")(_hf("llama", "fp16", quantize="int4", ckpt_dtype=_bfloat16()))
@@ -134,14 +134,14 @@ def _register_llm() -> None:
     # gguf: a one-layer copy of the real SmolLM2 GGUF (its own blocks, Q4_1), as the self-check truncates it
     for dtype, quantize in (("fp16", None), ("fp32", None), ("fp16", "int8"), ("fp16", "int4")):
         case(f"gguf-smollm2-1layer-{quantize or 'float'}-{dtype}")(_gguf(dtype, quantize))
-    # vision-language (tests/test_vision.py): the MultimodalRunner's three methods
+    # vision-language (tests/llm/test_vision.py): the MultimodalRunner's three methods
     for family in ("gemma3", "smolvlm", "llava"):
         for dtype in ("fp32", "fp16"):
             case(f"vlm-{family}-{dtype}")(_vlm(family, dtype))
         case(f"vlm-{family}-int4-fp16")(_vlm(family, "fp16", quantize="int4"))
     case("vlm-llava-int8-fp16")(_vlm("llava", "fp16", quantize="int8"))
     case("vlm-gemma3-rows24-fp32")(_vlm("gemma3", "fp32", prefill_chunk=24))
-    # Whisper (tests/test_whisper.py): the ASR runner's encoder and text_decoder
+    # Whisper (tests/llm/test_whisper.py): the ASR runner's encoder and text_decoder
     for variant in ("plain", "outliers"):
         for dtype in ("fp32", "fp16"):
             case(f"whisper-{variant}-{dtype}")(_whisper(variant, dtype))

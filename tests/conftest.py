@@ -38,7 +38,7 @@ def pytest_configure(config):
 def tokenizer():
     """The LLM tests' byte-level BPE tokenizer (``tests/llm_helpers.py``, 20 ms to train). Defined here: a
     shared fixture of a test file makes that file one xdist group, run on one worker, and the exports of
-    tests/test_llm.py and tests/test_llm_archs.py (one per test) share nothing but this."""
+    tests/llm/test_export.py and tests/llm/test_decoder.py (one per test) share nothing but this."""
     from tests.llm_helpers import train_tokenizer  # noqa: PLC0415
 
     return train_tokenizer()
@@ -47,7 +47,7 @@ def tokenizer():
 #: test files whose tests share a module-level cache (functools.cache) rather than a fixture -> the test
 #: parameters its key is made of (tests/test_zoo.py: one export per case and precision)
 _SHARED_CACHES = {"test_zoo.py": ("case", "precision")}
-#: xdist groups run first: the real-model tests (test_llm_gguf.py, one worker for ~a third of the suite's time)
+#: xdist groups run first: the real-model tests (llm/test_gguf.py, one worker for ~a third of the suite's time)
 EARLY_GROUPS = ("smollm2",)
 
 

@@ -103,7 +103,7 @@ def save_checkpoint(
     extra = copy.deepcopy(extra)
     if "layer_types" in extra:
         extra["layer_types"] = (extra["layer_types"] * layers)[:layers]
-    # an arch outside ARCHS is a transformers model_type (tests/test_llm_archs.py), its config from CONFIG_MAPPING
+    # an arch outside ARCHS is a transformers model_type (tests/llm/test_decoder.py), its config from CONFIG_MAPPING
     make = getattr(transformers, cls) if cls else transformers.CONFIG_MAPPING[arch]
     cfg = make(**(common | extra | (config or {})))
     torch.manual_seed(seed)

@@ -17,7 +17,7 @@ What transformers' ``from_pretrained(folder, gguf_file=NAME)`` does, and what is
   interleaved q/k rotary rows) are transformers': its name map (``get_gguf_hf_weights_map``) and its
   tensor processor, whose row permutation is read off by processing the row indices. A processor that
   does more than permute rows (merging MoE experts, transposing) is refused naming the tensor.
-  Dequantizing gives the same values as transformers' loader, bit for bit (tests/test_llm_gguf.py).
+  Dequantizing gives the same values as transformers' loader, bit for bit (tests/llm/test_gguf.py).
 - ``keep_quantized`` (what ``export_llm`` asks for without ``--quantize``): a linear or embedding weight
   of a type :mod:`mps_backend.llm.gguf_quants` keeps (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) is
   handed to transformers as an untouched placeholder (:class:`_Kept`) and then replaced by a

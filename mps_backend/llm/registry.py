@@ -44,9 +44,9 @@ FAMILIES = (
 )
 
 
-#: the transformers ``model_type`` values the tests export (tiny random checkpoints: tests/test_llm.py's families,
-#: tests/test_llm_archs.py's table, tests/test_llm_prefill.py's cases, the vision-language families, Whisper;
-#: tests/test_llm_families.py checks the list against them); a checkpoint of another type gets a note
+#: the transformers ``model_type`` values the tests export (tiny random checkpoints: tests/llm/test_export.py's families,
+#: tests/llm/test_decoder.py's table, tests/llm/test_prefill.py's cases, the vision-language families, Whisper;
+#: tests/llm/test_family.py checks the list against them); a checkpoint of another type gets a note
 TESTED_MODEL_TYPES = (
     "afmoe", "apertus", "arcee", "cohere", "cohere2", "deepseek_v2", "deepseek_v3", "diffllama", "ernie4_5", "exaone4",
     "falcon", "falcon_h1", "gemma", "gemma2", "gemma3", "gemma3_text", "glm", "glm4", "glm4_moe_lite", "gpt2", "gpt_neox",

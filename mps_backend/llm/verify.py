@@ -13,7 +13,7 @@ makes the activations do), then at each step the ``.pte``'s own greedy token; th
 for ``llama:``, both float32, quantized the same way when the export was; a ``gguf:`` file's kept
 quantized tensors as kept) reads the same tokens. The gap is ``max |pte logits - eager logits|`` over
 every position, and relative to the eager logits' scale ``max |eager logits|`` it must be at most
-:func:`tolerance` (the bounds the LLM tests use, ``tests/test_llm.py``).
+:func:`tolerance` (the bounds the LLM tests use, ``tests/llm/test_export.py``).
 
 A model whose eager float32 copy does not fit the memory bound (:func:`eager_budget`) is verified on
 a layer-truncated copy instead: the checkpoint's first :data:`TRUNCATED_LAYERS` layers (and its
@@ -55,11 +55,11 @@ from mps_backend.runtime import LoadedMethod
 #: decode steps verified by default (``mps-backend export --verify-steps``)
 DEFAULT_STEPS = 4
 #: max |pte - eager float32| / max |eager float32| of the logits, per export precision. float32:
-#: the bound tests/test_llm.py's int8 test holds a float32 program to (it computes as eager does,
-#: in another op order); float16: tests/test_llm.py's FP16_LOGIT_TOL (each device op rounds to
+#: the bound tests/llm/test_export.py's int8 test holds a float32 program to (it computes as eager does,
+#: in another op order); float16: tests/llm/test_export.py's FP16_LOGIT_TOL (each device op rounds to
 #: float16, ~40 ops a layer). An error in a lowering or the decode step is of order 1.
 TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2}
-#: least tolerance with int4 weights (tests/test_llm.py test_quantized_llm: the device's int4
+#: least tolerance with int4 weights (tests/llm/test_export.py test_quantized_llm: the device's int4
 #: dequantize yields float16, so each weight is rounded to float16 even in a float32 program)
 INT4_TOLERANCE = 2e-3
 #: layers kept in the truncated copy of a model too large to run eagerly

@@ -204,7 +204,7 @@ def test_cli_group_size_and_quantized_embedding(tmp_path, scheme, group, capsys,
 
 @pytest.mark.parametrize("arch", ["gemma2", "phi3"])
 def test_generate_and_runner_metadata(tmp_path, arch, capsys):
-    """#24 item 6 on a sample of tests/llm_helpers.py's ARCHS (llama: tests/test_llm.py): the runner's
+    """#24 item 6 on a sample of tests/llm_helpers.py's ARCHS (llama: tests/llm/test_export.py): the runner's
     metadata (BOS, an EOS list, vocab) and `mps-backend generate --bos` printing the prompt and the
     eager greedy continuation, stopped at the first EOS id of the list."""
     from mps_backend.runtime import constant_method_values

@@ -27,7 +27,7 @@ from mps_backend.llm.swap import Replacements
 from mps_backend.precision import Precision
 from tests.llm_helpers import MLA, save_checkpoint, save_llama_checkpoint
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _state(model: torch.nn.Module) -> tuple:

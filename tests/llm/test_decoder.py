@@ -2,7 +2,7 @@
 configs written with ``save_pretrained`` (nothing downloads): each either exports to one MPS delegate
 whose 32 greedy float32 tokens equal transformers' own ``generate``, or is refused at export, before
 anything is written, with one :class:`CheckpointError` line naming the model type and the part that
-cannot run. The seven families of tests/test_llm.py (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3, with
+cannot run. The seven families of tests/llm/test_export.py (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3, with
 float16 too) are not repeated here; docs/llm.md's table lists them all.
 
 Cost: one layer where one layer shows the architecture (two where layers differ: sliding and full,

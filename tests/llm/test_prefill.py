@@ -1,7 +1,7 @@
 """Prompts prefilled in chunks (issue #36): ``forward(tokens [1, n], input_pos [1])``, ``1 <= n <= C``,
 one static C-row MPS delegate per call (docs/llm.md, The program).
 
-Per architecture (every family of tests/test_llm.py, NoPE layers, sliding windows shorter and longer
+Per architecture (every family of tests/llm/test_export.py, NoPE layers, sliding windows shorter and longer
 than the chunk, a mixture of experts, attention sinks, Falcon's eager attention, the ``llama:`` path;
 tiny random checkpoints, float32): the logits after a prompt of every length 1 .. 2C+1 (cut into calls
 of C tokens as executorch's ``TextPrefiller`` cuts them: chunk and call boundaries crossed) equal eager

@@ -67,9 +67,9 @@ def test_the_tested_model_types_are_those_the_tests_export():
     """The note on an untested model type names the types the tests export (it listed 11 of about 45)."""
     import transformers
 
+    from tests.llm.test_decoder import TABLE
+    from tests.llm.test_prefill import CASES
     from tests.llm_helpers import ARCHS
-    from tests.test_llm_archs import TABLE
-    from tests.test_llm_prefill import CASES
 
     def model_type(arch: str) -> str:  # tests/llm_helpers.py's names for the config classes they use
         return getattr(transformers, ARCHS[arch][0]).model_type if arch in ARCHS else arch

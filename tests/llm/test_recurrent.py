@@ -1,5 +1,5 @@
 """Recurrent layers (issue #39 item 2, mps_backend.llm.recurrent): their states are mutable buffers of the
-decode step beside the KV cache. tests/test_llm_archs.py runs the six families (LFM2, Qwen3-Next, Qwen3.5,
+decode step beside the KV cache. tests/llm/test_decoder.py runs the six families (LFM2, Qwen3-Next, Qwen3.5,
 OLMo hybrid, Granite 4 hybrid, Falcon-H1) against transformers' own generate, in float32 and with planted
 outliers in float16; here what is particular to a state:
 
@@ -7,7 +7,7 @@ outliers in float16; here what is particular to a state:
   after a reset; a state, unlike the cache's rows, is not masked by position);
 - a layer that keeps a state and no attention gets no KV cache; the cost model's floor counts every
   state once;
-- chunks (tests/test_llm_prefill.py) need the scan that updates a state for several rows to leave it alone
+- chunks (tests/llm/test_prefill.py) need the scan that updates a state for several rows to leave it alone
   on a chunk's padding rows: a model whose scan the export does not know is refused in one line.
 """
 
