@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import pathlib
 
@@ -32,6 +33,11 @@ def pytest_configure(config):
         threads = max(1, (os.cpu_count() or 1) // workers)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
+    # pytest-xdist's --loadscope-reorder (its default) may sort the groups by test count before handing them
+    # out, which would put the smollm2 group (13 tests, the most CPU) after groups of more, cheaper tests: off,
+    # so that the order of pytest_collection_modifyitems below (that sort, EARLY_GROUPS first) is the one used
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +53,8 @@ def tokenizer():
 #: test files whose tests share a module-level cache (functools.cache) rather than a fixture -> the test
 #: parameters its key is made of (tests/test_zoo.py: one export per case and precision)
 _SHARED_CACHES = {"test_zoo.py": ("case", "precision")}
-#: xdist groups run first: the real-model tests (llm/test_gguf.py, one worker for ~a third of the suite's time)
+#: xdist groups run first, by name or name prefix (``smollm2-fp16``): the real-model tests (tests/llm/test_gguf.py,
+#: one group per export of SmolLM2, so that the four exports, the most CPU of the suite, share both workers)
 EARLY_GROUPS = ("smollm2",)
 
 
@@ -88,6 +95,10 @@ def pytest_collection_modifyitems(config, items):
       ``_SHARED_CACHES``, one group per cache key;
     - every other test: no group (spread one by one over the workers).
 
+    Order (pytest-xdist hands the work out in this order, its own reorder off: ``pytest_configure``): the
+    groups of ``EARLY_GROUPS`` first, then the groups by test count, most first, then the tests of no
+    group, each in collection order: the longest units start first and the short ones fill the end.
+
     A test marked ``@pytest.mark.targets("aten.gather.default", ...)`` is selected by ``-k`` on any
     part of those names, like the op-table rows named after their target.
     """
@@ -107,7 +118,17 @@ def pytest_collection_modifyitems(config, items):
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
         mark = item.get_closest_marker("xdist_group")
-        if mark is not None and mark.args and mark.args[0] in EARLY_GROUPS:
-            key = -1  # the longest group starts first, beside the rest on the other worker
-        keyed.append((key, pos, item))
-    items[:] = [item for _, _, item in sorted(keyed, key=lambda k: k[:2])]
+        name = str(mark.args[0]) if mark is not None and mark.args else None
+        keyed.append((name, key, pos, item))
+    sizes = collections.Counter(name for name, *_ in keyed if name is not None)
+    starts: dict = {}
+    for name, key, *_ in keyed:
+        starts.setdefault(name, key)
+
+    def order(entry) -> tuple:
+        name, key, pos, _ = entry
+        if name is None:
+            return (2, 0, key, pos)
+        return (0 if name.split("-")[0] in EARLY_GROUPS else 1, -sizes[name], starts[name], key, pos)
+
+    items[:] = [entry[-1] for entry in sorted(keyed, key=order)]

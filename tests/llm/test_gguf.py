@@ -46,11 +46,12 @@ EXPORTS = {
     "int8": ("fp16", "int8", None),
     "int4": ("fp16", "int4", 32),
 }
-PARAMS = list(EXPORTS)
-#: the whole file is one xdist group, scheduled first (tests/conftest.py, EARLY_GROUPS): its exports, eager
-#: references and yardsticks are session fixtures, each made once on the one worker that runs the file
-#: (per-precision groups with module fixtures made them again whenever the worker ran another file between)
-pytestmark = pytest.mark.xdist_group("smollm2")
+#: one xdist group per export, scheduled first (tests/conftest.py, EARLY_GROUPS): both tests of a precision share
+#: its export on the worker that runs the group, the four groups spread over both workers (as one group, the
+#: file held one worker for ~1,400 CPU s: longer than the rest of the suite on the other); the session
+#: fixtures (eager references, yardsticks) are made once on each worker that needs them
+#: (the tests of no export are grouped by the session fixtures they use, as in any file)
+PARAMS = [pytest.param(name, marks=pytest.mark.xdist_group(f"smollm2-{name}")) for name in EXPORTS]
 
 
 @pytest.fixture(scope="session")
