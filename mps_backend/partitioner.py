@@ -13,6 +13,8 @@ from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import tag_constant_data
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
+from executorch.exir.graph_module import get_control_flow_submodules
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Node
@@ -239,6 +241,22 @@ def _is_debug_tap(node: Node) -> bool:
     return "executorch_devtools.tap." in str(node.target)
 
 
+def _decompositions_but(keep: Sequence[torch._ops.OpOverload]) -> dict:
+    """executorch's default decomposition table without the ops in ``keep``."""
+    from executorch.exir.program._program import _default_decomposition_table  # noqa: PLC0415
+
+    table = _default_decomposition_table()
+    for op in keep:
+        table.pop(op, None)
+    return table
+
+
+def _call_nodes(ep: ExportedProgram) -> list[Node]:
+    """The operator nodes of ``ep``, control-flow branches included."""
+    graphs = [ep.graph_module] + [m for _, m, _ in get_control_flow_submodules(ep.graph_module)]
+    return [n for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+
+
 def _target_name(target) -> str:
     return str(getattr(op_key(target), "_name", None) or getattr(target, "__name__", target))
 
@@ -355,9 +373,42 @@ class MPSPartitioner(Partitioner):
             )
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
 
+    def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
+        """Decompose everything but the preserved ops before executorch asks what to preserve, so that
+        :meth:`ops_to_not_decompose` sees the final nodes and needs no per-node filter when it can lower
+        every preserved one: ``to_edge_transform_and_lower`` then runs two ``run_decompositions`` per
+        method instead of three, for the same program (see :meth:`ops_to_not_decompose`). Not when a
+        preserved node is already one we cannot lower: executorch's filter path decomposes it anyway."""
+        registry = default_registry()
+        keep = set(registry.preserved)
+        if any(n.target in keep and registry.check(n) is not None for n in _call_nodes(exported_program)):
+            return exported_program
+        return exported_program.run_decompositions(_decompositions_but(keep))
+
     def ops_to_not_decompose(self, ep: ExportedProgram) -> tuple[list[torch._ops.OpOverload], Callable[[Node], bool] | None]:
         """Keep whole the ops we lower directly that the default decompositions would split
-        (lowerings marked ``preserve``); the filter keeps only instances we can lower."""
+        (lowerings marked ``preserve``); the filter keeps only instances we can lower.
+
+        No filter when it would keep every instance of an ATen program that holds nothing else the
+        default decompositions split (:meth:`transform_for_pre_decomposition` ran them): executorch
+        then takes its path without a filter (``_can_skip_using_EDGE_DO_NOT_DECOMP``), which decomposes
+        only what is left, nothing. With a filter it decomposes with the preserved ops kept, renames
+        the instances the filter accepts, decomposes again with the full table (splitting the ones it
+        rejects) and renames them back: the same program when the filter accepts them all, for one more
+        pass over the graph. An edge program (executorch's check after lowering) gets the filter."""
         registry = default_registry()
         keep = registry.preserved
-        return keep, (lambda node: registry.check(node) is None) if keep else None
+        if not keep:
+            return keep, None
+
+        def check(node: Node) -> bool:
+            return registry.check(node) is None
+
+        nodes = _call_nodes(ep)
+        wanted = set(keep)
+        if any(isinstance(n.target, EdgeOpOverload) or (n.target in wanted and not check(n)) for n in nodes):
+            return keep, check
+        table = _decompositions_but(keep)
+        if any(n.target in table for n in nodes if isinstance(n.target, torch._ops.OpOverload)):
+            return keep, check
+        return keep, None

@@ -313,3 +313,69 @@ def test_whole_program_to_backend_names_what_the_device_cannot_run():
         to_backend("MPSBackend", to_edge(ep).exported_program(), [])
     static = torch.export.export(Scale(), (x,))
     assert to_backend("MPSBackend", to_edge(static).exported_program(), []).processed_bytes[4:8] == b"MP00"
+
+
+class _Preserved(torch.nn.Module):
+    """Every kind of op the partitioner asks executorch to keep whole (lowerings marked ``preserve``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):  # x: (1, 4, 4, 8)
+        y = torch.nn.functional.hardswish(self.fc(x)) + torch.nn.functional.softplus(x)
+        y = torch.nn.functional.pixel_shuffle(y.reshape(1, 8, 2, 8), 2)
+        y = torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
+        y = torch.nn.functional.pad(y, (1, 1, 1, 1), mode="reflect")
+        return torch.roll(y, 1, 2)
+
+
+class _FilterPath(MPSPartitioner):
+    """MPSPartitioner without its early decomposition: executorch's per-node filter path (three passes)."""
+
+    def transform_for_pre_decomposition(self, exported_program):
+        return exported_program
+
+
+def _count_decompositions(monkeypatch) -> list:
+    calls = []
+    original = torch.export.ExportedProgram.run_decompositions
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.export.ExportedProgram, "run_decompositions", counted)
+    return calls
+
+
+def test_preserved_ops_the_device_lowers_cost_two_decompositions_and_give_the_same_pte(monkeypatch):
+    """Early decomposition (``transform_for_pre_decomposition``) lets executorch skip its per-node
+    filter path: two ``run_decompositions`` instead of three, and the same .pte byte for byte."""
+    model, x = _Preserved().eval(), torch.randn(1, 4, 4, 8)
+    ptes, passes = [], []
+    for cls in (MPSPartitioner, _FilterPath):
+        ep = torch.export.export(model, (x,))
+        calls = _count_decompositions(monkeypatch)
+        edge = to_edge_transform_and_lower(ep, partitioner=[cls(use_fp16=False)])
+        monkeypatch.undo()
+        passes.append(len(calls))
+        assert [n.name for n in edge.exported_program().graph.nodes if n.op == "call_function"] == [
+            "executorch_call_delegate",
+            "getitem",
+        ]
+        ptes.append(edge.to_executorch().buffer)
+    assert passes == [2, 3]
+    assert ptes[0] == ptes[1]
+
+
+def test_preserved_op_the_device_cannot_lower_is_still_decomposed(monkeypatch):
+    """A float64 linear (no MPS lowering) is decomposed for the CPU as before: executorch's filter path,
+    three passes (no early decomposition: the linear is visible before it)."""
+    calls = _count_decompositions(monkeypatch)
+    x = torch.randn(2, 4, dtype=torch.float64)
+    edge, part, _ = lower(torch.nn.Linear(4, 3).double(), [x], MPSPartitioner(use_fp16=False))
+    targets = [n.target.__name__ for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+    assert len(calls) == 3
+    assert "aten.addmm.default" in targets and not any("linear" in t for t in targets)
+    assert part.report().on_cpu
