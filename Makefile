@@ -58,7 +58,7 @@ compat: $(STAMP) $(COMPAT_STAMP)  ## programs written here, run by executorch 1.
 fuzz: $(STAMP)  ## 100,000 mutated .pte files through check/inspect/run on 2 workers, each under an address-space and time limit; crashes and hangs saved as regression files
 	$(BIN)/python -m harness.fuzz_pte --cases 100000 --seed $${SEED:-1} --jobs $${JOBS:-2} --crash-dir tests/fixtures/fuzz-regressions
 
-fuzz-checkpoint: $(STAMP)  ## 10,000 cases of each input kind, each in a worker under an address-space and time limit: mutated hf: checkpoint folders (safetensors headers, config.json, shard index; auto_map code, kernel names, extra shards, retyped tensors, quantization blocks, declared-but-missing tensors) through the export's load-and-check step; GGUF headers and tensor tables (export load step, tokenizer); chat templates (the bounded renderer); image-processor configs and image files (processor, process, runner inputs)
+fuzz-checkpoint: $(STAMP)  ## 10,000 cases of each input kind, each in a worker under an address-space and time limit: mutated hf: checkpoint folders (safetensors headers, config.json, shard index; auto_map code, kernel names, extra shards, retyped tensors, quantization blocks, declared-but-missing tensors) through the export's load-and-check step; GGUF headers and tensor tables (export load step, tokenizer); chat templates (the bounded renderer); image-processor configs and image files (processor, process, runner inputs); WAV files (transcribe's front end: read_audio, the features)
 	$(BIN)/python -m harness.fuzz_checkpoint --cases 10000 --seed $${SEED:-1} --kind all
 
 lint: $(STAMP)  ## ruff check + ruff format --check + mypy (scripts/typecheck.py); config in pyproject.toml; tests/test_lint.py runs all three

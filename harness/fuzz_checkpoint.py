@@ -2,7 +2,7 @@
 worker process under an address-space limit and a time limit.
 
     python -m harness.fuzz_checkpoint --cases 10000 [--seed 1] [--crash-dir DIR]
-        [--kind folders|gguf|templates|processors|images|all]
+        [--kind folders|gguf|templates|processors|images|audio|all]
 
 Bases: tiny random checkpoints written here with ``save_pretrained`` (a llama in float16 in one file, a
 llama in float32 in shards with ``model.safetensors.index.json``, a qwen2 with biases and tied
@@ -19,11 +19,12 @@ The case goes through :func:`mps_backend.llm.export.export_llm` up to the end of
 worker replaces ``program_methods``, the first step after it, by a stop, so a case costs a load, not an export.
 
 ``--kind`` fuzzes the other inputs instead (:mod:`harness.fuzz_inputs`: GGUF files, chat templates, image
-processor configs, image files), the same way.
+processor configs, image files, WAV files), the same way.
 
 Outcomes: the load finished (``ok``), or a typed error of the project (an ``MPSBackendError``: ``typed
-CLASS``), both allowed; anything else fails the campaign: another exception (``UNTYPED``), the worker
-dying (``CRASH``: a signal, an abort, the address-space limit), not answering within the time limit
+CLASS``), both allowed; anything else fails the campaign: another exception (``UNTYPED``), a result out of
+its bounds (``WRONG``: the audio kind's samples or features), the worker dying (``CRASH``: a signal, an
+abort, the address-space limit), not answering within the time limit
 (``HANG``), or code of the folder having run (``CODE RAN``: its marker file written, or a Python file in the
 worker's Hugging Face modules cache, which points into the campaign's temporary folder). A failing
 case's folder is copied to ``--crash-dir``.
@@ -663,7 +664,8 @@ def campaign(cases: int, seed: int, crash_dir: Path | None = None, progress: boo
     with tempfile.TemporaryDirectory(prefix="fuzz-ckpt-") as tmp:
         root = Path(tmp)
         base = bases(root / "bases") if kind == "folders" else fuzz_inputs.bases(kind, root / "bases")
-        shared = {} if kind in ("folders", "gguf", "templates") else {k: str(v) for k, v in fuzz_inputs.shared(root).items()}
+        reads_shared = kind in ("processors", "images")  # the LLaVA processor, a picture
+        shared = {k: str(v) for k, v in fuzz_inputs.shared(root).items()} if reads_shared else {}
         names = sorted(base)
         hf_home = root / "hf"
         w = _Worker(hf_home, kind)
@@ -685,7 +687,7 @@ def campaign(cases: int, seed: int, crash_dir: Path | None = None, progress: boo
                 copied = sorted(p.name for p in hf_home.rglob("*.py") if p.name != "__init__.py") if hf_home.exists() else []
                 if (folder / CODE_MARKER).exists() or copied:
                     result = f"CODE RAN (marker {(folder / CODE_MARKER).exists()}, modules cache {copied[:3]}): {result}"
-                if result.startswith(("UNTYPED", "CRASH", "HANG", "CODE RAN")):
+                if result.startswith(("UNTYPED", "WRONG", "CRASH", "HANG", "CODE RAN")):
                     failures.append({"case": i, "base": name, "dtype": dtype, "mutations": done, "result": result})
                     if crash_dir is not None:
                         crash_dir.mkdir(parents=True, exist_ok=True)
@@ -718,7 +720,7 @@ def main() -> None:
     parser.add_argument(
         "--kind",
         default="folders",
-        choices=("folders", "gguf", "templates", "processors", "images", "all"),
+        choices=("folders", "gguf", "templates", "processors", "images", "audio", "all"),
         help="what to fuzz (default: hf: checkpoint folders; all: every kind, --cases each)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -726,8 +728,10 @@ def main() -> None:
     if args.worker:
         worker(args.kind)
         return
+    from harness import fuzz_inputs  # noqa: PLC0415
+
     failed = False
-    for kind in ("folders", "gguf", "templates", "processors", "images") if args.kind == "all" else (args.kind,):
+    for kind in ("folders", *fuzz_inputs.KINDS) if args.kind == "all" else (args.kind,):
         report = campaign(args.cases, args.seed, args.crash_dir, progress=True, kind=kind)
         print(json.dumps(report, indent=1), flush=True)
         failed = failed or bool(report["failures"])

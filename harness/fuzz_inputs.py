@@ -1,7 +1,7 @@
 """The input kinds ``make fuzz-checkpoint`` fuzzes beside ``hf:`` folders (#47): GGUF files (header, metadata,
-tensor table, data), chat templates, image-processor configs and image files. Driven by
-:mod:`harness.fuzz_checkpoint` (``--kind gguf|templates|processors|images``), each case in its worker process
-under the address-space and time limits:
+tensor table, data), chat templates, image-processor configs, image files and WAV files. Driven by
+:mod:`harness.fuzz_checkpoint` (``--kind gguf|templates|processors|images|audio``), each case in its worker
+process under the address-space and time limits:
 
 - ``gguf``: a tiny llama written byte by byte (:mod:`harness.gguf_files`), its metadata and tensor table edited
   (declared blocks, widths, heads, vocabulary, alignment, architecture; offsets, types, shapes, names, counts)
@@ -16,9 +16,15 @@ under the address-space and time limits:
   ``process`` of a small picture and ``runner_inputs``;
 - ``images``: PNG, JPEG, GIF, BMP, TIFF and WebP files whose headers declare other sizes (bombs, lines),
   truncated or with flipped bytes; the case is ``process`` with the LLaVA processor.
+- ``audio``: WAV files (PCM 8/16/24-bit, float, mono and stereo, one extensible, two with LIST and fact
+  chunks) whose fmt fields (format tag, channels, rate 0, 1 Hz to 2^32-1, bits per sample, block align),
+  declared sizes (RIFF, fmt, data: zero, off by one, beyond the file), chunks (extra, odd, repeated, missing,
+  reordered), samples (truncated, odd, none, a non-finite float) or bytes are changed, or that are another
+  container's header; the case is ``transcribe``'s front end (:func:`run_audio`: ``read_audio``, then the
+  features), whose result must also be bounded (``WRONG`` otherwise).
 
 Allowed outcomes: a clean run (``ok``), a typed error of the project (an ``MPSBackendError``), or a one-line
-``ValueError`` (what ``generate`` prints as its one ``error:`` line).
+``ValueError`` (what ``generate`` and ``transcribe`` print as their one ``error:`` line).
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ import struct
 import zlib
 from pathlib import Path
 
-KINDS = ("gguf", "templates", "processors", "images")
+KINDS = ("gguf", "templates", "processors", "images", "audio")
 #: seconds a case may take before it is a hang (a template is stopped at 1 s of CPU in the worker)
-CASE_SECONDS = {"gguf": 90.0, "templates": 150.0, "processors": 60.0, "images": 60.0}
+#: (audio: an hour of 16 kHz samples, the most a header may declare, reads and gets its features in about 7 s)
+CASE_SECONDS = {"gguf": 90.0, "templates": 150.0, "processors": 60.0, "images": 60.0, "audio": 60.0}
 PROMPT = "the quick brown fox"
 
 
@@ -138,6 +145,10 @@ def bases(kind: str, root: Path) -> dict[str, Path]:
         for family in ("llava", "gemma3", "smolvlm"):
             out[family] = root / family
             _processor(family, out[family])
+    elif kind == "audio":
+        for name, spec in WAV_BASES.items():
+            out[name] = root / f"{name}.wav"
+            _wav_base(out[name], *spec)
     else:
         for fmt, ext in IMAGE_FORMATS.items():
             out[fmt] = root / f"picture.{ext}"
@@ -520,8 +531,238 @@ def mutate_image(rng: random.Random, path: Path) -> list[str]:
     return [f"{fmt} small declared size"]
 
 
+# ---------------------------------------------------------------- audio (WAV) mutations
+
+#: WAVE format tags: PCM, ADPCM, IEEE float, A-law, mu-law, IMA ADPCM, GSM 6.10, MP3, extensible, unknown ones
+WAV_TAGS = (0, 1, 2, 3, 6, 7, 0x11, 0x31, 0x55, 0xFFFE, 0x1234, 0xFFFF)
+WAV_RATES = (0, 1, 2, 7, 100, 8000, 16000, 44100, 192000, 10**6, 10**9, (1 << 31) - 1, (1 << 32) - 1)
+WAV_CHANNELS = (0, 1, 2, 3, 7, 255, 256, 1024, 65535)
+WAV_BITS = (0, 1, 4, 7, 8, 12, 16, 17, 24, 31, 32, 48, 64, 65535)
+#: sizes a chunk or the RIFF header is made to declare (``n`` the true size: off by one, zero, beyond the file)
+WAV_SIZES = (0, 1, 2, 15, 16, 17, 18, 40, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0xFFFFFFF0)
+#: what a case's file may start with instead of a WAV: other containers libsndfile parses, and nothing
+NOT_WAV = (
+    b"",
+    b"RIFF",
+    b"RIFF\xff\xff\xff\xffWAVE",
+    b"RIFX\x24\x00\x00\x00WAVEfmt ",
+    b"RF64\xff\xff\xff\xffWAVEds64",
+    b"RIFF\x24\x00\x00\x00AVI LIST",
+    b"fLaC\x00\x00\x00\x22" + bytes(34),
+    b"OggS" + bytes(60),
+    b"ID3\x04\x00\x00\x00\x00\x00\x00" + b"\xff\xfb\x90\x00" * 50,
+    b"FORM\x00\x00\x00\x40AIFFCOMM\x00\x00\x00\x12\x00\x01" + bytes(56),
+    b"caff\x00\x01\x00\x00desc" + bytes(40),
+    b"this is not audio\n" * 20,
+)
+_SUBFORMAT_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"  # KSDATAFORMAT_SUBTYPE_* after the tag
+
+
+def wav_chunks(*, rate: int, channels: int, bits: int, tag: int, data: bytes, extensible: bool = False) -> list:
+    """The chunks of a WAV file as ``[id, payload, declared size or None]`` lists (:func:`wav_file` lays them out)."""
+    align = max(1, channels * bits // 8)
+    fmt = struct.pack("<HHIIHH", 0xFFFE if extensible else tag, channels, rate, (rate * align) & 0xFFFFFFFF, align & 0xFFFF, bits)
+    if extensible:  # cbSize 22: valid bits, channel mask, the sub-format GUID (its first two bytes the tag)
+        fmt += (
+            struct.pack("<HHI", 22, bits, (1 << channels) - 1 if channels < 32 else 0) + struct.pack("<H", tag) + _SUBFORMAT_TAIL
+        )
+    return [[b"fmt ", fmt, None], [b"data", data, None]]
+
+
+def wav_file(chunks: list, riff_size: int | None = None, magic: bytes = b"RIFF", form: bytes = b"WAVE") -> bytes:
+    """A RIFF file of ``chunks`` (:func:`wav_chunks`), each padded to an even size as RIFF asks; a declared size
+    of None is the payload's own."""
+    body = form
+    for cid, payload, size in chunks:
+        body += cid + struct.pack("<I", len(payload) if size is None else size & 0xFFFFFFFF) + payload
+        body += b"\0" * (len(payload) % 2)
+    return magic + struct.pack("<I", (len(body) if riff_size is None else riff_size) & 0xFFFFFFFF) + body
+
+
+def _wav_parse(data: bytes) -> tuple[bytes, list] | None:
+    """(magic, chunks) of a well-formed RIFF file, None when it is not one (an earlier mutation of the case)."""
+    if len(data) < 12 or data[8:12] != b"WAVE":
+        return None
+    chunks, pos = [], 12
+    while pos + 8 <= len(data):
+        cid, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        if pos + 8 + size > len(data):
+            return None
+        chunks.append([cid, data[pos + 8 : pos + 8 + size], None])
+        pos += 8 + size + size % 2
+    return (data[:4], chunks) if pos == len(data) and chunks else None
+
+
+def _tone(seconds: float, rate: int, bits: int, tag: int, channels: int) -> bytes:
+    import numpy as np  # noqa: PLC0415
+
+    t = np.arange(int(seconds * rate)) / rate
+    sig = 0.5 * np.sin(2 * np.pi * 440 * t) + 0.1 * np.sin(2 * np.pi * 3000 * t)
+    sig = np.repeat(sig[:, None], channels, axis=1)
+    if tag == 3:
+        return sig.astype("<f4" if bits == 32 else "<f8").tobytes()
+    if bits == 8:
+        return np.round(sig * 127 + 128).astype("u1").tobytes()
+    ints = np.round(sig * ((1 << (bits - 1)) - 1)).astype("<i4")
+    return b"".join(int(v).to_bytes(4, "little", signed=True)[: bits // 8] for v in ints.reshape(-1))
+
+
+#: the WAV bases: (rate, channels, bits, format tag, seconds, extensible, extra chunks)
+WAV_BASES = {
+    "pcm16_mono_16k": (16000, 1, 16, 1, 1.0, False, False),
+    "pcm16_stereo_44k": (44100, 2, 16, 1, 0.5, False, True),
+    "pcm8_mono_8k": (8000, 1, 8, 1, 1.0, False, False),
+    "pcm24_stereo_22k": (22050, 2, 24, 1, 0.25, True, False),
+    "float32_mono_48k": (48000, 1, 32, 3, 0.5, False, True),
+}
+
+
+def _wav_base(path: Path, rate: int, channels: int, bits: int, tag: int, seconds: float, extensible: bool, extra: bool) -> None:
+    chunks = wav_chunks(
+        rate=rate, channels=channels, bits=bits, tag=tag, data=_tone(seconds, rate, bits, tag, channels), extensible=extensible
+    )
+    if extra:  # a LIST/INFO chunk between fmt and data, and a fact chunk, as many writers add
+        chunks[1:1] = [[b"LIST", b"INFOISFT\x06\x00\x00\x00fuzz\x00\x00", None], [b"fact", struct.pack("<I", 1), None]]
+    path.write_bytes(wav_file(chunks))
+
+
+def _wav_fmt_field(rng: random.Random, fmt: bytes) -> tuple[bytes, str]:
+    fields = ("tag", "channels", "rate", "byte rate", "block align", "bits")
+    b = bytearray(fmt if len(fmt) >= 16 else fmt + bytes(16 - len(fmt)))
+    i = rng.randrange(len(fields))
+    values = {
+        "tag": WAV_TAGS,
+        "channels": WAV_CHANNELS,
+        "rate": WAV_RATES,
+        "byte rate": (0, 1, 3, (1 << 32) - 1),
+        "block align": (0, 1, 3, 7, 65535),
+        "bits": WAV_BITS,
+    }[fields[i]]
+    value = rng.choice(values)
+    at, form = ((0, "<H"), (2, "<H"), (4, "<I"), (8, "<I"), (12, "<H"), (14, "<H"))[i]
+    struct.pack_into(form, b, at, value)
+    if fields[i] == "tag" and len(b) >= 40 and rng.random() < 0.5:  # the extensible sub-format's tag instead
+        struct.pack_into("<H", b, 24, value)
+        return bytes(b), f"WAV sub-format tag {value}"
+    return bytes(b), f"WAV {fields[i]} {value}"
+
+
+def _wav_structure(rng: random.Random, magic: bytes, chunks: list) -> tuple[bytes, str]:
+    """One edit of a parsed WAV's header fields or chunks; returns the new file and what was done."""
+    ids = [c[0] for c in chunks]
+    fmt_i = ids.index(b"fmt ") if b"fmt " in ids else None
+    data_i = ids.index(b"data") if b"data" in ids else None
+    riff_size = None
+    what = rng.randrange(8)
+    if what <= 1 and fmt_i is not None:  # a field of the fmt chunk
+        chunks[fmt_i][1], done = _wav_fmt_field(rng, chunks[fmt_i][1])
+    elif what == 2:  # a declared size: the RIFF header's, the fmt or data chunk's
+        target = rng.choice(("riff", "fmt", "data"))
+        n = rng.choice(WAV_SIZES)
+        if target == "riff":
+            riff_size = n
+        elif (fmt_i if target == "fmt" else data_i) is not None:
+            chunks[fmt_i if target == "fmt" else data_i][2] = n
+        done = f"WAV {target} size {n}"
+    elif what == 3:  # an extra chunk: metadata, an odd size, one that claims more than the file, a second fmt or data
+        extra = rng.choice(
+            (
+                [b"LIST", b"INFOINAM\x03\x00\x00\x00ab\x00", None],
+                [b"JUNK", bytes(rng.choice((0, 1, 3, 28))), None],
+                [b"fact", struct.pack("<I", rng.choice((0, 1, 1 << 31))), None],
+                [b"abcd", b"x" * 5, None],
+                [b"cue ", struct.pack("<I", 1 << 30), None],
+                [b"smpl", bytes(36) + struct.pack("<I", 1 << 28), None],
+                [b"bext", bytes(8), 0xFFFFFFFF],
+                [b"fmt ", wav_chunks(rate=8000, channels=2, bits=8, tag=1, data=b"")[0][1], None],
+                [b"data", bytes(rng.choice((0, 1, 2, 1000))), None],
+                [b"\0\0\0\0", b"", None],
+            )
+        )
+        at = rng.randrange(len(chunks) + 1)
+        chunks.insert(at, extra)
+        done = f"WAV extra {extra[0].decode(errors='replace').strip() or 'nul'} chunk at {at}"
+    elif what == 4:  # the chunks' order or presence
+        choice = rng.randrange(4)
+        if choice == 0 and fmt_i is not None:
+            del chunks[fmt_i]
+        elif choice == 1 and data_i is not None:
+            del chunks[data_i]
+        elif choice == 2:
+            chunks.reverse()
+        else:
+            chunks.append(list(chunks[rng.randrange(len(chunks))]))
+        done = f"WAV chunks {('no fmt', 'no data', 'reversed', 'repeated')[choice]}"
+    elif what == 5 and data_i is not None:  # the samples: truncated, odd, none, non-finite floats, more of them
+        data = chunks[data_i][1]
+        choice = rng.randrange(5)
+        if choice == 0:
+            data = data[: rng.randrange(len(data) + 1)]
+        elif choice == 1:
+            data = data[:-1] if data else b"\x01"
+        elif choice == 2:
+            data = b""
+        elif choice == 3:
+            import numpy as np  # noqa: PLC0415
+
+            bad = np.array([rng.choice((float("nan"), float("inf"), -float("inf"), 3e38, -0.0, 1e-45))], "<f4").tobytes()
+            at = rng.randrange(max(1, len(data) // 4)) * 4
+            data = data[:at] + bad + data[at + 4 :]
+        else:
+            data = data * rng.choice((2, 8, 32))
+        chunks[data_i][1] = data
+        done = f"WAV samples {('truncated', 'odd length', 'none', 'one non-finite float', 'repeated')[choice]}"
+    elif what == 6 and fmt_i is not None:  # the fmt chunk's length: short, cbSize given, extensible with no room
+        fmt = chunks[fmt_i][1]
+        chunks[fmt_i][1] = rng.choice(
+            (
+                fmt[:14],
+                fmt[:16],
+                fmt[:16] + b"\0\0",
+                fmt[:16] + struct.pack("<H", 22),
+                fmt[:16] + struct.pack("<H", 0xFFFF) + bytes(4),
+                fmt + bytes(100),
+            )
+        )
+        done = "WAV fmt length"
+    else:  # the container's magic or form type
+        magic = rng.choice((b"RIFF", b"RIFX", b"RF64", b"riff", b"\0\0\0\0"))
+        form = rng.choice((b"WAVE", b"wave", b"AVI ", b"WAVX"))
+        return wav_file(chunks, riff_size, magic, form), f"WAV magic {magic!r} {form!r}"
+    return wav_file(chunks, riff_size, magic), done
+
+
+def mutate_audio(rng: random.Random, path: Path) -> list[str]:
+    done = []
+    for _ in range(rng.choice((1, 1, 2, 3))):
+        data = path.read_bytes()
+        parsed = _wav_parse(data)
+        what = rng.randrange(10)
+        if what < 6 and parsed is not None:
+            data, step = _wav_structure(rng, *parsed)
+        elif what < 8 and data:
+            b = bytearray(data)
+            span = len(b) if rng.random() < 0.3 else min(64, len(b))
+            for _ in range(rng.randint(1, 8)):
+                b[rng.randrange(span)] = rng.choice((0, 0xFF, 0x7F, 0x80, rng.randrange(256)))
+            data, step = bytes(b), f"WAV {'bytes' if span > 64 else 'header bytes'}"
+        elif what == 8:
+            data, step = data[: rng.choice((0, 4, 8, 12, 20, 36, 44, rng.randrange(len(data) + 1)))], "WAV truncated"
+        else:
+            data, step = rng.choice(NOT_WAV), "not a WAV"
+        path.write_bytes(data)
+        done.append(step)
+    return done
+
+
 def mutate(kind: str, rng: random.Random, path: Path) -> list[str]:
-    mutations = {"gguf": mutate_gguf, "templates": mutate_template, "processors": mutate_processor, "images": mutate_image}
+    mutations = {
+        "gguf": mutate_gguf,
+        "templates": mutate_template,
+        "processors": mutate_processor,
+        "images": mutate_image,
+        "audio": mutate_audio,
+    }
     return mutations[kind](rng, path)
 
 
@@ -565,6 +806,8 @@ def run_input_case(kind: str, path: Path, shared_paths: dict[str, str], stop: ty
             from mps_backend.llm.generate import Tokenizer  # noqa: PLC0415
 
             Tokenizer(path).chat("hello")
+        elif kind == "audio":
+            return run_audio(path)
         else:
             from mps_backend.llm.multimodal import image_token_id, load_processor, process, runner_inputs  # noqa: PLC0415
 
@@ -579,6 +822,29 @@ def run_input_case(kind: str, path: Path, shared_paths: dict[str, str], stop: ty
         return classify(e)
 
 
+def run_audio(path: Path) -> str:
+    """``transcribe``'s front end on ``path``: :func:`read_audio` as ``transcribe`` calls it (its default
+    ``max_seconds``, to the extractor's 16 kHz), then transformers' ``WhisperFeatureExtractor`` (Whisper's defaults,
+    80 mel bins) as ``transcribe`` calls it (one padded window up to 30 s, the whole beyond). 'ok' when the samples
+    are mono float32, finite, at most ``MAX_SECONDS`` at 16 kHz, and the features finite ``[1, 80, >= 3000]``;
+    'WRONG ...' otherwise; errors are the caller's to classify."""
+    import numpy as np  # noqa: PLC0415
+
+    from mps_backend.llm.transcribe import MAX_SECONDS, feature_extractor, read_audio  # noqa: PLC0415
+
+    fe = feature_extractor(None, 80)
+    samples, rate = read_audio(path, MAX_SECONDS, fe.sampling_rate)
+    if samples.dtype != np.float32 or samples.ndim != 1 or not 0 < len(samples) <= MAX_SECONDS * fe.sampling_rate + 16:
+        return f"WRONG samples {samples.dtype} {samples.shape} (from {rate} Hz)"
+    if not np.isfinite(samples).all():
+        return f"WRONG non-finite samples (from {rate} Hz)"
+    kwargs = {"truncation": False, "padding": "longest"} if len(samples) > fe.n_samples else {}
+    features = fe(samples, sampling_rate=fe.sampling_rate, return_tensors="pt", **kwargs).input_features
+    if tuple(features.shape[:2]) != (1, 80) or features.shape[2] < fe.nb_max_frames or not bool(features.isfinite().all()):
+        return f"WRONG features {tuple(features.shape)} of {len(samples)} samples (from {rate} Hz)"
+    return "ok"
+
+
 def worker_setup(kind: str) -> None:
     """What a worker of ``kind`` changes in its own process: the template renderer's CPU limit lowered to 1 s
     (the same mechanism as the default 10 s, a faster campaign)."""
@@ -586,7 +852,11 @@ def worker_setup(kind: str) -> None:
         import mps_backend.llm.chat_templates as chat  # noqa: PLC0415
 
         chat.MAX_RENDER_SECONDS = 1
-    if kind in ("gguf", "templates"):
+    if kind == "audio":
+        import soundfile  # noqa: F401, PLC0415
+        import soxr  # noqa: F401, PLC0415
+        import transformers  # noqa: F401, PLC0415
+    elif kind in ("gguf", "templates"):
         import transformers  # noqa: F401, PLC0415
     else:
         import PIL.Image  # noqa: F401, PLC0415

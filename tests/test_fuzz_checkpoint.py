@@ -95,12 +95,16 @@ INPUT_KINDS = {
     "templates": ({"typed ChatTemplateError", "ok"}, ("fragment", "template")),
     "processors": ({"typed ImageBoundError", "ok"}, ("processor size", "processor crop_size")),
     "images": ({"typed ImageBoundError", "ok"}, ("declares", "truncated")),
+    "audio": (
+        {"typed ValueError", "ok"},
+        ("WAV rate", "WAV tag", " size ", "WAV extra", "WAV samples", "WAV truncated", "not a WAV"),
+    ),
 }
 
 
 @pytest.mark.parametrize("kind", list(INPUT_KINDS))
 def test_seeded_input_campaign(tmp_path, kind):
-    """A seeded campaign of each input kind of #47 (GGUF files, chat templates, processor configs, images):
+    """A seeded campaign of each input kind of #47 (GGUF files, chat templates, processor configs, images, WAV files):
     only clean runs and one-line typed errors; refusals, clean runs and the named mutations all happened."""
     outcomes, mutations = INPUT_KINDS[kind]
     report = campaign(48, seed=5, crash_dir=tmp_path, kind=kind)
@@ -108,3 +112,20 @@ def test_seeded_input_campaign(tmp_path, kind):
     assert outcomes <= set(report["counts"]), report["counts"]
     ran = " ".join(report["mutations"])
     assert all(m in ran for m in mutations), report["mutations"]
+
+
+def test_audio_case_bounds_the_result(tmp_path):
+    """The audio kind's case fails a result out of bounds, not only an exception: the float WAV ``make
+    fuzz-checkpoint --kind audio`` found (a sample of 1e20, whose features were infinite) is a one-line
+    ``ValueError`` now; a clean WAV is 'ok'."""
+    import numpy as np
+
+    from harness.fuzz_inputs import run_input_case, wav_chunks, wav_file
+
+    wave = (0.1 * np.sin(np.arange(48000) / 10.0)).astype("<f4")
+    path = tmp_path / "a.wav"
+    path.write_bytes(wav_file(wav_chunks(rate=48000, channels=1, bits=32, tag=3, data=wave.tobytes())))
+    assert run_input_case("audio", path, {}, _Loaded) == "ok"
+    wave[1000] = 1e20
+    path.write_bytes(wav_file(wav_chunks(rate=48000, channels=1, bits=32, tag=3, data=wave.tobytes())))
+    assert run_input_case("audio", path, {}, _Loaded) == "typed ValueError"

@@ -68,6 +68,9 @@ class Transcription:
 MAX_SECONDS = 3600.0
 #: samples (frames x channels) read at a time: mixed down and resampled block by block
 _BLOCK_SAMPLES = 1 << 20
+#: the largest sample magnitude ``read_audio`` takes (full scale is 1; float files written on a 16-bit scale
+#: reach 32768): beyond about 1e17 the feature extractor's float32 power spectrum overflows to infinity
+MAX_SAMPLE = float(1 << 20)
 
 
 def read_audio(
@@ -81,7 +84,8 @@ def read_audio(
     band; the same samples as ``soxr.resample`` of the whole), so memory is bounded by the output: at most
     ``max_seconds`` at ``to`` Hz, whatever the file's rate and channels. Refused in one line: what
     libsndfile cannot read, a header's rate below 1 Hz or length beyond ``max_seconds`` (nothing is
-    read then), no samples, a non-finite sample."""
+    read then), no samples, a non-finite sample, a sample beyond :data:`MAX_SAMPLE` (whose features would
+    overflow)."""
     import soundfile  # noqa: PLC0415
     import soxr  # noqa: PLC0415
 
@@ -105,6 +109,13 @@ def read_audio(
                 if bad.any():
                     raise ValueError(
                         f"{path}: a non-finite sample (NaN or infinity) at {(done + int(np.argmax(bad))) / rate:.3f} s"
+                    )
+                big = np.abs(mono) > MAX_SAMPLE
+                if big.any():
+                    at = int(np.argmax(big))
+                    raise ValueError(
+                        f"{path}: a sample of {mono[at]:.3g} at {(done + at) / rate:.3f} s, beyond {MAX_SAMPLE:.0f} "
+                        "(full scale is 1)"
                     )
                 parts.append(mono if stream is None else stream.resample_chunk(mono, last=last))
                 if last:

@@ -498,6 +498,12 @@ BAD_AUDIO = [
     ("unknown format tag", _wav_bytes(_pcm16(1.0), tag=0x1234), "not an audio file"),
     ("NaN samples", _wav_bytes(np.array([0.1, np.nan, 0.2] * 100, dtype="<f4").tobytes(), tag=3, bits=32), "non-finite sample"),
     ("infinite samples", _wav_bytes(np.array([0.1, np.inf] * 100, dtype="<f4").tobytes(), tag=3, bits=32), "non-finite sample"),
+    # make fuzz-checkpoint --kind audio (#47): a float sample whose features overflow to infinity
+    (
+        "a float sample of 1e20",
+        _wav_bytes(np.array([0.1, 1e20, 0.2] * 100, dtype="<f4").tobytes(), tag=3, bits=32),
+        "beyond 1048576",
+    ),
 ]
 
 
@@ -518,6 +524,27 @@ def test_bad_audio_one_line_or_bounded(whisper_like, tmp_path, name, data, says)
         errors = [line for line in err.splitlines() if line.startswith("error: ")]
         assert code == 2 and len(errors) == 1 and err.count("\n") == 1, err
         assert str(path) in errors[0] and says in errors[0], err
+
+
+def test_sample_magnitude_bounded(tmp_path):
+    """A float WAV's samples beyond 2^20 of full scale are refused in one line (found by ``make fuzz-checkpoint
+    --kind audio``: from about 1e17 the feature extractor's float32 power spectrum is infinite, so the encoder
+    got infinite features); samples on a 16-bit scale (float files some tools write) are read and their features
+    are finite."""
+    from transformers import WhisperFeatureExtractor
+
+    from mps_backend.llm.transcribe import MAX_SAMPLE, read_audio
+
+    wave = (0.1 * np.sin(np.arange(16000) / 10.0)).astype("<f4")
+    path = tmp_path / "loud.wav"
+    for peak in (1e20, 3e38, MAX_SAMPLE * 2):
+        path.write_bytes(_wav_bytes(np.where(np.arange(16000) == 100, np.float32(peak), wave).tobytes(), tag=3, bits=32))
+        with pytest.raises(ValueError, match=r"loud.wav: a sample of .* at 0.006 s, beyond 1048576 \(full scale is 1\)$"):
+            read_audio(path)
+    path.write_bytes(_wav_bytes((wave * 32768).tobytes(), tag=3, bits=32))
+    samples, _ = read_audio(path)
+    features = WhisperFeatureExtractor(feature_size=80)(samples, sampling_rate=16000, return_tensors="pt").input_features
+    assert np.abs(samples).max() > 3000 and bool(features.isfinite().all())
 
 
 def test_audio_memory_bounded_by_the_output(tmp_path):
