@@ -6,7 +6,7 @@ from __future__ import annotations
 import operator
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
@@ -241,7 +241,7 @@ def _is_debug_tap(node: Node) -> bool:
     return "executorch_devtools.tap." in str(node.target)
 
 
-def _decompositions_but(keep: Sequence[torch._ops.OpOverload]) -> dict:
+def _decompositions_but(keep: Iterable[torch._ops.OpOverload]) -> dict:
     """executorch's default decomposition table without the ops in ``keep``."""
     from executorch.exir.program._program import _default_decomposition_table  # noqa: PLC0415
 
