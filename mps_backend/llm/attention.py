@@ -20,6 +20,12 @@
   halves and repeats each) has the new rows transformed with the old ones, and attention reads the
   transformed ``S + T`` rows (``p @ V``). Values of any other length (a transform of the old cache
   alone) are refused: the new rows would be missed.
+  A chunk of T rows (:mod:`mps_backend.llm.decoder`) computes the scores of ``G*T`` query rows over the whole
+  cache, the bytes a chunk adds to every step (#46): the cache's scores are masked in the elementwise chain
+  that reads their matmul's result, and either the new keys join the cache's before one matmul (``keys =
+  cat(K_old, k_new)``, when a copy of the K cache costs less than one more pass over the float32 scores:
+  ``e x d < 4 x G x T``) or the masked scores join the new keys' before the softmax (docs/device-cost.md,
+  The chunk's attention).
 - :class:`RopeTable`: a model's rotary embedding replaced by its own cos/sin computed at export in
   float32 for every position ``0 .. max_seq_len-1``, stored in the model's dtype and gathered by
   position: the program has no position-dependent float16 arithmetic (an fp16 angle ``p * inv_freq``
@@ -115,20 +121,21 @@ def grouped_attention(
         scaling = float(module.head_dim) ** -0.5
     # query head kv*G + j uses KV head kv (repeat_kv's order): [B, KV, G*T, d], scaled once
     q = (query * scaling).reshape(b, kv, g * t, d)
-    scores = torch.matmul(q, key_t)  # [B, KV, G*T, S]
-    if new_rows is not None:  # the new keys' scores: T more columns (one in a decode step, always visible)
-        scores = torch.cat([scores, torch.matmul(q, new_rows[0])], dim=-1)
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if attention_mask is not None:
-        if new_rows is not None and attention_mask.shape[-1] == s + t:
-            mask = attention_mask  # a chunk: the mask covers the old cache and the chunk's own rows
-        else:
-            mask = attention_mask[:, :, :, :s]
-            if new_rows is not None:  # one decode row: its own key always visible
-                mask = torch.cat([mask, torch.zeros_like(mask[..., :1])], dim=-1)
-        n = scores.shape[-1]
-        scores = (scores.view(b, kv, g, t, n) + mask.unsqueeze(2)).view(b, kv, g * t, n)
+    chunk_mask = attention_mask is not None and attention_mask.shape[-1] == s + t
+    if new_rows is not None and key_t.element_size() * d < 4 * g * t and (attention_mask is None or chunk_mask):
+        # many query rows (a chunk): the new keys join the cache's as columns before one matmul, a copy of the
+        # K cache (d x S keys, written and read) that costs less than a copy of the float32 scores of G*T rows
+        # over it (docs/device-cost.md, The chunk's attention); the mask covers the old cache and the chunk's rows
+        keys = torch.cat([key_t, new_rows[0]], dim=-1)
+        scores = _masked(torch.matmul(q, keys), softcap, attention_mask, 0, s + t, g)
+    else:
+        # the scores over the cache, masked before they meet the new keys' scores: the matmul's result, its
+        # float32 cast and the mask are one elementwise chain, and the concatenation (the only full-size copy of
+        # the scores before the softmax) takes the masked scores
+        scores = _masked(torch.matmul(q, key_t), softcap, attention_mask, 0, s, g)  # [B, KV, G*T, S]
+        if new_rows is not None:  # the new keys' scores: T more columns (one in a decode step, always visible)
+            new = _masked(torch.matmul(q, new_rows[0]), softcap, attention_mask if chunk_mask else None, s, s + t, g)
+            scores = torch.cat([scores, new], dim=-1)
     if s_aux is not None:
         # gpt-oss: one learned sink logit per query head joins the softmax, its weight dropped
         sinks = s_aux.reshape(1, kv, g, 1, 1).expand(b, kv, g, t, 1).reshape(b, kv, g * t, 1).to(scores.dtype)
@@ -149,6 +156,17 @@ def grouped_attention(
     if mla is not None:
         out = mla.heads_out(out)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _masked(scores: torch.Tensor, softcap: float | None, mask: torch.Tensor | None, lo: int, hi: int, g: int) -> torch.Tensor:
+    """``scores [B, KV, G*T, N]`` soft-capped (Gemma 2) and plus the additive mask's key columns ``lo:hi``
+    (``mask [1|B, 1, T, >= hi]``, the same for the G query heads of a KV head); no mask: unchanged."""
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is None:
+        return scores
+    b, kv, rows, n = scores.shape
+    return (scores.view(b, kv, g, rows // g, n) + mask[:, :, :, lo:hi].unsqueeze(2)).view(b, kv, rows, n)
 
 
 #: the attribute of an attention module exported as multi-head latent attention (:class:`LatentAttention`)

@@ -27,7 +27,8 @@ In float16 mode (``Precision.FP16``), in this order:
 5. **Rescaled matmuls** (``rescale_exponent = k > 0``, before the casts): a float16
    ``mm``/``bmm``/``addmm``/``linear`` whose result is only read in float32 (through views) reads its
    activation (and bias) times ``2**-k`` (both operands when both are computed, neither a weight nor
-   a state buffer such as a KV cache: attention's ``q @ k^T`` in an encoder), the activation's
+   a state buffer such as a KV cache, nor a KV cache with a chunk's new keys concatenated: attention's
+   ``q @ k^T`` in an encoder), the activation's
    elementwise producers computed in float32 first (``silu(gate) * up`` is scaled before it is
    rounded to float16); after the casts, the float32 cast of its result is multiplied back
    (``2**k``, ``2**2k``). Exact (powers of two) in float16's normal range; activations and results
@@ -416,9 +417,15 @@ class _Assignment:
         return first + 1 if nb < na else first
 
     def _stored(self, a: Any) -> bool:
-        """``a`` is a placeholder (a state buffer, an input) seen through views and slices."""
-        while isinstance(a, Node) and a.op == "call_function" and target_of(a) in _VIEWS | _TAKES:
-            a = a.args[0]
+        """``a`` is a placeholder (a state buffer, an input) seen through views and slices, or through a
+        concatenation whose largest part it is (a KV cache and a chunk's new keys, read as one operand)."""
+        while isinstance(a, Node) and a.op == "call_function":
+            if target_of(a) in _VIEWS | _TAKES:
+                a = a.args[0]
+            elif target_of(a) is aten.cat.default and a.args[0]:
+                a = max(a.args[0], key=lambda x: _numel(x) or 0)
+            else:
+                break
         return isinstance(a, Node) and a.op == "placeholder"
 
     def _from_constant(self, a: Any) -> bool:
