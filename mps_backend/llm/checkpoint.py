@@ -18,6 +18,7 @@ clamped to ±65504 when asked (``clamp_fp16=True``).
 
 from __future__ import annotations
 
+import abc
 import ctypes
 import dataclasses
 import pathlib
@@ -143,7 +144,7 @@ def _read_tensor(
 CONVERT_BLOCK_BYTES = 1 << 24
 
 
-class _ConvertOnRead:
+class _ConvertOnRead(abc.ABC):
     """A checkpoint tensor stored otherwise than in the export's dtype, as transformers' loader sees a
     safetensors slice: ``t[...]`` reads it (:meth:`_rows`, a subclass's), converts it to the export
     dtype and checks the float16 range (an overflow is recorded in ``overflows``, or clamped with
@@ -162,15 +163,18 @@ class _ConvertOnRead:
     def get_shape(self) -> list[int]:
         return list(self.shape)
 
+    @abc.abstractmethod
     def _row_bytes(self) -> int:
         """Bytes of one row (first dimension) that one block's size is counted in."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _rows(self, source: Any, first: int, count: int) -> torch.Tensor:
         """Rows ``first .. first + count`` of the tensor (all of a 0-d one), as stored, from ``source``
         (:meth:`_open`)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _open(self) -> Any:
         """A context manager giving :meth:`_rows` its source (an open file)."""
         raise NotImplementedError

@@ -27,6 +27,7 @@ What a family provides (the loop calls them in this order):
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -93,7 +94,7 @@ def chunk_rows(options: ExportOptions, max_seq_len: int, default: int = 1) -> in
         raise CheckpointError(f"--prefill-chunk: {e}") from None
 
 
-class Family:
+class Family(abc.ABC):
     """The protocol of a model family (the module doc); the defaults are a decoder-only language model's."""
 
     #: its registration's name (mps_backend.llm.registry)
@@ -129,6 +130,7 @@ class Family:
         """What ``--quantize`` quantizes: the weights every decode step reads."""
         return lm.model
 
+    @abc.abstractmethod
     def methods(self, lm: LoadedLM, max_seq_len: int, rows: int) -> list[Method]:
         """The program's methods in export order."""
         raise NotImplementedError
@@ -151,6 +153,7 @@ class Family:
             f"{rows} rows per call)"
         )
 
+    @abc.abstractmethod
     def verify(self, result: Any, spec: str, options: ExportOptions, pte, export: Callable) -> Any:
         """The self-check of the program written to ``pte`` (:class:`mps_backend.llm.verify.LLMVerification`);
         ``export(spec, path, params)`` exports a layer-truncated copy (its ``spec`` and ``params.json``) with the
