@@ -15,6 +15,7 @@ from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, Par
 from executorch.exir.backend.utils import tag_constant_data
 from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from executorch.exir.graph_module import get_control_flow_submodules
+from executorch.exir.program._program import _default_decomposition_table
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Node
@@ -243,8 +244,6 @@ def _is_debug_tap(node: Node) -> bool:
 
 def _decompositions_but(keep: Iterable[torch._ops.OpOverload]) -> dict:
     """executorch's default decomposition table without the ops in ``keep``."""
-    from executorch.exir.program._program import _default_decomposition_table  # noqa: PLC0415
-
     table = _default_decomposition_table()
     for op in keep:
         table.pop(op, None)
@@ -267,8 +266,6 @@ def edge_compile_config(**overrides) -> EdgeCompileConfig:
     the partitioner asks to preserve out of the verifier's way only when the default decompositions
     have an entry for it; ops without one (``adaptive_max_pool2d``/``3d``) stay in the graph either way
     and fail verification ("not in Core ATen opset") before the partitioner can take them."""
-    from executorch.exir.program._program import _default_decomposition_table  # noqa: PLC0415
-
     table = _default_decomposition_table()
     survivors = [
         t

@@ -294,9 +294,8 @@ def _eager_logits(
         # the GGUF as the export loads it: its kept tensors dequantized as the device computes them
         model = load_gguf(path, load, clamp_fp16=True, keep_quantized=kept).model
         reference = "eager transformers float32"
-        if kept:
-            if dequantize_weights(model):
-                reference += " (the GGUF's quantized tensors as kept, dequantized)"
+        if kept and dequantize_weights(model):
+            reference += " (the GGUF's quantized tensors as kept, dequantized)"
     elif kind == "hf":
         # the export's own loader: the same folder check (no code from the folder runs, trust_remote_code=False)
         # and the same tensors from the same files, in the reference precision (clamped as an fp16 export's were)
