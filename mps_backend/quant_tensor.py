@@ -119,16 +119,71 @@ def _linear(func, types, args, kwargs):
     return torch.nn.functional.linear(x, w.dequantize(), bias)
 
 
+@implements_torch_function((torch.Tensor.t, torch.t, torch.Tensor.T.__get__, torch.Tensor.mT.__get__))
+def _t(func, types, args, kwargs):
+    return transposed(args[0])
+
+
+@implements_torch_function((torch.Tensor.transpose, torch.transpose))
+def _transpose(func, types, args, kwargs):
+    w, dims = args[0], [*args[1:3], *kwargs.values()]
+    return transposed(w) if sorted(d % 2 for d in dims) == [0, 1] else w
+
+
+@implements_torch_function((torch.Tensor.permute, torch.permute))
+def _permute(func, types, args, kwargs):
+    w, dims = args[0], args[1:] if not kwargs else kwargs["dims"]
+    dims = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else list(dims)
+    return transposed(w) if [d % 2 for d in dims] == [1, 0] else w
+
+
+@implements_torch_function((torch.Tensor.__matmul__, torch.matmul, torch.Tensor.matmul))
+def _matmul(func, types, args, kwargs):
+    x, w = args[0], args[1]
+    if isinstance(w, TransposedGroups) and not isinstance(x, GroupQuantizedTensor):
+        return torch.nn.functional.linear(x, w.untransposed())
+    left = x.dequantize() if isinstance(x, GroupQuantizedTensor) else x
+    right = w.dequantize() if isinstance(w, GroupQuantizedTensor) else w
+    return torch.matmul(left, right)
+
+
 @implements(aten.embedding.default)
 @implements_torch_function(torch.nn.functional.embedding)
 def _embedding(func, types, args, kwargs):
     index, w = args[0], args[1]
+    if isinstance(w, TransposedGroups):
+        return torch.nn.functional.embedding(index, w.dequantize())
     return w.rows(index)
 
 
 @implements(aten._to_copy.default)
 def _to_copy(func, types, args, kwargs):
     return args[0].to(*args[1:], **kwargs)
+
+
+# defined after the handlers above: a subclass starts with a copy of its parent's tables
+class TransposedGroups(GroupQuantizedTensor):
+    """``W.T`` of a :class:`GroupQuantizedTensor` ``W`` (``[K, N]``, the same data): what ``x @ W.T``
+    (Falcon's ``FalconLinear``) reads. ``x @ W.T`` is ``linear(x, W)``, so the program gets the linear the
+    device reads the dequantized weight for as the left operand (``operators/linalg.py``), never a
+    weight-sized permute; ``.T`` of it is ``W`` again. Anything else done with it dequantizes."""
+
+    def __new__(cls, qdata, scale, bits, packed, dtype, offset=None):
+        shape = qdata.shape[::-1]
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=qdata.device, requires_grad=False)
+
+    def untransposed(self) -> GroupQuantizedTensor:
+        return GroupQuantizedTensor(self.qdata, self.scale, self.bits, self.packed, self.dtype, self.offset)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.untransposed().dequantize().t()
+
+
+def transposed(w: GroupQuantizedTensor) -> GroupQuantizedTensor:
+    """``w.T`` as a :class:`TransposedGroups` (or, of one, the weight again)."""
+    if isinstance(w, TransposedGroups):
+        return w.untransposed()
+    return TransposedGroups(w.qdata, w.scale, w.bits, w.packed, w.dtype, w.offset)
 
 
 # ---- making the data ------------------------------------------------------------------------------

@@ -493,6 +493,41 @@ def test_asymmetric_groups_compute_as_eager(scheme, group, k, fp16):
     assert rel(got, floaty) <= (FLOAT_INT4 if scheme == "int4" else FLOAT_INT8)
 
 
+class TransposedWeightLinear(torch.nn.Linear):
+    """Falcon's ``FalconLinear``: ``x @ self.weight.T + bias``, not ``F.linear``."""
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+@pytest.mark.parametrize("spelling", ["T", "t", "transpose", "permute"])
+def test_weight_read_transposed_is_a_linear(scheme, spelling):
+    """``x @ W.T`` of a quantized weight (Falcon) is ``linear(x, W)``: one delegate, the weight read once
+    as stored (the int4 one packed), no weight-sized permute on the device, the same numbers as eager."""
+    n, k = 96, 64
+    fmodel = torch.nn.Sequential(TransposedWeightLinear(k, n)).eval()
+    qmodel = quantize_model(copy.deepcopy(fmodel), scheme, 32)
+    w = qmodel[0].weight
+    spellings = {"T": lambda: w.T, "t": w.t, "transpose": lambda: w.transpose(-1, 0), "permute": lambda: w.permute(1, 0)}
+    wt = spellings[spelling]()
+    assert list(wt.shape) == [k, n] and torch.equal(wt.dequantize(), w.dequantize().t())
+    assert torch.equal(wt.T.dequantize(), w.dequantize())
+    x = torch.randn(1, 3, k, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        eager = qmodel(x)
+        torch.testing.assert_close(x @ wt, x @ w.dequantize().t(), rtol=0, atol=0)
+    torch.testing.assert_close(eager, torch.nn.functional.linear(x, w.dequantize(), qmodel[0].bias), rtol=0, atol=0)
+    edge, report, blobs = lower(qmodel, (x,))
+    assert report.on_cpu == [] and len(blobs) == 1, str(report)
+    g = read_blob(blobs[0]).graph
+    ops = [nd.op for nd in g.nodes]
+    assert ("MPSDequantizePerChannelGroup" in ops) == (scheme == "int4")
+    permuted = [list(g.values[nd["output_id"]].dims) for nd in g.nodes if nd.op == "MPSPermute"]
+    assert all(math.prod(d) < n * k for d in permuted), permuted  # only activations are permuted
+    assert rel(execute(blobs[0], [x])[0], eager) <= EXACT
+
+
 def q4_1_weight(n, k, seed=0):
     """A weight llama.cpp's Q4_1 holds exactly: blocks of 32 ``d q + m`` (float16 d and m, q in 0..15
     with 0 and 15 in every block, as Q4_1's min/max quantizer leaves them)."""

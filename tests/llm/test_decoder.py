@@ -217,11 +217,8 @@ def test_fp16_on_trained_like_statistics(tmp_path, tokenizer, case):
     assert_as_close_as_bfloat16(planted_figures(folder, result.path), peak)
 
 
-#: int4 rows refused today, the open work named (#43)
-INT4_OPEN = {
-    "falcon": "open work (#43): FalconLinear computes input @ self.weight.T and GroupQuantizedTensor has no "
-    "aten.permute (a transposed view of its groups): --quantize int4 of falcon is refused in one line",
-}
+#: planted variants whose --quantize int4 is open work (each: what remains), strict xfails
+INT4_OPEN: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
