@@ -20,8 +20,10 @@ Each ``llm`` and ``zoo`` case runs in a fresh process (``--in-process``: all in 
 export leaves behind cannot change the next; an ``ops`` row's blobs are hashed in one process per group.
 The fresh processes run with ``PYTHONHASHSEED=0`` (``--hash-seed`` for another value): modeling
 code that iterates a set of strings traces its nodes in the order of Python's string hashes, random per
-process otherwise (transformers' Gemma 3 computes its RoPE per layer type ``for layer_type in
-set(config.layer_types)``: two orders of the same program, value ids swapped).
+process otherwise. transformers' Gemma 3 computes its RoPE per layer type ``for layer_type in
+set(config.layer_types)``; the export's RoPE tables gather every type's rows in sorted order whichever is
+asked first (``mps_backend.llm.attention.RopeTable``), so its programs are the same bytes under every seed
+(the 8 Gemma 3 cases, seeds 0 and 1: 8 identical; before, 4 differed by swapped value ids).
 A case that fails records its error (one line) instead of a hash: a comparison shows it too.
 """
 

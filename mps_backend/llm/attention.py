@@ -329,7 +329,21 @@ class RopeTable(torch.nn.Module):
                 self.register_buffer(f"sin_{i}", sin.to(dtype), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None):
+        """The rows of ``layer_type``'s table at ``position_ids``. With several layer types, the first call
+        for a ``position_ids`` gathers every type's rows, in the sorted order of the types, and the other
+        types' calls with the same ``position_ids`` get theirs: the traced program does not depend on the
+        order modeling code asks in (Gemma 3 iterates ``set(config.layer_types)``, whose order changes with
+        Python's string-hash seed), so its ``.pte`` is the same bytes in every process."""
         i = self.keys.index(layer_type if self.keys != (None,) else None)
+        if len(self.keys) == 1:
+            return self._rows(0, x, position_ids)
+        memo = self.__dict__.get("_gathered")
+        if memo is None or memo[0] is not position_ids or memo[1] is not x.dtype:
+            memo = (position_ids, x.dtype, [self._rows(k, x, position_ids) for k in range(len(self.keys))])
+            self.__dict__["_gathered"] = memo  # the last forward's rows only: dropped with the table when undone
+        return memo[2][i]
+
+    def _rows(self, i: int, x: torch.Tensor, position_ids: torch.Tensor):
         # multimodal RoPE (Qwen3.5: [3, B, T], temporal, height and width positions): a text-only step has the
         # same position in each section, which the table (computed from [1, S] positions) holds
         idx = (position_ids[0] if position_ids.dim() == 3 else position_ids).reshape(-1)

@@ -357,3 +357,37 @@ def test_refusal_is_one_line_through_the_cli(tmp_path, tokenizer, model_type, wh
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith(f"error: model type {model_type!r}: the static decode step cannot be exported in {where}"), lines
     assert not out.exists()
+
+
+def test_rope_tables_trace_the_same_whatever_order_the_types_are_asked_in():
+    """Gemma 3 asks its rotary module for each of ``set(config.layer_types)``, in an order that changes with
+    Python's string-hash seed: the tables' gathers are traced in the sorted order of the types whichever is
+    asked first, so the program (its ``.pte``) is the same in every process; each type gets its own rows."""
+    from mps_backend.llm.attention import RopeTable
+
+    class Rotary(torch.nn.Module):
+        def forward(self, x, position_ids, layer_type=None):
+            theta = {"full_attention": 1e6, "sliding_attention": 1e4}[layer_type]
+            angles = position_ids[..., None].float() / theta ** (torch.arange(0, 8, 2).float() / 8)
+            emb = torch.cat([angles, angles], dim=-1)
+            return emb.cos(), emb.sin()
+
+    table = RopeTable(Rotary(), 16, torch.float32, ["sliding_attention", "full_attention", "sliding_attention"])
+
+    class Step(torch.nn.Module):
+        def __init__(self, order):
+            super().__init__()
+            self.table, self.order = table, order
+
+        def forward(self, x, position_ids):
+            got = {t: self.table(x, position_ids, t) for t in self.order}
+            return got["full_attention"][0] * 2 + got["sliding_attention"][1]
+
+    x, pos = torch.zeros(1, 1, 8), torch.tensor([[5]])
+    graphs = []
+    for order in (["full_attention", "sliding_attention"], ["sliding_attention", "full_attention"]):
+        ep = torch.export.export(Step(order), (x, pos))
+        graphs.append([(n.op, str(n.target), str(n.args)) for n in ep.graph.nodes])
+        want = Rotary()(x, pos, "full_attention")[0] * 2 + Rotary()(x, pos, "sliding_attention")[1]
+        torch.testing.assert_close(ep.module()(x, pos), want)
+    assert graphs[0] == graphs[1]
