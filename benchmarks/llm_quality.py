@@ -57,8 +57,15 @@ def bfloat16_folder(gguf: pathlib.Path, folder: pathlib.Path) -> pathlib.Path:
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers refuses to save a model loaded from a GGUF (its quantizer): the same values in a plain model
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
     model.to(torch.bfloat16).save_pretrained(folder)
+    transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
     return folder
 
 
