@@ -319,16 +319,18 @@ def test_constant_tensors_is_constant_tensor_of_every_placeholder():
 
 
 class _EncoderAttention(nn.Module):
-    """Self-attention as transformers' Whisper writes it: the query scaled, ``matmul(q, k^T) * 1.0``, softmax."""
+    """Self-attention as transformers' Whisper writes it: the query scaled, ``matmul(q, k^T) * 1.0``, softmax
+    (``after``: the scores scaled instead, ``matmul(q, k^T) * after``)."""
 
-    def __init__(self, d: int = 8):
+    def __init__(self, d: int = 8, after: float = 1.0):
         super().__init__()
         torch.manual_seed(0)
         self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d, bias=False), nn.Linear(d, d)
+        self.after = after
 
     def forward(self, x):
-        q = self.q(x) * self.q.in_features**-0.5
-        p = torch.softmax(torch.matmul(q, self.k(x).transpose(-1, -2)) * 1.0, dim=-1)
+        q = self.q(x) * (self.q.in_features**-0.5 if self.after == 1.0 else 1.0)
+        p = torch.softmax(torch.matmul(q, self.k(x).transpose(-1, -2)) * self.after, dim=-1)
         return torch.matmul(p, self.v(x))
 
 
@@ -350,11 +352,11 @@ def _scores(pte: bytes, n: int) -> list[tuple[str, str]]:
 
 def test_attention_scores_only_a_softmax_reads_are_a_float32_product():
     """Precision.FP16, an encoder's attention (scores [n, n] larger than q and k together): the softmax
-    reads its scores in float32, so ``q @ k^T`` is computed in float32 (q and k cast up) instead of a float16
+    reads its scores in float32, directly, so ``q @ k^T`` is computed in float32 (q and k cast up) instead of a float16
     product rescaled by 2**-5 per operand and multiplied back in float32: the scores are written once by the
     matmul, read and written by the softmax, read by ``p @ v`` (the cast folded into it), all float32, and
     not also written and read in float16 (Whisper-tiny's encoder: 1392.8 -> 1151.6 MiB a window). Scores no
-    larger than their operands keep the float16 product."""
+    larger than their operands, or scaled before the softmax, keep the float16 product."""
     from mps_backend.cost import cost_of_program
     from mps_backend.export import export_model
     from mps_backend.runtime import run_pte
@@ -390,3 +392,7 @@ def test_attention_scores_only_a_softmax_reads_are_a_float32_product():
     # 4 positions: scores (16) smaller than q and k (32 each): the float16 product, rescaled
     small = export_model(model, [x[:, :4]]).pte
     assert ("MPSMatMul", "float16") in _scores(small, 4)
+    # the scores scaled between the product and the softmax: the float16 product, rescaled (a float32 one
+    # would be read and written once more in float32 by the scale: efficient_sam's encoder, 307 -> 357x)
+    scaled = export_model(_EncoderAttention(after=8**-0.5).eval(), [x]).pte
+    assert _scores(scaled, 40)[0] == ("MPSMatMul", "float16")

@@ -33,11 +33,11 @@ In float16 mode (``Precision.FP16``), in this order:
    rounded to float16); after the casts, the float32 cast of its result is multiplied back
    (``2**k``, ``2**2k``). Exact (powers of two) in float16's normal range; activations and results
    up to ``65504 * 2**k`` no longer overflow. Except **float32 scores**: a product of two computed
-   operands that only a softmax reads (through views, its cast and elementwise ops of its size:
-   attention's ``q @ k^T`` in an encoder) and that is larger than its operands together is computed in
-   float32, its operands cast up: the softmax's float32 input is written either way, and the float16
-   product would add its float16 copy, written and read (Whisper-tiny's encoder: 1392.8 -> 1151.6 MiB
-   a 30-second window in the device cost model).
+   operands that a softmax reads directly (through views: attention's ``q @ k^T`` in an encoder) and that
+   is larger than its operands together is computed in float32, its operands cast up: the softmax's
+   float32 input is written either way, and the float16 product would add its float16 copy, written and
+   read (Whisper-tiny's encoder: 1392.8 -> 1151.6 MiB a 30-second window in the device cost model). With
+   an elementwise op between (a scale, a mask) it stays rescaled: that op reads the float16 product.
 
 In float32 mode nothing is recorded: every value keeps its traced dtype. ``Precision.FP16_UNIFORM``
 records nothing either: every float32 value defaults to float16.
@@ -133,15 +133,6 @@ _VIEWS = frozenset(
         aten.permute_copy.default,
         aten.alias_copy.default,
     }
-)
-#: what attention's scores go through between their matmul and its softmax (scale, mask, casts, views)
-_SCORE_ELEMENTWISE = (
-    frozenset(
-        {aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar}
-    )
-    | CASTS
-    | _VIEWS
-    | frozenset({aten.where.self, aten.masked_fill.Scalar})
 )
 #: ops that take part of their first argument or repeat it (a KV cache read through them stays a cache)
 _TAKES = frozenset({aten.expand_copy.default, aten.slice_copy.Tensor, aten.select_copy.int, aten.clone.default})
@@ -397,12 +388,14 @@ class _Assignment:
             self.rescaled.append((mm, k * factors))
 
     def _float32_scores(self, mm: Node) -> bool:
-        """A product of two computed operands that only a softmax reads in float32 (through views, its cast
-        and elementwise ops of its size: attention's ``q @ k^T`` in an encoder, its scale and mask), larger
-        than its operands together, is computed in float32 (True; its views with it). The softmax's float32
-        input is written anyway; a float16 product would add its float16 copy, written and read, to it
-        (Whisper-tiny's encoder: 25.75 MiB twice per layer), and more rounding. The operands are cast up
-        (their elementwise producers widened under ``float32_residual``)."""
+        """A product of two computed operands that a softmax reads in float32 directly (through views:
+        attention's ``q @ k^T`` in an encoder, its scale applied to q beforehand), larger than its operands
+        together, is computed in float32 (True; its views with it). The softmax's float32 input is written
+        anyway; a float16 product would add its float16 copy, written and read, and its multiply back
+        (Whisper-tiny's encoder: 25.75 MiB twice per layer), and more rounding. With an elementwise op
+        between (a scale, a mask) the float16 product stays: that op would read and write the float32
+        product, where it reads the float16 one and writes float32 once. The operands are cast up (their
+        elementwise producers widened under ``float32_residual``)."""
         size = _numel(mm) or 0
         if size <= sum(_numel(a) or 0 for a in mm.args[:2]):
             return False
@@ -410,13 +403,12 @@ class _Assignment:
         while work:
             user = work.pop()
             target = target_of(user)
-            if target in _VIEWS and self.dtype.get(user) == _f16:
-                views.append(user)
-            elif target in (aten._softmax.default, aten._log_softmax.default):
+            if target in (aten._softmax.default, aten._log_softmax.default):
                 softmax = True
                 continue
-            elif not (target in _SCORE_ELEMENTWISE and self.dtype.get(user) == _f32 and _numel(user) == size):
+            if target not in _VIEWS or _numel(user) != size:
                 return False
+            views.append(user)
             work.extend(user.users)
         if not softmax:
             return False
