@@ -7,8 +7,10 @@ fp16 --no-verify`` (the decoder's cache: 448 positions, ``max_target_positions``
 then counts what one ``text_decoder`` call (one token) and one ``encoder`` call (one 30-second window)
 move, against the floor (weights once, the KV cache once, the rows written, the inputs read once: for
 the decoder the cross-attention K/V the encoder made, and the outputs). A model with listed
-assumptions (docs/device-cost.md), not a device measurement. Target: the float16 decode step's fused bytes
-<= 1.03x its floor (the language models' bound). Exit status 1 when missed.
+assumptions (docs/device-cost.md), not a device measurement. Targets: the float16 decode step's fused bytes
+<= 1.03x its floor (the language models' bound), a quantized one's <= 1.05x (its dequantized weights folded
+into their matmuls: 3.82x for int8 before the cost model folded an int8 weight's cast, scale and offset).
+Exit status 1 when missed.
 
     python benchmarks/whisper_cost.py --shapes tiny base    # ~2 minutes, < 2 GiB each
     python benchmarks/whisper_cost.py --shapes tiny --quantize int8 int4    # the decoder quantized (#45)
@@ -25,6 +27,8 @@ import tempfile
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parent
 TARGET = 1.03
+#: the quantized decode steps' bound (their floor is smaller, the activations above it the same)
+QUANTIZED_TARGET = 1.05
 #: the released Whisper sizes (openai/whisper-*: d_model, layers per stack, heads, MLP width)
 SHAPES = {
     "tiny": {"d_model": 384, "encoder_layers": 4, "decoder_layers": 4, "heads": 6, "ffn": 1536},
@@ -80,8 +84,9 @@ def main() -> int:
                         f"whisper-{shape} {scheme} {method:12s} floor {c.floor / 2**20:8.2f} MiB ({parts}); "
                         f"naive {c.naive_ratio:.3f}x, fused {c.fused_ratio:.3f}x the floor ({c.fused.total / 2**20:.2f} MiB)"
                     )
-                    if method == "text_decoder" and scheme == "fp16" and c.fused_ratio > TARGET:
-                        print(f"  fused above the {TARGET}x target")
+                    target = TARGET if scheme == "fp16" else QUANTIZED_TARGET
+                    if method == "text_decoder" and c.fused_ratio > target:
+                        print(f"  fused above the {target}x target")
                         ok = False
     return 0 if ok else 1
 

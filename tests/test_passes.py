@@ -143,6 +143,33 @@ def test_rescales_that_are_not_exact_stay():
     assert fold_power_of_two_rescales(_delegated(_Rescale(2.0**-20, 1024), x), use_fp16=True) == 0
 
 
+class _UnitScaled(nn.Module):
+    """Transformers' eager attention with the query scaled beforehand: ``matmul(q, k^T) * 1.0`` (Whisper)."""
+
+    def forward(self, q, k):
+        return torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 1.0, dim=-1) * 1
+
+
+def test_a_multiply_by_one_leaves_its_operand():
+    q, k = torch.randn(2, 6, 4), torch.randn(2, 6, 4)
+    q[0, 0, 0], k[0, 1, 1] = float("nan"), float("-inf")
+    ep = _delegated(_UnitScaled(), q, k)
+    assert fold_power_of_two_rescales(ep, use_fp16=False) == 2
+    assert not {aten.mul.Tensor, aten.mul.Scalar} & set(_targets(ep))
+    torch.testing.assert_close(_run(ep, q, k), _UnitScaled()(q, k), rtol=0, atol=0, equal_nan=True)
+    # a multiply by ones that broadcasts stays (its result is not its operand)
+    assert fold_power_of_two_rescales(_delegated(_Fn(lambda x: x * torch.ones(3, 1, 1)), torch.randn(2, 6)), use_fp16=False) == 0
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
 class _Linears(nn.Module):
     """A weight shared by two linears (an LSTM's), one of its own, and an embedding tied to a head."""
 
@@ -289,3 +316,83 @@ def test_constant_tensors_is_constant_tensor_of_every_placeholder():
     for n in placeholders:
         want = constant_tensor(ep, n)
         assert table.get(n.name) is want, n.name
+
+
+class _EncoderAttention(nn.Module):
+    """Self-attention as transformers' Whisper writes it: the query scaled, ``matmul(q, k^T) * 1.0``, softmax
+    (``after``: the scores scaled instead, ``matmul(q, k^T) * after``)."""
+
+    def __init__(self, d: int = 8, after: float = 1.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d, bias=False), nn.Linear(d, d)
+        self.after = after
+
+    def forward(self, x):
+        q = self.q(x) * (self.q.in_features**-0.5 if self.after == 1.0 else 1.0)
+        p = torch.softmax(torch.matmul(q, self.k(x).transpose(-1, -2)) * self.after, dim=-1)
+        return torch.matmul(p, self.v(x))
+
+
+def _scores(pte: bytes, n: int) -> list[tuple[str, str]]:
+    """(op, dtype) of the nodes writing an ``[.., n, n]`` value of the program's delegate."""
+    from mps_backend.serialization import read_blob
+    from mps_backend.serialization.device_facts import node_value_ids
+    from mps_backend.serialization.pte import delegate_blobs
+
+    (blob,) = [d.blob for d in delegate_blobs(pte)]
+    g = read_blob(blob).graph
+    out = []
+    for node in g.nodes:
+        for v in node_value_ids(node.fields, True):
+            if list(g.values[v].dims[-2:]) == [n, n] and node.op not in ("MPSView", "MPSSqueeze", "MPSUnsqueeze"):
+                out.append((node.op, g.values[v].datatype.name))
+    return out
+
+
+def test_attention_scores_only_a_softmax_reads_are_a_float32_product():
+    """Precision.FP16, an encoder's attention (scores [n, n] larger than q and k together): the softmax
+    reads its scores in float32, directly, so ``q @ k^T`` is computed in float32 (q and k cast up) instead of a float16
+    product rescaled by 2**-5 per operand and multiplied back in float32: the scores are written once by the
+    matmul, read and written by the softmax, read by ``p @ v`` (the cast folded into it), all float32, and
+    not also written and read in float16 (Whisper-tiny's encoder: 1392.8 -> 1151.6 MiB a window). Scores no
+    larger than their operands, or scaled before the softmax, keep the float16 product."""
+    from mps_backend.cost import cost_of_program
+    from mps_backend.export import export_model
+    from mps_backend.runtime import run_pte
+
+    model = _EncoderAttention().eval()
+    x = torch.randn(1, 40, 8) * 3
+    pte = export_model(model, [x]).pte
+    assert _scores(pte, 40) == [("MPSMatMul", "float32"), ("MPSSoftmax", "float32"), ("MPSCast", "float16")]
+    with torch.no_grad():
+        ref = model(x)
+
+    def gap(program: bytes) -> float:
+        return ((run_pte(program, [x])[0] - ref).abs().max() / ref.abs().max()).item()
+
+    # the rescaled float16 product (what the precision pass did before): the scores also written in float16
+    import unittest.mock
+
+    from mps_backend.passes import precision
+
+    with unittest.mock.patch.object(precision._Assignment, "_float32_scores", lambda self, mm: False):
+        rescaled = export_model(model, [x]).pte
+    assert ("MPSMatMul", "float16") in _scores(rescaled, 40)
+    assert gap(pte) <= 1e-2 and gap(pte) <= gap(rescaled) * 1.05, (gap(pte), gap(rescaled))  # no further from eager
+    saved = cost_of_program(rescaled).fused.total - cost_of_program(pte).fused.total
+    assert saved >= 2 * 40 * 40 * 2, saved  # at least the float16 scores' write and read
+    # scores past float16's range (3e5 here; eager float16 overflows): finite, as eager float32
+    big = x * 400
+    with torch.no_grad():
+        scores = (model.q(big) * 8**-0.5) @ model.k(big).transpose(-1, -2)
+        assert scores.abs().max() > 65504 * 4
+        out, want = run_pte(export_model(model, [big]).pte, [big])[0], model(big)
+    assert torch.isfinite(out).all() and (out - want).abs().max() / want.abs().max() <= 1e-2
+    # 4 positions: scores (16) smaller than q and k (32 each): the float16 product, rescaled
+    small = export_model(model, [x[:, :4]]).pte
+    assert ("MPSMatMul", "float16") in _scores(small, 4)
+    # the scores scaled between the product and the softmax: the float16 product, rescaled (a float32 one
+    # would be read and written once more in float32 by the scale: efficient_sam's encoder, 307 -> 357x)
+    scaled = export_model(_EncoderAttention(after=8**-0.5).eval(), [x]).pte
+    assert _scores(scaled, 40)[0] == ("MPSMatMul", "float16")

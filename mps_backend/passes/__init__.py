@@ -10,7 +10,8 @@
 
   1. :func:`.conv_epilogue.fold_conv_epilogues` -- an inference batch norm or a hardsigmoid reading a
      convolution becomes part of the convolution's weights and bias;
-  2. :func:`.rescale.fold_power_of_two_rescales` -- ``(x * a) / d`` with powers of two is ``x * (a / d)``;
+  2. :func:`.rescale.fold_power_of_two_rescales` -- ``(x * a) / d`` with powers of two is ``x * (a / d)``,
+     ``x * 1`` is ``x``;
   3. :func:`.linear_weights.transpose_linear_weights` -- a constant weight read only by linears is
      stored transposed (what the device's matmul reads), the linears read it through one permute;
   4. :func:`.precision.assign_device_dtypes` -- the device dtype of every float value under the
@@ -47,7 +48,7 @@ def run_lowering_passes(ep: ExportedProgram, precision: Precision | bool) -> dic
     precision = Precision.of(precision)
     counts = {
         "conv epilogues folded": fold_conv_epilogues(ep),
-        "power-of-two rescales folded": fold_power_of_two_rescales(ep, precision.float16),
+        "power-of-two rescales and unit multiplies folded": fold_power_of_two_rescales(ep, precision.float16),
         "linear weights stored transposed": transpose_linear_weights(ep),
     }
     counts.update(assign_device_dtypes(ep, precision))

@@ -32,7 +32,12 @@ In float16 mode (``Precision.FP16``), in this order:
    elementwise producers computed in float32 first (``silu(gate) * up`` is scaled before it is
    rounded to float16); after the casts, the float32 cast of its result is multiplied back
    (``2**k``, ``2**2k``). Exact (powers of two) in float16's normal range; activations and results
-   up to ``65504 * 2**k`` no longer overflow.
+   up to ``65504 * 2**k`` no longer overflow. Except **float32 scores**: a product of two computed
+   operands that a softmax reads directly (through views: attention's ``q @ k^T`` in an encoder) and that
+   is larger than its operands together is computed in float32, its operands cast up: the softmax's
+   float32 input is written either way, and the float16 product would add its float16 copy, written and
+   read (Whisper-tiny's encoder: 1392.8 -> 1151.6 MiB a 30-second window in the device cost model). With
+   an elementwise op between (a scale, a mask) it stays rescaled: that op reads the float16 product.
 
 In float32 mode nothing is recorded: every value keeps its traced dtype. ``Precision.FP16_UNIFORM``
 records nothing either: every float32 value defaults to float16.
@@ -191,7 +196,7 @@ class _Assignment:
         self.dtype: dict[Node, torch.dtype] = {}  # device dtype of each float node's results
         self.deliberate: set[Node] = set()  # float32 the model computes on purpose (from an upcast)
         self.statistic: set[Node] = set()  # reduced values of a norm statistic
-        self.counts = {"float32 values": 0, "widened": 0, "casts": 0, "rescaled matmuls": 0}
+        self.counts = {"float32 values": 0, "widened": 0, "casts": 0, "rescaled matmuls": 0, "float32 scores": 0}
         #: placeholder -> whether it holds a constant (``_from_constant`` asks for each of a matmul's operands:
         #: ``constant_tensor`` rebuilds torch's tables of every input at each call, 2/3 of a 135M model's export)
         self.constant: dict[Node, bool] = {}
@@ -362,6 +367,8 @@ class _Assignment:
                 scaled = [0] + ([2] if len(mm.args) > 2 and isinstance(mm.args[2], Node) else [])
             else:  # scale the computed operands: never a weight or a state buffer (a KV cache) read whole
                 computed = [i for i in (0, 1) if not self._from_constant(mm.args[i]) and not self._stored(mm.args[i])]
+                if len(computed) == 2 and self._float32_scores(mm):
+                    continue
                 scaled = computed if len(computed) == 2 else [self._activation(mm.args[0], mm.args[1], 0)]
             args = list(mm.args)
             if not all(isinstance(args[i], Node) for i in scaled):
@@ -379,6 +386,39 @@ class _Assignment:
             # the result carries 2**-k per scaled factor of the product (addmm's and linear's bias is a summand)
             factors = 2 if target in (aten.mm.default, aten.bmm.default) and len(scaled) == 2 else 1
             self.rescaled.append((mm, k * factors))
+
+    def _float32_scores(self, mm: Node) -> bool:
+        """A product of two computed operands that a softmax reads in float32 directly (through views:
+        attention's ``q @ k^T`` in an encoder, its scale applied to q beforehand), larger than its operands
+        together, is computed in float32 (True; its views with it). The softmax's float32 input is written
+        anyway; a float16 product would add its float16 copy, written and read, and its multiply back
+        (Whisper-tiny's encoder: 25.75 MiB twice per layer), and more rounding. With an elementwise op
+        between (a scale, a mask) the float16 product stays: that op would read and write the float32
+        product, where it reads the float16 one and writes float32 once. The operands are cast up (their
+        elementwise producers widened under ``float32_residual``)."""
+        size = _numel(mm) or 0
+        if size <= sum(_numel(a) or 0 for a in mm.args[:2]):
+            return False
+        views, work, softmax = [], list(mm.users), False
+        while work:
+            user = work.pop()
+            target = target_of(user)
+            if target in (aten._softmax.default, aten._log_softmax.default):
+                softmax = True
+                continue
+            if target not in _VIEWS or _numel(user) != size:
+                return False
+            views.append(user)
+            work.extend(user.users)
+        if not softmax:
+            return False
+        for n in (mm, *views):
+            self.dtype[n] = _f32
+        for a in mm.args[:2]:
+            if self.p.float32_residual:
+                self._widen_from(a)
+        self.counts["float32 scores"] += 1
+        return True
 
     def _widen_from(self, a: Node) -> None:
         if self.dtype.get(a) == _f16 and a.op == "call_function" and target_of(a) in WIDENABLE:

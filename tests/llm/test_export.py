@@ -27,6 +27,7 @@ import sys
 import pytest
 import torch
 
+from mps_backend.cost import cost_of_program
 from mps_backend.llm import CheckpointError, GenerationStats, export_llm, generate_ids
 from mps_backend.llm.export import load_checkpoint
 from mps_backend.progress import Progress
@@ -595,6 +596,12 @@ def test_cli_quantized_export(tmp_path, tokenizer, scheme, capsys):
     low, high = (n_float + rope + 2 * groups + head_scales) * 2, (n_float + rope + 2 * groups + head_scales) * 2 + 64
     assert low <= stored["float16"] <= high, (stored, n_float, groups, head_scales, rope)
     assert sum(stored.values()) < (n_float + n_linear + head.numel()) * 2 * (0.5 if scheme == "int4" else 0.65)
+    # the device cost of a decode step: every dequantized weight (cast, scale, offset) folds into its matmul,
+    # so all above the floor is activations (before #43 item 5's cost model, an int8 step here moved 4.88x its
+    # floor fused, 327,680 B of float16 weights written and read; now 1.35x)
+    cost = cost_of_program(out)
+    assert cost.fused.by_role["weight-derived"] == 0, cost.format()
+    assert cost.fused.total - cost.floor <= cost.fused.by_role["activations"], cost.format()
     assert len(generate_ids(out, PROMPT[:3], 4)) == 4
 
 

@@ -741,5 +741,14 @@ def test_quantized_decoder_self_check_cost_and_wer(whisper_like, tmp_path):
     floors = {k: round(c[0].floor / 2**20, 4) for k, c in costs.items()}
     print(f"\nWER against eager float32 ({len(reference.split())} words): {wer}; decode step floors (MiB): {floors}; {checks}")
     assert costs["int8"][0].floor < costs["fp16"][0].floor and costs["int4"][0].floor < costs["fp16"][0].floor, floors
+    # fused, too: each dequantized weight (int8: cast, scale, offset) folds into its matmul, nothing weight-sized
+    # is written, and a quantized step moves fewer bytes than float16's (before #43 item 5's cost model, the
+    # int8 step of whisper-tiny moved 147.8 MiB, 2.2x float16's 66.9 MiB)
+    fused = {k: round(c[0].fused.total / 2**20, 4) for k, c in costs.items()}
+    for scheme in ("int8", "int4"):
+        step = costs[scheme][0]
+        assert step.fused.by_role["weight-derived"] == 0, step.format()
+        assert step.fused.total - step.floor <= step.fused.by_role["activations"], step.format()
+        assert fused[scheme] < fused["fp16"], fused
     enc = {k: c[1].floor_parts["constants"] for k, c in costs.items()}
     assert enc["int8"] >= 0.9 * enc["fp16"] and enc["int4"] >= 0.9 * enc["fp16"], enc  # the encoder stays float
