@@ -379,3 +379,39 @@ def test_preserved_op_the_device_cannot_lower_is_still_decomposed(monkeypatch):
     assert len(calls) == 3
     assert "aten.addmm.default" in targets and not any("linear" in t for t in targets)
     assert part.report().on_cpu
+
+
+class _StaticLinearDynamicRows(torch.nn.Module):
+    """A static linear (a preserved op the device lowers) beside work on a dynamic number of rows (a
+    chunked prefill program's shape: its ``sym_size`` reads are in the default decomposition table)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x, rows):
+        return self.lin(x), torch.arange(rows.shape[0]) * 2 + rows.sum()
+
+
+def test_a_dynamic_programs_shape_reads_cost_no_decomposition(monkeypatch):
+    """``sym_size`` (listed by the default decompositions, split by none of them) does not send a dynamic
+    program down executorch's filter path: two ``run_decompositions`` instead of four, the same .pte."""
+    from torch.export import Dim
+
+    import mps_backend.partitioner as partitioner_module
+
+    model = _StaticLinearDynamicRows().eval()
+    args = (torch.randn(1, 8), torch.randn(5, 3))
+    ptes, passes = [], []
+    for queries in (partitioner_module._SHAPE_QUERIES, frozenset()):
+        monkeypatch.setattr(partitioner_module, "_SHAPE_QUERIES", queries)
+        ep = torch.export.export(model, args, dynamic_shapes={"x": None, "rows": {0: Dim("n", min=2, max=16)}})
+        calls = _count_decompositions(monkeypatch)
+        edge = to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner(use_fp16=False)])
+        monkeypatch.undo()
+        passes.append(len(calls))
+        targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+        assert "executorch_call_delegate" in str(targets) and "aten.sym_size.int" in targets, targets
+        ptes.append(edge.to_executorch().buffer)
+    assert passes == [2, 4]
+    assert ptes[0] == ptes[1]
