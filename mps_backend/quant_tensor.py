@@ -57,6 +57,8 @@ class GroupQuantizedTensor(TorchAOBaseTensor):
 
     tensor_data_names = ["qdata", "scale"]
     tensor_attribute_names = ["bits", "packed", "dtype"]
+    # "minimums", not "minimum" (a torch.Tensor method): named so, torch.export 2.14 refused the program
+    # ("We found a fake tensor in the exported program constant's list")
     optional_tensor_data_names = ["offset", "minimums", "minimum_scale"]
     optional_tensor_attribute_names = ["shift"]
 
