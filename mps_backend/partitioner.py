@@ -224,7 +224,8 @@ def _fp16_cast_note(node: Node) -> str | None:
     src, out = node.args[0].meta.get("val") if node.args else None, node.meta.get("val")
     if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
         return None
-    if not src.dtype.is_floating_point and src.dtype != torch.bool and out.dtype == torch.float32:
+    narrow = (torch.bool, torch.int8, torch.uint8)  # every value exact in float16 (|x| <= 255 < 2048)
+    if not src.dtype.is_floating_point and src.dtype not in narrow and out.dtype == torch.float32:
         return (
             f"{node.name}: {src.dtype} -> float32 is float16 on the device: integers beyond ±65504 "
             "become inf (and above 2048 lose their last bits)"

@@ -6,12 +6,21 @@ stored the way the device reads it.
 
 ``qdata`` is int8 ``[N, K]``, ``scale`` and ``offset`` ``[N, G]`` (float16, or float32 when a value is
 beyond float16's range), one per group of ``K / G`` columns of a row. A value is ``q * scale + offset``
-(``offset`` None: ``q * scale``). As a module's weight it computes as the device does:
+(``offset`` None: ``q * scale``). The offsets can instead be computed from constants the way llama.cpp's
+K-quants store them (``minimums``, ``minimum_scale``, ``shift``): ``offset = shift * scale + minimums *
+minimum_scale`` with ``minimums`` int8 ``[N, G]`` and ``minimum_scale`` ``[N, S]`` (float16), one per
+``G / S`` groups (a 256-column super-block), computed in float32 from the stored scale and rounded once
+to the tensor's dtype: 1 + 2 / (G / S) bytes per group instead of a float16 offset's 2 (Q4_K kept from a
+GGUF: ``d sc_j`` the scale, ``m_j`` the minimums, ``-dmin`` their scale, ``shift`` 8 for its values stored
+shifted into [-8, 7]). As a module's weight it computes as the device does:
 
 - ``linear``: ``dequantize()`` then the linear. ``dequantize()`` is ``torchao.dequantize_affine`` (no
   zero point) on ``qdata``, cast to the tensor's dtype, plus the offset broadcast over each group: in
   the exported graph ``dequantize_affine``, a cast, a ``view`` to ``[N, G, K/G]``, an ``add`` of the
-  ``[N, G, 1]`` offsets and a ``view`` back. ``packed`` (values in [-8, 7]): the dequantize declares the
+  ``[N, G, 1]`` offsets and a ``view`` back (computed offsets: casts to float32, a ``mul`` of the
+  ``[N, S, G/S]`` minimums by the ``[N, S, 1]`` minimum scales, an ``add`` of the scales times ``shift``
+  (its ``alpha``) and a cast to the dtype: nodes on constants alone, ``K / 32`` values a row, that the
+  program computes once per step before the weight's matmul). ``packed`` (values in [-8, 7]): the dequantize declares the
   int4 range and yields float16, so ``mps_backend.operators.quant`` lowers it to
   ``MPSDequantizePerChannelGroup`` on the packed 4-bit weight (0.5 byte a weight), which computes
   ``float16(q * scale)`` exactly as the eager product here. Otherwise (int8 storage, 1 byte a weight)
@@ -41,18 +50,22 @@ F16_MAX = 65504.0
 
 
 class GroupQuantizedTensor(TorchAOBaseTensor):
-    """``[N, K]`` weight: ``qdata`` int8 ``[N, K]``, ``scale`` ``[N, G]``, ``offset`` ``[N, G]`` or None;
+    """``[N, K]`` weight: ``qdata`` int8 ``[N, K]``, ``scale`` ``[N, G]``, ``offset`` ``[N, G]`` or None,
+    or the offsets computed from ``minimums`` int8 ``[N, G]``, ``minimum_scale`` ``[N, S]`` and ``shift``;
     ``bits``: the width of the values (4: in [-8, 7]; 8: int8, any of [-128, 127]); ``packed``: 4-bit
     values the device's int4 dequantize reads packed (module docstring)."""
 
     tensor_data_names = ["qdata", "scale"]
     tensor_attribute_names = ["bits", "packed", "dtype"]
-    optional_tensor_data_names = ["offset"]
+    # "minimums", not "minimum" (a torch.Tensor method): named so, torch.export 2.14 refused the program
+    # ("We found a fake tensor in the exported program constant's list")
+    optional_tensor_data_names = ["offset", "minimums", "minimum_scale"]
+    optional_tensor_attribute_names = ["shift"]
 
-    def __new__(cls, qdata, scale, bits, packed, dtype, offset=None):
+    def __new__(cls, qdata, scale, bits, packed, dtype, offset=None, minimums=None, minimum_scale=None, shift=0):
         return torch.Tensor._make_wrapper_subclass(cls, qdata.shape, dtype=dtype, device=qdata.device, requires_grad=False)
 
-    def __init__(self, qdata, scale, bits, packed, dtype, offset=None):
+    def __init__(self, qdata, scale, bits, packed, dtype, offset=None, minimums=None, minimum_scale=None, shift=0):
         super().__init__()
         if qdata.dtype != torch.int8 or qdata.dim() != 2 or scale.dim() != 2 or scale.shape[0] != qdata.shape[0]:
             raise ValueError(f"group quantized weight: qdata int8 [N, K] and scale [N, G], got {qdata.dtype}{list(qdata.shape)}")
@@ -60,7 +73,21 @@ class GroupQuantizedTensor(TorchAOBaseTensor):
             raise ValueError(f"group quantized weight: {scale.shape[1]} groups do not tile {qdata.shape[1]} columns")
         if packed and bits != 4:
             raise ValueError("only 4-bit values are packed")
+        if (minimums is None) != (minimum_scale is None) or (minimums is not None and offset is not None):
+            raise ValueError("group quantized weight: an offset, or minimums with their minimum scale, not both")
+        if minimums is not None and (
+            minimums.dtype != torch.int8
+            or minimums.shape != scale.shape
+            or minimum_scale.dim() != 2
+            or minimum_scale.shape[0] != scale.shape[0]
+            or scale.shape[1] % max(1, minimum_scale.shape[1])
+        ):
+            raise ValueError(
+                f"group quantized weight: minimums int8 {list(scale.shape)} and minimum scale [N, S] with S dividing "
+                f"{scale.shape[1]}, got {minimums.dtype}{list(minimums.shape)} and {list(minimum_scale.shape)}"
+            )
         self.qdata, self.scale, self.offset = qdata, scale, offset
+        self.minimums, self.minimum_scale, self.shift = minimums, minimum_scale, int(shift)
         self.bits, self.packed = bits, packed
 
     @property
@@ -68,9 +95,38 @@ class GroupQuantizedTensor(TorchAOBaseTensor):
         return self.qdata.shape[1] // self.scale.shape[1]
 
     def _quantization_type(self) -> str:
-        return f"int{self.bits}, group {self.group_size}, {'offset' if self.offset is not None else 'no offset'}" + (
-            ", packed" if self.packed else ""
-        )
+        offset = "offset" if self.offset is not None else "no offset"
+        if self.minimums is not None:
+            offset = (
+                f"offset {self.shift} scale + minimums * minimum scale (per {self.group_size * self.groups_per_minimum_scale})"
+            )
+        return f"int{self.bits}, group {self.group_size}, {offset}" + (", packed" if self.packed else "")
+
+    @property
+    def groups_per_minimum_scale(self) -> int:
+        return self.scale.shape[1] // self.minimum_scale.shape[1] if self.minimum_scale is not None else 1
+
+    def parts(self) -> tuple:
+        """The constructor's arguments after ``qdata`` (a copy: ``type(w)(w.qdata, *w.parts())``)."""
+        return (self.scale, self.bits, self.packed, self.dtype, self.offset, self.minimums, self.minimum_scale, self.shift)
+
+    def stored_bytes(self) -> int:
+        """Bytes of the values (packed int4: half a byte each), scales and offsets (or minimums) as stored."""
+        extra = (self.scale, self.offset, self.minimums, self.minimum_scale)
+        return self.qdata.numel() // (2 if self.packed else 1) + sum(t.numel() * t.element_size() for t in extra if t is not None)
+
+    def _offsets(self, scale, offset, minimums, minimum_scale) -> Optional[torch.Tensor]:
+        """The offsets ``[..., G, 1]`` of groups whose scales are ``scale [..., G]`` (the same rows of
+        ``offset``, ``minimums`` and ``minimum_scale``), in the tensor's dtype: stored, or computed in float32
+        and rounded once (module docstring)."""
+        if minimums is None:
+            return None if offset is None else offset.to(self.dtype).unsqueeze(-1)
+        *lead, g = minimums.shape
+        s = minimum_scale.shape[-1]
+        off = minimums.view(*lead, s, g // s).to(torch.float32) * minimum_scale.to(torch.float32).unsqueeze(-1)
+        if self.shift:
+            off = torch.add(off, scale.to(torch.float32).view(*lead, s, g // s), alpha=self.shift)
+        return off.to(self.dtype).view(*lead, g, 1)
 
     def product_dtype(self) -> torch.dtype:
         """The dtype ``q * scale`` is computed in: float16 for packed values with float16 scales (what
@@ -85,9 +141,10 @@ class GroupQuantizedTensor(TorchAOBaseTensor):
         w = torch.ops.torchao.dequantize_affine(
             self.qdata, [1, k // groups], self.scale, None, torch.int8, lo, hi, output_dtype=self.product_dtype()
         ).to(self.dtype)
-        if self.offset is None:
+        offset = self._offsets(self.scale, self.offset, self.minimums, self.minimum_scale)
+        if offset is None:
             return w
-        return (w.view(n, groups, k // groups) + self.offset.to(self.dtype).view(n, groups, 1)).view(n, k)
+        return (w.view(n, groups, k // groups) + offset).view(n, k)
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Rows ``index`` (any shape) dequantized: ``[*index.shape, K]``, equal to ``dequantize()[index]``."""
@@ -96,15 +153,19 @@ class GroupQuantizedTensor(TorchAOBaseTensor):
         q = torch.nn.functional.embedding(index, self.qdata).view(shape)
         s = torch.nn.functional.embedding(index, self.scale).unsqueeze(-1)
         w = (q.to(self.product_dtype()) * s.to(self.product_dtype())).to(self.dtype)
-        if self.offset is not None:
-            w = w + torch.nn.functional.embedding(index, self.offset).to(self.dtype).unsqueeze(-1)
+        groups = (self.scale, self.offset, self.minimums, self.minimum_scale)
+        taken = [None if t is None else torch.nn.functional.embedding(index, t) for t in groups]
+        offset = self._offsets(*taken)
+        if offset is not None:
+            w = w + offset
         return w.view(*index.shape, k)
 
     def to(self, *args, **kwargs):
         """Another dtype or device: the same data, dequantized into that dtype."""
         kw = self._get_to_kwargs(*args, **kwargs)
         move = [t.to(kw["device"]) if t is not None else None for t in (self.qdata, self.scale, self.offset)]
-        return GroupQuantizedTensor(move[0], move[1], self.bits, self.packed, kw["dtype"], move[2])
+        minimums = [t.to(kw["device"]) if t is not None else None for t in (self.minimums, self.minimum_scale)]
+        return GroupQuantizedTensor(move[0], move[1], self.bits, self.packed, kw["dtype"], move[2], *minimums, self.shift)
 
 
 implements = GroupQuantizedTensor.implements
@@ -168,12 +229,12 @@ class TransposedGroups(GroupQuantizedTensor):
     device reads the dequantized weight for as the left operand (``operators/linalg.py``), never a
     weight-sized permute; ``.T`` of it is ``W`` again. Anything else done with it dequantizes."""
 
-    def __new__(cls, qdata, scale, bits, packed, dtype, offset=None):
+    def __new__(cls, qdata, scale, bits, packed, dtype, offset=None, minimums=None, minimum_scale=None, shift=0):
         shape = qdata.shape[::-1]
         return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=qdata.device, requires_grad=False)
 
     def untransposed(self) -> GroupQuantizedTensor:
-        return GroupQuantizedTensor(self.qdata, self.scale, self.bits, self.packed, self.dtype, self.offset)
+        return GroupQuantizedTensor(self.qdata, *self.parts())
 
     def dequantize(self) -> torch.Tensor:
         return self.untransposed().dequantize().t()
@@ -183,7 +244,7 @@ def transposed(w: GroupQuantizedTensor) -> GroupQuantizedTensor:
     """``w.T`` as a :class:`TransposedGroups` (or, of one, the weight again)."""
     if isinstance(w, TransposedGroups):
         return w.untransposed()
-    return TransposedGroups(w.qdata, w.scale, w.bits, w.packed, w.dtype, w.offset)
+    return TransposedGroups(w.qdata, *w.parts())
 
 
 # ---- making the data ------------------------------------------------------------------------------
@@ -284,16 +345,18 @@ def group_for(k: int, want: int, bits: int) -> Optional[int]:
 
 
 def collect_rows(
-    blocks: Iterable[tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]],
+    blocks: Iterable[tuple[Optional[torch.Tensor], ...]],
     rows: int,
     scratch: Optional[str | os.PathLike] = None,
     name: str = "weight",
-) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """(q, scale, offset) of a weight of ``rows`` rows from ``blocks`` of whole rows, in order: with
-    ``scratch``, each written to a file there as it comes and mapped back
-    (:class:`mps_backend.pages.ScratchFile`), so the whole is never anonymous memory; else concatenated."""
-    files = [ScratchFile(scratch, f"{name}.{part}") for part in ("qdata", "scale", "offset")] if scratch is not None else None
-    parts: list[list[torch.Tensor]] = [[], [], []]
+    parts: tuple[str, ...] = ("qdata", "scale", "offset"),
+) -> tuple[Optional[torch.Tensor], ...]:
+    """The tensors ``parts`` (q, scale, offset, ...: each block a tuple of them, None for one a weight
+    lacks) of a weight of ``rows`` rows from ``blocks`` of whole rows, in order: with ``scratch``, each
+    written to a file there as it comes and mapped back (:class:`mps_backend.pages.ScratchFile`), so the
+    whole is never anonymous memory; else concatenated."""
+    files = [ScratchFile(scratch, f"{name}.{part}") for part in parts] if scratch is not None else None
+    pieces_of: list[list[torch.Tensor]] = [[] for _ in parts]
     layout: list = []
     try:
         for pieces in blocks:
@@ -305,7 +368,7 @@ def collect_rows(
                 if files is not None:
                     files[i].append(t)
                 else:
-                    parts[i].append(t)
+                    pieces_of[i].append(t)
             del pieces
         if not layout:
             raise ValueError(f"{name}: no rows")
@@ -314,11 +377,11 @@ def collect_rows(
             f.discard()
         raise
     if files is None:
-        q, s, off = (torch.cat(p) if p else None for p in parts)
+        out = tuple(torch.cat(p) if p else None for p in pieces_of)
     else:
         for f, lay in zip(files, layout):
             if lay is None:
                 f.discard()
-        q, s, off = (f.mapped(lay[0], [rows, *lay[1]]) if lay else None for f, lay in zip(files, layout))
-    assert q is not None and s is not None
-    return q, s, off
+        out = tuple(f.mapped(lay[0], [rows, *lay[1]]) if lay else None for f, lay in zip(files, layout))
+    assert out[0] is not None and out[1] is not None
+    return out

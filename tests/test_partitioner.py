@@ -262,7 +262,7 @@ def test_fp16_constants_beyond_the_range_are_an_error_naming_them():
 
 class _Casts(torch.nn.Module):
     def forward(self, x, i):
-        return x.to(torch.int32) * 2, i.to(torch.float32) + 1
+        return x.to(torch.int32) * 2, i.to(torch.float32) + 1, i.to(torch.int8).to(torch.float32) * 3
 
 
 def test_fp16_casts_the_device_may_not_represent_are_named():
@@ -276,6 +276,7 @@ def test_fp16_casts_the_device_may_not_represent_are_named():
     notes = part.report().fp16_notes
     assert any("torch.int32 -> float32" in n and "65504" in n for n in notes), notes
     assert any("float32 -> torch.int32" in n and "integer minimum" in n for n in notes), notes
+    assert not any("torch.int8 -> float32" in n for n in notes), notes  # int8 values are exact in float16
     assert "float16 range" in str(part.report())
     part32 = MPSPartitioner(use_fp16=False)
     to_edge_transform_and_lower(
