@@ -439,11 +439,20 @@ def readme_prose(root: pathlib.Path | None = None) -> str:
     return "\n\n".join(paragraphs)
 
 
-def eager_gguf(path: pathlib.Path, dtype: torch.dtype, quantize: str | None = None, group_size=None, export_dtype: str = "fp16"):
+def eager_gguf(
+    path: pathlib.Path,
+    dtype: torch.dtype,
+    quantize: str | None = None,
+    group_size=None,
+    export_dtype: str = "fp16",
+    *,
+    allow_requantize: bool = False,
+):
     """A GGUF's model loaded by transformers itself (``from_pretrained(folder, gguf_file=...)``: the
     reference, independent of mps_backend's loader), in ``dtype``; with ``quantize``, its weights
-    quantized as an export in ``export_dtype`` quantizes them (from weights in that precision) and
-    dequantized, then computed in ``dtype``: the same quantized weights, eagerly."""
+    quantized as an export in ``export_dtype`` quantizes them (from weights in that precision; with
+    ``allow_requantize`` as ``--allow-requantize`` does) and dequantized, then computed in ``dtype``: the
+    same quantized weights, eagerly."""
     import transformers
 
     from mps_backend.llm.gguf import one_name_map
@@ -455,7 +464,7 @@ def eager_gguf(path: pathlib.Path, dtype: torch.dtype, quantize: str | None = No
             path.parent, gguf_file=path.name, dtype=load, attn_implementation="eager", local_files_only=True
         ).eval()
     if quantize:
-        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
+        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size), allow_requantize=allow_requantize)
         model.to(dtype)
     return model.requires_grad_(False)
 
