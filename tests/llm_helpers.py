@@ -121,6 +121,25 @@ def save_checkpoint(
     return folder
 
 
+def grid_weight(n: int, k: int, group: int = 32, *, signed: bool = False, seed: int = 0) -> torch.Tensor:
+    """A float32 weight ``[n, k]`` each of whose groups of ``group`` columns lies on a 4-bit grid as
+    llama.cpp's blocks do: Q4_1's ``d q + m`` (q in 0..15, both ends in every group) or, ``signed``, Q4_0's
+    ``d q`` (q in -8..7, -8 in every group; the highest level 7 may be unused). ``d`` and ``m`` are
+    multiples of 2**-10 below 1/8, so every value, each group's scale and offset and the device's float16
+    product are exact in float16: quantized on that grid, the weight dequantizes to itself."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (n, k // group, group)
+    d = torch.randint(1, 17, (n, k // group, 1), generator=gen) * 2.0**-10
+    if signed:
+        q = torch.randint(-8, 8, shape, generator=gen).float()
+        q[..., 0] = -8
+        return (q * d).reshape(n, k)
+    m = -torch.randint(0, 129, (n, k // group, 1), generator=gen) * 2.0**-10
+    q = torch.randint(0, 16, shape, generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15
+    return (d * q + m).reshape(n, k)
+
+
 def eager_model(folder: pathlib.Path, dtype: torch.dtype):
     """The checkpoint loaded by transformers itself (the reference)."""
     import transformers
