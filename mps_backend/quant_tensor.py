@@ -293,18 +293,76 @@ def _hqq_minimum(x: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, levels
     return torch.where(scale > 0, refined, low)
 
 
+def _group_range(x: torch.Tensor, bits: int, signed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(value of the lowest level, step) of each group of ``x [N, G, g]`` (float32): its minimum and
+    ``(max - min) / (2**bits - 1)`` (llama.cpp's Q4_1 keeps both ends); ``signed``: llama.cpp's Q4_0,
+    a step of ``max |x| / 2**(bits-1)`` with the extreme value on the level ``-2**(bits-1)`` (its highest
+    level ``2**(bits-1) - 1`` steps up may be unused: the lowest level is the extreme when it is
+    negative, else ``2**(bits-1) - 1`` steps below zero)."""
+    low, high = x.amin(-1), x.amax(-1)
+    if not signed:
+        return low, (high - low) / (2**bits - 1)
+    half = 2 ** (bits - 1)
+    negative = -low >= high
+    step = torch.where(negative, -low, high) / half
+    return torch.where(negative, low, -(half - 1) * step), step
+
+
+#: bfloat16's and float16's relative rounding (the spacing of the values at 1)
+BF16_EPS, F16_EPS = torch.finfo(torch.bfloat16).eps, torch.finfo(torch.float16).eps
+
+
+def value_rounding(w: torch.Tensor) -> float:
+    """The relative spacing of ``w``'s values: bfloat16's when they are bfloat16 values (a bfloat16
+    checkpoint, also loaded into float16 or float32; float16 subnormals excepted: float16 rounds
+    those itself), else float16's (float16 weights, and float32 ones held to float16's scale)."""
+    if w.dtype == torch.bfloat16:
+        return BF16_EPS
+    if w.dtype == torch.float16:  # bfloat16's 8 significant bits: the 3 low bits of the mantissa clear
+        bits = w.view(torch.int16)
+        short = ((bits & 7) == 0) | ((bits & 0x7C00) == 0)  # or a subnormal
+    elif w.dtype == torch.float32:
+        short = (w.view(torch.int32) & 0xFFFF) == 0
+    else:
+        return F16_EPS
+    return BF16_EPS if bool(short.all()) else F16_EPS
+
+
+def on_grid(w: torch.Tensor, bits: int, group: int, *, signed: bool = False) -> Optional[int]:
+    """Whether each group of ``group`` columns of ``w [N, K]`` lies on a ``bits``-wide affine grid
+    (:func:`_group_range`: ``low + k * step``, ``k`` an integer in ``0 .. 2**bits - 1``) within the rounding
+    of its values (:func:`value_rounding`; twice the spacing at the group's largest magnitude: the value's
+    own rounding and that of the two ends the step is read from): None when a value is off its group's
+    grid, else how many groups resolve their grid (levels more than four roundings apart; the others
+    hold any values that close together)."""
+    x = _grouped(w, group)
+    low, step = _group_range(x, bits, signed)
+    tol = (2 * value_rounding(w)) * x.abs().amax(-1)
+    k = ((x - low.unsqueeze(-1)) / torch.where(step > 0, step, 1.0).unsqueeze(-1)).round_().clamp_(0, 2**bits - 1)
+    err = x - k.mul_(step.unsqueeze(-1)).add_(low.unsqueeze(-1))  # x may be w itself (a float32 weight)
+    if bool((err.abs_() > tol.unsqueeze(-1)).any()):
+        return None
+    return int((step > 4 * tol).sum())
+
+
 def affine_groups(
-    w: torch.Tensor, bits: int, group: int, *, refine: bool = False, store: Optional[torch.dtype] = None
+    w: torch.Tensor,
+    bits: int,
+    group: int,
+    *,
+    refine: bool = False,
+    store: Optional[torch.dtype] = None,
+    signed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``w [N, K]`` in groups of ``group`` columns with a float scale and a float offset each: ``(q
     int8 [N, K] in [-2**(bits-1), 2**(bits-1) - 1], scale [N, G], offset [N, G])`` in ``store``
     (default :func:`storage_dtype`). The range of a group is its minimum and maximum (``scale = (max - min) /
-    (2**bits - 1)``), the minimum refined by HQQ when ``refine``; each value is rounded to the nearest
-    level of the stored (rounded) scale and offset."""
+    (2**bits - 1)``), the minimum refined by HQQ when ``refine``; ``signed``: Q4_0's range, for a weight
+    already on such a grid (:func:`_group_range`). Each value is rounded to the nearest level of the stored
+    (rounded) scale and offset."""
     x = _grouped(w, group)
-    low, high = x.amin(-1), x.amax(-1)
+    low, scale = _group_range(x, bits, signed)
     levels = 2**bits - 1
-    scale = (high - low) / levels
     if refine:
         low = _hqq_minimum(x, scale, low, levels)
     half = 2 ** (bits - 1)

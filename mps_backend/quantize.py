@@ -19,6 +19,12 @@ output head int8 groups of 32, symmetric (one table with the tied embedding)``):
   below it that does (576 columns at group 128: group 64); a layer the device's int4 layout cannot take
   (``out_features % 8`` or ``in_features % 32``) is int8 per channel. No layer is left in float; the
   summary names every exception.
+- **a checkpoint already 4-bit**: an int4 weight whose every group of ``g0`` columns (a power of two,
+  32 <= g0 < the group asked) already lies on a 4-bit affine grid (a Q4_1 or Q4_0 GGUF's blocks, also
+  as an ``hf:`` folder of their values in bfloat16) keeps that grid: it is quantized at group ``g0``
+  (the same values) rather than rounded a second time onto a coarser grid, and the summary says so
+  (``210 already on a 4-bit grid of 32 columns kept at group 32 (...)``); ``allow_requantize``
+  (``--allow-requantize``, llama.cpp's flag) re-rounds them as asked (:func:`checkpoint_grid`).
 - ``int8``: an int8 constant (1 byte a weight), cast, scale multiply, offset add and matmul on the device
   (any OS the MPS delegate supports); one scale and offset per output channel unless ``group_size``.
 - **the output head** (transformers' ``get_output_embeddings()``, executorch's llama ``output``):
@@ -47,6 +53,7 @@ from mps_backend.quant_tensor import (
     affine_groups,
     collect_rows,
     group_for,
+    on_grid,
     storage_dtype,
     symmetric_groups,
 )
@@ -61,6 +68,8 @@ HEADS = ("int8", "int4", "float")
 HEAD_INT8_GROUP = 32
 #: int4 groups wider than this get HQQ's refinement of their minimum (docs/llm.md, Quality)
 REFINE_ABOVE_GROUP = 32
+#: the finest grid of a checkpoint's 4-bit blocks looked for (llama.cpp's: 32 columns), :func:`checkpoint_grid`
+GRID_MIN_GROUP = 32
 
 
 class QuantizationError(MPSBackendError, ValueError):
@@ -150,7 +159,9 @@ def output_head(model: torch.nn.Module) -> Optional[torch.nn.Module]:
 class LayerPlan:
     """How one weight is quantized: ``modules`` hold it (a table tied to the head: the embedding and the
     head), ``bits`` and ``group`` its values and groups, ``offset`` a float offset per group (affine) or
-    none (symmetric), ``packed`` the device's int4 layout, ``refine`` HQQ's refinement of the offsets."""
+    none (symmetric), ``packed`` the device's int4 layout, ``refine`` HQQ's refinement of the offsets;
+    ``kept``: the weight already lies on a 4-bit grid of ``group`` columns (:func:`checkpoint_grid`), kept
+    at that group, its range Q4_0's when ``signed``."""
 
     fqn: str
     modules: list[torch.nn.Module]
@@ -160,11 +171,13 @@ class LayerPlan:
     offset: bool = True
     packed: bool = False
     refine: bool = False
+    kept: bool = False
+    signed: bool = False
 
     def quantize(self, w: torch.Tensor, store: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """(q, scale, offset) of rows of the weight, scales and offsets in ``store``."""
         if self.offset:
-            return affine_groups(w, self.bits, self.group, refine=self.refine, store=store)
+            return affine_groups(w, self.bits, self.group, refine=self.refine, store=store, signed=self.signed)
         q, s = symmetric_groups(w, self.bits, self.group, store=store)
         return q, s, None
 
@@ -186,18 +199,27 @@ class QuantizationPlan:
 
     def summary(self) -> str:
         """``quantized 210 of 211 linear layers (int4, group 32); output head int8 (...)``: what was done,
-        and to which layers not as asked (a smaller group, int8 for shapes the int4 layout cannot take)."""
+        and to which layers not as asked (a checkpoint's 4-bit grid kept, a smaller group, int8 for shapes
+        the int4 layout cannot take)."""
         body = [p for p in self.layers if p.role == "linear"]
         asked = [p for p in body if p.bits == SCHEME_BITS[self.scheme]]
         grouping = f"group {self.group}" if self.group else "per channel"
         kind = "asymmetric: a float16 scale and offset per group"
         text = f"quantized {len(body)} of {self.linears} linear layers ({self.scheme}, {grouping}, {kind})"
+        kept: dict[int, int] = {}
         smaller: dict[tuple[int, int], int] = {}
         for p in asked:
             k = p.modules[0].weight.shape[1]
-            if self.group and p.group != self.group:
+            if p.kept:
+                kept[p.group] = kept.get(p.group, 0) + 1
+            elif self.group and p.group != self.group:
                 smaller[(k, p.group)] = smaller.get((k, p.group), 0) + 1
-        extras = [f"{n} with in_features {k} at group {g}" for (k, g), n in sorted(smaller.items())]
+        extras = [
+            f"{n} already on a 4-bit grid of {g} columns kept at group {g} (re-rounding them at group {self.group} "
+            "costs quality: --allow-requantize)"
+            for g, n in sorted(kept.items())
+        ]
+        extras += [f"{n} with in_features {k} at group {g}" for (k, g), n in sorted(smaller.items())]
         wide = [p for p in body if p.bits != SCHEME_BITS[self.scheme]]
         if wide:
             shapes = sorted({tuple(p.modules[0].weight.shape) for p in wide})
@@ -228,9 +250,12 @@ def plan_quantization(
     *,
     head: Optional[str] = None,
     embeddings: bool = False,
+    allow_requantize: bool = False,
 ) -> QuantizationPlan:
     """How :func:`quantize_model` quantizes ``model``'s float weights (module docstring); a
-    :class:`QuantizationError` naming why when it would quantize none of the linear layers."""
+    :class:`QuantizationError` naming why when it would quantize none of the linear layers. An int4 weight
+    already on a 4-bit grid of fewer columns than its group (:func:`checkpoint_grid`) keeps that grid
+    unless ``allow_requantize``."""
     weight_only_config(scheme, group_size)  # the scheme and group size themselves
     head = resolve_head(scheme, head)
     bits = SCHEME_BITS[scheme]
@@ -241,6 +266,7 @@ def plan_quantization(
             holders.setdefault(id(m.weight), []).append((fqn, m))
     plan = QuantizationPlan(scheme, group_size, head, head_found=head_module is not None)
     widths = set()
+    pages = PageReleaser()
     for held in holders.values():
         fqn, first = held[0]
         modules = [m for _, m in held]
@@ -265,8 +291,13 @@ def plan_quantization(
             plan.layers.append(LayerPlan(fqn, modules, role, 8, k))  # int8 per channel, with a note
             continue
         assert group is not None
-        refine = bits == 4 and group > REFINE_ABOVE_GROUP
-        plan.layers.append(LayerPlan(fqn, modules, role, bits, group, packed=bits == 4 and not gathered, refine=refine))
+        grid = checkpoint_grid(first.weight, bits, group) if bits == 4 and not allow_requantize else None
+        pages.release(first.weight)  # a weight mapped from a file: the pages the look read go
+        layer = LayerPlan(fqn, modules, role, bits, group, packed=bits == 4 and not gathered)
+        if grid is not None:
+            layer.group, layer.signed, layer.kept = *grid, True
+        layer.refine = bits == 4 and layer.group > REFINE_ABOVE_GROUP and not layer.kept
+        plan.layers.append(layer)
     if not plan.linears:
         raise QuantizationError(f"--quantize {scheme} would quantize none of the model's layers: no float linear weight")
     if group_size and widths and not any(k % group_size == 0 for k in widths):
@@ -278,10 +309,42 @@ def plan_quantization(
     return plan
 
 
-def quantization_count(model: torch.nn.Module, scheme: str, group_size: Optional[int] = None, head: Optional[str] = None) -> str:
+def checkpoint_grid(weight: torch.Tensor, bits: int, group: int) -> Optional[tuple[int, bool]]:
+    """``(g0, signed)``: the coarsest grid of ``g0`` columns (a power of two, :data:`GRID_MIN_GROUP` <= g0 <
+    ``group``, dividing the columns) that every group of every row of ``weight`` already lies on, ``bits``
+    wide (:func:`~mps_backend.quant_tensor.on_grid`: llama.cpp's Q4_1 blocks, min/max, or Q4_0's, ``signed``),
+    within the rounding of its values; None when there is none. Re-rounding such a weight onto a coarser
+    grid rounds it a second time (llama.cpp's ``llama-quantize`` refuses it without ``--allow-requantize``);
+    at ``g0`` it is kept. A block of rows at a time (:func:`_row_blocks`), stopping at the first value off
+    the grid."""
+    g = 1 << max(0, (group - 1).bit_length() - 1)
+    while g >= GRID_MIN_GROUP:
+        if weight.shape[1] % g == 0:
+            for signed in (False, True):
+                resolved = 0
+                for _, block in _row_blocks(weight):
+                    n = on_grid(block, bits, g, signed=signed)
+                    if n is None:
+                        break
+                    resolved += n
+                else:
+                    if resolved:  # not only groups whose values all lie within rounding of each other
+                        return g, signed
+        g //= 2
+    return None
+
+
+def quantization_count(
+    model: torch.nn.Module,
+    scheme: str,
+    group_size: Optional[int] = None,
+    head: Optional[str] = None,
+    *,
+    allow_requantize: bool = False,
+) -> str:
     """What :func:`quantize_model` will do to ``model``, as a note for the summary (:meth:`QuantizationPlan.summary`);
     a :class:`QuantizationError` when it would quantize none as asked."""
-    return plan_quantization(model, scheme, group_size, head=head).summary()
+    return plan_quantization(model, scheme, group_size, head=head, allow_requantize=allow_requantize).summary()
 
 
 class RowQuantizedEmbedding(torch.nn.Module):
@@ -332,18 +395,27 @@ def quantize_model(
     head: Optional[str] = None,
     embeddings: bool = False,
     scratch: Optional[str | os.PathLike] = None,
+    allow_requantize: bool = False,
 ) -> torch.nn.Module:
     """Quantize ``model``'s linear weights in place (:func:`plan_quantization`, module docstring) and
     return it.
 
     ``scheme``: ``"int4"`` or ``"int8"``. ``group_size``: columns sharing one scale and offset (``None``
     or 0: one per output channel). ``head``: the output head's ``--quantize-head`` (default int8).
-    ``embeddings``: also quantize ``nn.Embedding`` tables. ``scratch``: a folder for the quantized data
+    ``embeddings``: also quantize ``nn.Embedding`` tables. ``allow_requantize``: re-round int4 weights
+    already on a finer 4-bit grid at ``group_size`` too (:func:`checkpoint_grid`; by default they keep
+    their grid). ``scratch``: a folder for the quantized data
     (:func:`quantize_weight_spilled`): each weight is quantized on its own, a block of rows at a time,
     its data written there and mapped back, and the float weight's file pages handed back, so neither
     all float weights nor all quantized data are ever resident (the values are those of the whole
     weight at once: the groups never span rows)."""
-    plan = plan_quantization(model, scheme, group_size, head=head, embeddings=embeddings)
+    plan = plan_quantization(model, scheme, group_size, head=head, embeddings=embeddings, allow_requantize=allow_requantize)
+    apply_plan(plan, scratch)
+    return model
+
+
+def apply_plan(plan: QuantizationPlan, scratch: Optional[str | os.PathLike] = None) -> None:
+    """Quantize the weights of a :func:`plan_quantization` in place, as :func:`quantize_model` does."""
     pages = PageReleaser()
     for layer in plan.layers:
         weight = layer.modules[0].weight
@@ -353,7 +425,6 @@ def quantize_model(
         pages.release(weight)  # a weight mapped from the checkpoint or the scratch folder: its pages go
         del weight
         pages.trim()  # and the blocks' temporaries
-    return model
 
 
 #: float elements quantized at once by :func:`quantize_weight_spilled` (bounds its temporaries)
@@ -380,14 +451,19 @@ def quantize_weight_spilled(
 
 
 def quantize_dequantized(
-    model: torch.nn.Module, scheme: str, group_size: Optional[int] = None, head: Optional[str] = None
+    model: torch.nn.Module,
+    scheme: str,
+    group_size: Optional[int] = None,
+    head: Optional[str] = None,
+    *,
+    allow_requantize: bool = False,
 ) -> torch.nn.Module:
     """Replace each weight :func:`quantize_model` would quantize by the values it takes quantized and
     then dequantized (``GroupQuantizedTensor.dequantize``: the device's arithmetic), in its own dtype:
     a reference that computes as the quantized model does. A block of rows at a time
     (:data:`QUANTIZE_BLOCK_ELEMENTS`), so the temporaries are one block's; the groups never span rows,
     so the values are those of the whole weight."""
-    plan = plan_quantization(model, scheme, group_size, head=head)
+    plan = plan_quantization(model, scheme, group_size, head=head, allow_requantize=allow_requantize)
     pages = PageReleaser()
     for layer in plan.layers:
         w = layer.modules[0].weight.detach()

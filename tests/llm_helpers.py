@@ -121,6 +121,25 @@ def save_checkpoint(
     return folder
 
 
+def grid_weight(n: int, k: int, group: int = 32, *, signed: bool = False, seed: int = 0) -> torch.Tensor:
+    """A float32 weight ``[n, k]`` each of whose groups of ``group`` columns lies on a 4-bit grid as
+    llama.cpp's blocks do: Q4_1's ``d q + m`` (q in 0..15, both ends in every group) or, ``signed``, Q4_0's
+    ``d q`` (q in -8..7, -8 in every group; the highest level 7 may be unused). ``d`` and ``m`` are
+    multiples of 2**-10 below 1/8, so every value, each group's scale and offset and the device's float16
+    product are exact in float16: quantized on that grid, the weight dequantizes to itself."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (n, k // group, group)
+    d = torch.randint(1, 17, (n, k // group, 1), generator=gen) * 2.0**-10
+    if signed:
+        q = torch.randint(-8, 8, shape, generator=gen).float()
+        q[..., 0] = -8
+        return (q * d).reshape(n, k)
+    m = -torch.randint(0, 129, (n, k // group, 1), generator=gen) * 2.0**-10
+    q = torch.randint(0, 16, shape, generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15
+    return (d * q + m).reshape(n, k)
+
+
 def eager_model(folder: pathlib.Path, dtype: torch.dtype):
     """The checkpoint loaded by transformers itself (the reference)."""
     import transformers
@@ -439,11 +458,20 @@ def readme_prose(root: pathlib.Path | None = None) -> str:
     return "\n\n".join(paragraphs)
 
 
-def eager_gguf(path: pathlib.Path, dtype: torch.dtype, quantize: str | None = None, group_size=None, export_dtype: str = "fp16"):
+def eager_gguf(
+    path: pathlib.Path,
+    dtype: torch.dtype,
+    quantize: str | None = None,
+    group_size=None,
+    export_dtype: str = "fp16",
+    *,
+    allow_requantize: bool = False,
+):
     """A GGUF's model loaded by transformers itself (``from_pretrained(folder, gguf_file=...)``: the
     reference, independent of mps_backend's loader), in ``dtype``; with ``quantize``, its weights
-    quantized as an export in ``export_dtype`` quantizes them (from weights in that precision) and
-    dequantized, then computed in ``dtype``: the same quantized weights, eagerly."""
+    quantized as an export in ``export_dtype`` quantizes them (from weights in that precision; with
+    ``allow_requantize`` as ``--allow-requantize`` does) and dequantized, then computed in ``dtype``: the
+    same quantized weights, eagerly."""
     import transformers
 
     from mps_backend.llm.gguf import one_name_map
@@ -455,7 +483,7 @@ def eager_gguf(path: pathlib.Path, dtype: torch.dtype, quantize: str | None = No
             path.parent, gguf_file=path.name, dtype=load, attn_implementation="eager", local_files_only=True
         ).eval()
     if quantize:
-        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
+        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size), allow_requantize=allow_requantize)
         model.to(dtype)
     return model.requires_grad_(False)
 

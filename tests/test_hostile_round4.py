@@ -334,6 +334,7 @@ def test_self_check_loads_the_tensors_the_export_used(tiny, tmp_path, capsys):
         (["--quantize", "int4", "--group-size", str(10**9)], "--group-size 1000000000: give 0"),
         (["--quantize", "int4", "--group-size", "-1"], "--group-size -1: give 0"),
         (["--group-size", "32"], "--group-size 32 applies to --quantize"),
+        (["--allow-requantize"], "--allow-requantize applies to --quantize"),
     ],
 )
 def test_a_quantization_that_quantizes_nothing_is_an_error(tiny, tmp_path, capsys, args, message):

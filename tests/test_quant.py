@@ -577,6 +577,86 @@ def test_hqq_refinement_above_group_32():
     assert [p.refine for p in plans] == [False, True, True]
 
 
+def _grid_linear(w: torch.Tensor, dtype=torch.float32) -> torch.nn.Sequential:
+    model = torch.nn.Sequential(torch.nn.Linear(w.shape[1], w.shape[0], bias=False)).to(dtype)
+    with torch.no_grad():
+        model[0].weight.copy_(w)
+    return model
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["q4_1", "q4_0"])
+@pytest.mark.parametrize("flip", [1, -1], ids=["low-extreme", "high-extreme"])
+def test_weight_on_a_4bit_grid_keeps_it(signed, flip):
+    """A weight already on a 4-bit grid of 32 columns (a Q4_1 or Q4_0 checkpoint's blocks) asked at group
+    64 keeps group 32 and dequantizes to exactly itself (#43: re-rounding it onto a 64-column grid rounded
+    it a second time, +24 % perplexity on SmolLM2); ``allow_requantize`` re-rounds it at 64, as asked, and
+    loses values. Q4_0's extreme level is -8 steps: for a negated weight the extreme is positive and the
+    grid runs from -7 steps (its offset one step)."""
+    from mps_backend.quantize import plan_quantization
+    from tests.llm_helpers import grid_weight
+
+    w = flip * grid_weight(64, 256, signed=signed)
+    model = _grid_linear(w)
+    plan = plan_quantization(model, "int4", 64)
+    assert [(p.group, p.kept, p.signed, p.refine) for p in plan.layers] == [(32, True, signed, False)]
+    kept = quantize_model(copy.deepcopy(model), "int4", 64)[0].weight
+    assert kept.group_size == 32 and torch.equal(kept.dequantize(), w)
+    again = quantize_model(copy.deepcopy(model), "int4", 64, allow_requantize=True)[0].weight
+    assert again.group_size == 64 and rel(again.dequantize(), w) > 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_16bit_grid_weights_are_recognised(dtype):
+    """Within the rounding of the values' own precision: a float16 weight, a bfloat16 one (an ``hf:``
+    folder of a Q4_1 GGUF's values), and a bfloat16 one loaded into float16 (what an fp16 export of
+    that folder quantizes)."""
+    from mps_backend.quant_tensor import value_rounding
+    from mps_backend.quantize import plan_quantization
+    from tests.llm_helpers import grid_weight
+
+    w = (grid_weight(64, 256, seed=1) * 5.3).to(dtype)  # a scale with bits to round in both precisions
+    for held in (w, w.half()):
+        plan = plan_quantization(_grid_linear(held, held.dtype), "int4", 64)
+        assert [(p.group, p.kept) for p in plan.layers] == [(32, True)], held.dtype
+    assert value_rounding(w.half()) == torch.finfo(dtype).eps
+
+
+def test_weights_off_a_4bit_grid_are_requantized_as_asked():
+    """Not kept: a random float weight; a grid weight with one value off its grid (a third of a step);
+    one on a grid of 32 columns asked at group 32 (nothing to keep). A grid of 64 columns asked at 128 keeps
+    64 (the coarsest grid the weight holds); int8 is never affected."""
+    from mps_backend.quantize import plan_quantization
+    from tests.llm_helpers import grid_weight
+
+    torch.manual_seed(0)
+    w = grid_weight(64, 256)
+    off = w.clone()
+    third = (off[5, 32:64].amax() - off[5, 32:64].amin()) / 45  # a third of the group's step
+    assert third > 8 * 2**-10 * off[5, 32:64].abs().amax()  # far beyond float16 rounding at the group's values
+    off[5, 40] += third
+    cases = [(torch.randn(64, 256), 64), (off, 64), (w, 32), (grid_weight(64, 256, 64), 128)]
+    got = [[(p.group, p.kept) for p in plan_quantization(_grid_linear(x), "int4", g).layers] for x, g in cases]
+    assert got == [[(64, False)], [(64, False)], [(32, False)], [(64, True)]], got
+    assert [(p.bits, p.kept) for p in plan_quantization(_grid_linear(w), "int8", 64).layers] == [(8, False)]
+
+
+def test_summary_names_the_kept_grid():
+    from mps_backend.quantize import plan_quantization
+    from tests.llm_helpers import grid_weight
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.Linear(64, 256), torch.nn.Linear(256, 64))
+    with torch.no_grad():
+        model[0].weight.copy_(grid_weight(64, 256))
+        model[1].weight.copy_(grid_weight(256, 64, seed=2))
+    text = plan_quantization(model, "int4", 64).summary()
+    assert text == (
+        "quantized 3 of 3 linear layers (int4, group 64, asymmetric: a float16 scale and offset per group); "
+        "2 already on a 4-bit grid of 32 columns kept at group 32 (re-rounding them at group 64 costs quality: "
+        "--allow-requantize)"
+    ), text
+    assert "already" not in plan_quantization(model, "int4", 64, allow_requantize=True).summary()
+
+
 class TiedLM(torch.nn.Module):
     """An embedding table tied to the output head (transformers' ``get_output_embeddings``)."""
 

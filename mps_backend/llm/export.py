@@ -53,7 +53,7 @@ from mps_backend.llm.swap import Replacements
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.precision import Precision
 from mps_backend.progress import CountingWriter, Progress
-from mps_backend.quantize import quantization_count, quantize_embeddings, quantize_model, resolve_group_size
+from mps_backend.quantize import apply_plan, plan_quantization, quantize_embeddings, resolve_group_size
 from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
 
 #: the constant methods executorch's LLM runner (``extension/llm/runner``) reads, as executorch's
@@ -256,6 +256,7 @@ def export_llm(
     quantize_embedding: bool = False,
     prefill_chunk: int | None = None,
     quantize_head: str | None = None,
+    allow_requantize: bool = False,
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER``, ``gguf:FILE.gguf``, or ``llama:CHECKPOINT.pth``
     with ``params``) to ``output``, a ``.pte`` its runner (executorch's LLM, multimodal or ASR runner) loads
@@ -264,10 +265,11 @@ def export_llm(
     ``options``: an :class:`~mps_backend.llm.options.ExportOptions`; or the same as keywords, each named as
     its flag of ``mps-backend export``: ``dtype`` (``fp16``, the default, or ``fp32`` on the device; or a
     :class:`~mps_backend.precision.Precision`), ``quantize`` (``int4`` or ``int8`` weight-only, torchao, with
-    ``group_size`` and ``quantize_head``), ``max_seq_len`` (the static KV-cache length, default 2048 capped by
-    the model's positions), ``target_runtime`` (as in :func:`mps_backend.export.export_model`, checked before
-    anything is written), ``verify_steps`` (after writing, that many decode steps of the ``.pte`` against
-    the eager float32 model, :mod:`mps_backend.llm.verify`, the CLI's default 4, into ``result.verification``),
+    ``group_size``, ``quantize_head`` and ``allow_requantize``), ``max_seq_len`` (the static KV-cache length,
+    default 2048 capped by the model's positions), ``target_runtime`` (as in
+    :func:`mps_backend.export.export_model`, checked before anything is written), ``verify_steps`` (after
+    writing, that many decode steps of the ``.pte`` against the eager float32 model,
+    :mod:`mps_backend.llm.verify`, the CLI's default 4, into ``result.verification``),
     ``quantize_embedding`` (the embedding table int8 with a scale per row, dequantized after the lookup),
     ``prefill_chunk`` (rows one call computes). A ``gguf:`` file without ``quantize`` keeps its quantized
     tensors (:func:`mps_backend.llm.gguf.load_gguf`)."""
@@ -283,6 +285,7 @@ def export_llm(
         quantize_embedding=quantize_embedding,
         prefill_chunk=prefill_chunk,
         quantize_head=quantize_head,
+        allow_requantize=allow_requantize,
     )
     if options is None:
         options = ExportOptions.of(dtype, **keywords)
@@ -323,10 +326,13 @@ def export_llm(
         if options.quantize:
             target = family.quantize_target(lm)  # the weights every decode step reads
             group = resolve_group_size(options.quantize, options.group_size)
-            head = options.quantize_head
-            notes.append(quantization_count(target, options.quantize, group, head) + family.quantize_rest)  # none: an error
+            plan = plan_quantization(
+                target, options.quantize, group, head=options.quantize_head, allow_requantize=options.allow_requantize
+            )  # none: an error
+            notes.append(plan.summary() + family.quantize_rest)
             with prog.stage(f"quantize {options.quantize}"):
-                quantize_model(target, options.quantize, group, head=head, scratch=scratch)
+                apply_plan(plan, scratch)
+            del plan
         if options.quantize_embedding:
             with prog.stage("quantize embedding int8"):
                 quantize_embeddings(lm.model)

@@ -48,6 +48,9 @@ class ExportOptions:
     group_size: int | None = None
     #: the output head under ``quantize`` (``--quantize-head``: ``int8``, ``int4``, ``float``)
     quantize_head: str | None = None
+    #: re-round int4 weights already on a finer 4-bit grid (a 4-bit checkpoint's blocks) at ``group_size`` too
+    #: (``--allow-requantize``; default: they keep their grid, :func:`mps_backend.quantize.checkpoint_grid`)
+    allow_requantize: bool = False
     #: the embedding table int8 with a scale per row (``--quantize-embedding``)
     quantize_embedding: bool = False
     #: decode steps of the self-check after writing (``--verify-steps``; 0: none)
@@ -77,6 +80,8 @@ class ExportOptions:
                 )
             if not self.quantize:
                 raise CheckpointError(f"--group-size {self.group_size} applies to --quantize int4|int8")
+        if self.allow_requantize and not self.quantize:
+            raise CheckpointError("--allow-requantize applies to --quantize int4|int8")
         if self.quantize_head is not None:
             if not self.quantize:
                 raise CheckpointError(f"--quantize-head {self.quantize_head} applies to --quantize int4|int8")

@@ -283,6 +283,7 @@ def _eager_logits(
     embedding=False,
     head=None,
     keep: bool = True,
+    allow_requantize: bool = False,
 ):
     """Float32 eager logits after each of ``tokens``. A quantized export's reference quantizes the
     weights as the export did (in the export precision: scales of float16 weights differ from those of
@@ -305,7 +306,7 @@ def _eager_logits(
         model = load_llama(path, params, load, max_seq_len).model
         reference = "eager executorch llama float32"
     if quantize:
-        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size), head)
+        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size), head, allow_requantize=allow_requantize)
         reference += f" ({quantize} weights quantized alike, dequantized)"
     if embedding:
         quantize_embeddings(model)
@@ -414,6 +415,7 @@ def verify_llm(
     quantize_embedding: bool = False,
     prompt: tuple[list[int], str] | None = None,
     quantize_head: str | None = None,
+    allow_requantize: bool = False,
 ) -> LLMVerification:
     """Compare the ``.pte`` (exported from ``model``, ``hf:``/``gguf:``/``llama:``) with the eager float32 model
     on the same tokens (the module docstring): BOS, the prompt's tokens (``prompt``: tokens and where
@@ -432,7 +434,17 @@ def verify_llm(
     tokens, dev, rows = _pte_logits(pte, prefix, steps)
     length = max_seq_len or len(tokens)
     ref, reference = _eager_logits(
-        kind, path, params, tokens[:-1], quantize, group_size, length, dtype, quantize_embedding, quantize_head
+        kind,
+        path,
+        params,
+        tokens[:-1],
+        quantize,
+        group_size,
+        length,
+        dtype,
+        quantize_embedding,
+        quantize_head,
+        allow_requantize=allow_requantize,
     )
     if ref.shape[-1:] != dev.shape[-1:] or ref.shape[0] != len(tokens) - 1:
         raise CheckpointError(f"the .pte's logits {list(dev.shape)} and the eager model's {list(ref.shape)} differ in shape")
@@ -504,6 +516,7 @@ def verify_export(result, model: str, options: ExportOptions, *, export, pte: pa
         group_size=options.group_size,
         quantize_embedding=options.quantize_embedding,
         quantize_head=options.quantize_head,
+        allow_requantize=options.allow_requantize,
     )
     bos = result.metadata.get("get_bos_id")
     common["prompt"] = prompt_tokens(kind, pathlib.Path(path), result.metadata.get("get_vocab_size"), result.max_seq_len - steps)

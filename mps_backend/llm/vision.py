@@ -296,6 +296,7 @@ def eager_reference(
     group_size: int | None = None,
     dtype: str = "fp32",
     head: str | None = None,
+    allow_requantize: bool = False,
 ) -> torch.Tensor:
     """transformers' eager float32 model on the processor's ``batch`` followed by ``generated`` (teacher-forced,
     one forward): the logits after the prompt's last token and after each generated token but the last,
@@ -309,7 +310,8 @@ def eager_reference(
         folder, dtype=load, attn_implementation="eager", local_files_only=True, trust_remote_code=False
     ).eval()
     if quantize:
-        quantize_dequantized(text_part(model), quantize, resolve_group_size(quantize, group_size), head)
+        group = resolve_group_size(quantize, group_size)
+        quantize_dequantized(text_part(model), quantize, group, head, allow_requantize=allow_requantize)
         model.float()
     extra = torch.tensor([generated[:-1]], dtype=torch.long)
     inputs = dict(batch)
@@ -337,7 +339,12 @@ def verify_vision(result, model: str, options: ExportOptions, *, pte=None):
     tokens = generate_ids(where, prompt_inputs(where, folder, VERIFY_PROMPT, image), steps, result=run, stop_at_eos=False)
     batch = process(load_processor(folder), VERIFY_PROMPT, image)
     dtype = precision_name(options.precision)
-    quant = dict(quantize=options.quantize, group_size=options.group_size, head=options.quantize_head)
+    quant = dict(
+        quantize=options.quantize,
+        group_size=options.group_size,
+        head=options.quantize_head,
+        allow_requantize=options.allow_requantize,
+    )
     ref = eager_reference(folder, batch, tokens, dtype=dtype, **quant)
     dev = torch.stack(run.logits)
     quantized = f" ({options.quantize} text weights quantized alike, dequantized)" if options.quantize else ""

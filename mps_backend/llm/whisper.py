@@ -249,7 +249,14 @@ def verify_whisper(result, model: str, options: ExportOptions, *, pte=None):
     features = verification_features(int(json_object(pathlib.Path(folder), "config.json", required=True)["num_mel_bins"]))
     tokens = transcribe_ids(pte or result.path, features, steps, stop_at_eos=False, logits=logits)
     ref, reference = eager_logits(
-        folder, features, tokens[:-1], options.quantize, options.group_size, dtype, options.quantize_head
+        folder,
+        features,
+        tokens[:-1],
+        options.quantize,
+        options.group_size,
+        dtype,
+        options.quantize_head,
+        allow_requantize=options.allow_requantize,
     )
     dev = torch.stack(logits).float()
     agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
@@ -263,7 +270,17 @@ def verify_whisper(result, model: str, options: ExportOptions, *, pte=None):
     )
 
 
-def eager_logits(folder, features: torch.Tensor, tokens: list[int], quantize=None, group_size=None, dtype="fp32", head=None):
+def eager_logits(
+    folder,
+    features: torch.Tensor,
+    tokens: list[int],
+    quantize=None,
+    group_size=None,
+    dtype="fp32",
+    head=None,
+    *,
+    allow_requantize: bool = False,
+):
     """transformers' eager float32 Whisper: logits after each of ``tokens`` (the decoder's input from
     the start token on), and the reference's name. Quantized exports: the weights quantized alike
     (in the export precision) and dequantized, as :mod:`mps_backend.llm.verify` does."""
@@ -272,7 +289,8 @@ def eager_logits(folder, features: torch.Tensor, tokens: list[int], quantize=Non
     model = load_hf(folder, load, clamp_fp16=True).model
     reference = "eager transformers Whisper float32"
     if quantize:
-        quantize_dequantized(quantize_target(model), quantize, resolve_group_size(quantize, group_size), head)
+        group = resolve_group_size(quantize, group_size)
+        quantize_dequantized(quantize_target(model), quantize, group, head, allow_requantize=allow_requantize)
         model.float()
         reference += f" ({quantize} decoder weights quantized alike, dequantized)"
     with torch.no_grad():

@@ -31,7 +31,7 @@ from mps_backend.llm.whisper_preprocessor import export_preprocessor
 from mps_backend.operators import default_registry
 from mps_backend.precision import Precision
 from mps_backend.progress import Progress
-from mps_backend.quantize import quantization_count, quantize_model, resolve_group_size, verify_tolerance
+from mps_backend.quantize import apply_plan, plan_quantization, resolve_group_size, verify_tolerance
 from mps_backend.runtime.bundled_check import check_bundle
 from mps_backend.runtime.core import DeviceError
 from mps_backend.runtime.emulator import program_input_specs, run_with_etdump
@@ -102,6 +102,7 @@ def cmd_export_llm(args) -> int:
             quantize=args.quantize,
             group_size=args.group_size,
             quantize_head=args.quantize_head,
+            allow_requantize=args.allow_requantize,
             quantize_embedding=args.quantize_embedding,
             verify_steps=0 if args.no_verify else args.verify_steps,
             params=args.params,
@@ -252,13 +253,15 @@ def cmd_export(args) -> int:
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
         group = resolve_group_size(args.quantize, args.group_size)
-        _say(
-            f"[quantize] {quantization_count(model, args.quantize, group, args.quantize_head)}"
-            + (" (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else "")
-        )
-        model = quantize_model(model, args.quantize, group, head=args.quantize_head)
+        plan = plan_quantization(model, args.quantize, group, head=args.quantize_head, allow_requantize=args.allow_requantize)
+        device = " (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else ""
+        _say(f"[quantize] {plan.summary()}{device}")
+        apply_plan(plan)
+        del plan
     elif args.quantize_head is not None:
         raise SystemExit(f"--quantize-head {args.quantize_head} applies to --quantize int4|int8")
+    elif args.allow_requantize:
+        raise SystemExit("--allow-requantize applies to --quantize int4|int8")
     use_fp16 = _use_fp16(args)
     out = _output_path(args, use_fp16)
     output_target(out)  # a directory, device or FIFO is refused before the export runs
@@ -652,6 +655,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="with --quantize: the output head (the logits' linear; a tied embedding table with it) as int8 in "
         "symmetric groups of 32 (default), int4 like the other layers, or float",
+    )
+    p.add_argument(
+        "--allow-requantize",
+        action="store_true",
+        help="with --quantize int4: re-round weights already on a finer 4-bit grid (a 4-bit checkpoint's blocks of "
+        "32 columns) at --group-size too; by default they keep their grid (lossless; the summary counts them)",
     )
     p.add_argument(
         "--quantize-embedding",

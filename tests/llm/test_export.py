@@ -605,6 +605,32 @@ def test_cli_quantized_export(tmp_path, tokenizer, scheme, capsys):
     assert len(generate_ids(out, PROMPT[:3], 4)) == 4
 
 
+def test_cli_allow_requantize_reaches_the_plan(tmp_path, tokenizer, capsys):
+    """A checkpoint whose linear weights already lie on 4-bit grids of 32 columns (a Q4_1 GGUF's values, as
+    an ``hf:`` folder) exported with ``--quantize int4 --group-size 64 --allow-requantize``: the 14 layers
+    are re-rounded at group 64, as asked (without the flag they keep group 32: tests/test_quant.py), and
+    the self-check's eager reference quantizes them alike (kept at 32, its error would be the second
+    rounding's: measured 0.28 of the logits' scale against a tolerance of 1e-2)."""
+    from mps_backend.tools.cli import main
+    from tests.llm_helpers import grid_weight
+
+    def on_grid(model):
+        head = model.get_output_embeddings()
+        for i, m in enumerate(m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head):
+            m.weight.copy_(grid_weight(*m.weight.shape, seed=i))
+
+    folder = save_checkpoint(tmp_path / "ckpt", "qwen2", tokenizer=tokenizer, config={"vocab_size": 128}, edit=on_grid)
+    out = tmp_path / "q.pte"
+    args = ["export", "--model", f"hf:{folder}", "--quantize", "int4", "--group-size", "64", "--allow-requantize"]
+    assert main([*args, "--verify-steps", "2", "--max-seq-len", "16", "-o", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "quantized 14 of 15 linear layers (int4, group 64, " in stdout and "already on a 4-bit grid" not in stdout, stdout
+    assert "greedy tokens agree 2/2: ok" in stdout, stdout
+    graph = read_blob(delegate_blobs(out.read_bytes())[0].blob).graph
+    groups = [nd["group_size"] for nd in graph.nodes if nd.op == "MPSDequantizePerChannelGroup"]
+    assert groups == [64] * 14, groups
+
+
 def test_kv_cache_beyond_the_plan_budget_is_refused_before_allocation(tmp_path, tokenizer):
     """#26: --max-seq-len 10^9 asked for a 64 GB cache (a traceback); now one CheckpointError, nothing written."""
     folder = save_checkpoint(tmp_path / "hf", "llama", tokenizer=tokenizer)
