@@ -19,6 +19,7 @@ from mps_backend.operators.registry import op_key
 from mps_backend.operators.shape import as_strided_overrun
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.passes import check_fp16_constants, drop_unused_constants
+from mps_backend.provenance import shared_provenance
 from mps_backend.runtime.bundled_check import read_bundled
 from mps_backend.runtime.program_check import ProgramFormatError
 from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
@@ -214,6 +215,7 @@ def export_model(
     # that requires grad is being used in an in-place operation"); the model itself is not modified.
     with torch.no_grad(), contextlib.ExitStack() as cleanup:
         cleanup.callback(release_export_caches)
+        cleanup.enter_context(shared_provenance())  # torch's provenance records shared, not deep-copied
         ep = stage("torch.export", lambda: export_program(model, example_inputs))
         if use_fp16:
             check_fp16_constants(ep)

@@ -53,6 +53,7 @@ from mps_backend.llm.swap import Replacements
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.precision import Precision
 from mps_backend.progress import CountingWriter, Progress
+from mps_backend.provenance import shared_provenance
 from mps_backend.quantize import apply_plan, plan_quantization, quantize_embeddings, resolve_group_size
 from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
 
@@ -341,7 +342,7 @@ def export_llm(
         model_type, weight_bytes = lm.model_type, lm.weight_bytes
         del lm  # the methods hold the model; nothing else may keep the weights alive past lowering
         partitioner = MPSPartitioner(precision=options.precision, dynamic_ok=family.dynamic(rows))
-        with torch.no_grad():
+        with torch.no_grad(), shared_provenance():  # torch's provenance records shared, not deep-copied
             eps = {}
             with prog.stage("torch.export"):
                 for method in methods:
