@@ -85,7 +85,9 @@ def eager_same_weights(source: str, path: pathlib.Path, dtype: str, quantize: st
     from tests.llm_helpers import eager_gguf, eager_model
 
     if source == "gguf" and quantize:
-        return eager_gguf(path, torch.float32, quantize, group, dtype, allow_requantize=again)
+        from mps_backend.quantize import Quantization
+
+        return eager_gguf(path, torch.float32, Quantization(quantize, group, allow_requantize=again), dtype)
     load = torch.float16 if dtype == "fp16" else torch.float32
     if source == "gguf":
         from mps_backend.llm.gguf import load_gguf

@@ -93,6 +93,35 @@ def resolve_group_size(scheme: str, group_size: Optional[int]) -> Optional[int]:
     return group_size or None
 
 
+@dataclass(frozen=True)
+class Quantization:
+    """What ``--quantize`` asks of the weights, as one value (an export's
+    :attr:`~mps_backend.llm.options.ExportOptions.quantization`): the scheme (``int4`` / ``int8``), the group size as
+    given (None: the scheme's default, 0: one scale per output channel), the head (``--quantize-head``; None: the
+    scheme's default) and ``--allow-requantize``. The export quantizes with it (:meth:`plan`), and every eager
+    reference of a quantized export (the self-check's, the tests', the benchmarks') takes the same weights from it
+    (:meth:`dequantize_alike`)."""
+
+    scheme: str
+    group_size: Optional[int] = None
+    head: Optional[str] = None
+    allow_requantize: bool = False
+
+    @property
+    def group(self) -> Optional[int]:
+        """Columns sharing a scale (None: one per output channel), the defaults resolved."""
+        return resolve_group_size(self.scheme, self.group_size)
+
+    def plan(self, model: torch.nn.Module, **extra: Any) -> "QuantizationPlan":
+        """:func:`plan_quantization` of ``model`` with these settings (``extra``: its other keywords)."""
+        return plan_quantization(model, self.scheme, self.group, head=self.head, allow_requantize=self.allow_requantize, **extra)
+
+    def dequantize_alike(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model``'s weights replaced by the values the export computes with: quantized with these settings
+        and dequantized as the device does (:func:`quantize_dequantized`), in their own dtype."""
+        return quantize_dequantized(model, self.scheme, self.group, self.head, allow_requantize=self.allow_requantize)
+
+
 def weight_only_config(scheme: str, group_size: Optional[int] = None, *, asymmetric: bool = False):
     """torchao's ``IntxWeightOnlyConfig`` for ``scheme`` (``"int4"`` / ``"int8"``) with one scale per
     ``group_size`` columns (``None`` or 0: per output channel)."""

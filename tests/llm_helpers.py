@@ -368,13 +368,12 @@ def closeness(logits: torch.Tensor, reference: torch.Tensor) -> tuple[float, flo
     return top1, gap
 
 
-def quantized_eager_model(folder: pathlib.Path, dtype: torch.dtype, quantize: str, group_size=None):
-    """The checkpoint's weights quantized as an fp16 ``--quantize`` export quantizes them (from float16
-    weights) and dequantized, then computed in ``dtype``: the same quantized weights, eagerly."""
-    from mps_backend.quantize import quantize_dequantized, resolve_group_size
-
+def quantized_eager_model(folder: pathlib.Path, dtype: torch.dtype, quantization):
+    """The checkpoint's weights quantized as an fp16 export with ``quantization`` (a
+    :class:`~mps_backend.quantize.Quantization`) quantizes them (from float16 weights) and dequantized, then
+    computed in ``dtype``: the same quantized weights, eagerly."""
     model = eager_model(folder, torch.float16)
-    quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size))
+    quantization.dequantize_alike(model)
     return model.to(dtype)
 
 
@@ -383,13 +382,14 @@ def planted_figures(folder: pathlib.Path, pte: pathlib.Path, tokens=PLANTED_TOKE
     eager float32, bfloat16 and float16 (with ``quantize``: each with the weights quantized as the
     export did): {"pte"|"bfloat16"|"float16": (top-1, gap) against float32, "peak": max |hidden state|
     of eager float32 with the float weights (what was planted)}."""
+    from mps_backend.quantize import Quantization
     from mps_backend.runtime import LoadedMethod
 
     step = LoadedMethod(pte, "forward")
     dev = torch.stack([step([torch.tensor([[t]]), torch.tensor([pos])])[0].reshape(-1).float() for pos, t in enumerate(tokens)])
     figures, ref = {}, None
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        model = quantized_eager_model(folder, dtype, quantize) if quantize else eager_model(folder, dtype)
+        model = quantized_eager_model(folder, dtype, Quantization(quantize)) if quantize else eager_model(folder, dtype)
         hidden, logits = layer_outputs(model, tokens)
         logits = logits[0].float()
         if ref is None:
@@ -461,29 +461,25 @@ def readme_prose(root: pathlib.Path | None = None) -> str:
 def eager_gguf(
     path: pathlib.Path,
     dtype: torch.dtype,
-    quantize: str | None = None,
-    group_size=None,
+    quantization=None,
     export_dtype: str = "fp16",
-    *,
-    allow_requantize: bool = False,
 ):
     """A GGUF's model loaded by transformers itself (``from_pretrained(folder, gguf_file=...)``: the
-    reference, independent of mps_backend's loader), in ``dtype``; with ``quantize``, its weights
-    quantized as an export in ``export_dtype`` quantizes them (from weights in that precision; with
-    ``allow_requantize`` as ``--allow-requantize`` does) and dequantized, then computed in ``dtype``: the
-    same quantized weights, eagerly."""
+    reference, independent of mps_backend's loader), in ``dtype``; with ``quantization`` (a
+    :class:`~mps_backend.quantize.Quantization`), its weights quantized as an export in ``export_dtype``
+    quantizes them (from weights in that precision) and dequantized, then computed in ``dtype``: the same
+    quantized weights, eagerly."""
     import transformers
 
     from mps_backend.llm.gguf import one_name_map
-    from mps_backend.quantize import quantize_dequantized, resolve_group_size
 
-    load = (torch.float16 if export_dtype == "fp16" else torch.float32) if quantize else dtype
+    load = (torch.float16 if export_dtype == "fp16" else torch.float32) if quantization else dtype
     with one_name_map():  # transformers' own name map, built once instead of once per submodule (6 s)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             path.parent, gguf_file=path.name, dtype=load, attn_implementation="eager", local_files_only=True
         ).eval()
-    if quantize:
-        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size), allow_requantize=allow_requantize)
+    if quantization:
+        quantization.dequantize_alike(model)
         model.to(dtype)
     return model.requires_grad_(False)
 

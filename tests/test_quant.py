@@ -657,6 +657,34 @@ def test_summary_names_the_kept_grid():
     assert "already" not in plan_quantization(model, "int4", 64, allow_requantize=True).summary()
 
 
+def test_one_quantization_value_from_the_options_to_every_reference():
+    """#44 item 2: ``ExportOptions.quantization`` carries --quantize, --group-size, --quantize-head and
+    --allow-requantize as one value; the export's plan and the references' dequantized weights come from it:
+    a grid weight asked at 64 keeps its 32-column grid in both unless ``allow_requantize``, the head's scheme
+    follows ``quantize_head``, and the reference's weights are the export's dequantized, value for value."""
+    from mps_backend.llm.options import ExportOptions
+    from mps_backend.quantize import Quantization, quantize_dequantized
+    from tests.llm_helpers import grid_weight
+
+    assert ExportOptions().quantization is None
+    options = ExportOptions(quantize="int4", group_size=64, quantize_head="int8")
+    assert options.quantization == Quantization("int4", 64, "int8", False)
+    assert Quantization("int8").group is None and Quantization("int4").group == 32 and Quantization("int4", 0).group is None
+    w = grid_weight(64, 256)
+    for allow, group in ((False, 32), (True, 64)):
+        quantization = options.replace(allow_requantize=allow).quantization
+        assert [(p.group, p.kept) for p in quantization.plan(_grid_linear(w)).layers] == [(group, not allow)]
+        exported = quantize_model(_grid_linear(w), "int4", 64, allow_requantize=allow)[0].weight.dequantize()
+        reference = quantization.dequantize_alike(_grid_linear(w))[0].weight
+        assert torch.equal(reference, exported) and torch.equal(
+            reference, quantize_dequantized(_grid_linear(w), "int4", 64, allow_requantize=allow)[0].weight
+        )
+    head = torch.nn.ModuleDict({"body": torch.nn.Linear(256, 64), "lm_head": torch.nn.Linear(64, 256)})
+    plans = {h: Quantization("int4", None, h).plan(head) for h in ("int8", "int4", "float")}
+    assert [len(plans[h].layers) for h in ("int8", "int4", "float")] == [2, 2, 1]
+    assert [p.bits for p in plans["int8"].layers] == [4, 8] and [p.bits for p in plans["int4"].layers] == [4, 4]
+
+
 class TiedLM(torch.nn.Module):
     """An embedding table tied to the output head (transformers' ``get_output_embeddings``)."""
 

@@ -54,7 +54,7 @@ from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_con
 from mps_backend.precision import Precision
 from mps_backend.progress import CountingWriter, Progress
 from mps_backend.provenance import shared_provenance
-from mps_backend.quantize import apply_plan, plan_quantization, quantize_embeddings, resolve_group_size
+from mps_backend.quantize import apply_plan, quantize_embeddings
 from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
 
 #: the constant methods executorch's LLM runner (``extension/llm/runner``) reads, as executorch's
@@ -324,12 +324,8 @@ def export_llm(
         if note:
             notes.append(note)
         rows = family.rows(lm, options, seq_len)
-        if options.quantize:
-            target = family.quantize_target(lm)  # the weights every decode step reads
-            group = resolve_group_size(options.quantize, options.group_size)
-            plan = plan_quantization(
-                target, options.quantize, group, head=options.quantize_head, allow_requantize=options.allow_requantize
-            )  # none: an error
+        if options.quantization:
+            plan = options.quantization.plan(family.quantize_target(lm))  # the weights every decode step reads; none: an error
             notes.append(plan.summary() + family.quantize_rest)
             with prog.stage(f"quantize {options.quantize}"):
                 apply_plan(plan, scratch)

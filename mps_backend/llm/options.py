@@ -19,7 +19,7 @@ import torch
 
 from mps_backend.errors import CheckpointError
 from mps_backend.precision import Precision
-from mps_backend.quantize import HEADS, SCHEMES, QuantizationError
+from mps_backend.quantize import HEADS, SCHEMES, Quantization, QuantizationError
 from mps_backend.runtime_kernels import DEFAULT_TARGET
 
 #: default KV-cache length (capped by the model's ``max_position_embeddings``)
@@ -105,6 +105,14 @@ class ExportOptions:
     def dtype(self) -> torch.dtype:
         """The dtype the weights are loaded in: float16 when the device computes in float16."""
         return torch.float16 if self.precision.float16 else torch.float32
+
+    @property
+    def quantization(self) -> Quantization | None:
+        """``--quantize`` with its settings as one value (None: no quantization): what the export quantizes
+        with and what every eager reference of the export dequantizes alike."""
+        if not self.quantize:
+            return None
+        return Quantization(self.quantize, self.group_size, self.quantize_head, self.allow_requantize)
 
     def replace(self, **changes) -> ExportOptions:
         """These options with ``changes`` (validated again)."""

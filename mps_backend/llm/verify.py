@@ -49,7 +49,7 @@ from mps_backend.llm.quality import perplexity
 from mps_backend.llm.spec import parse_model_spec
 from mps_backend.pages import PageReleaser
 from mps_backend.precision import Precision
-from mps_backend.quantize import dequantize_weights, quantize_dequantized, quantize_embeddings, resolve_group_size
+from mps_backend.quantize import Quantization, dequantize_weights, quantize_embeddings
 from mps_backend.runtime import LoadedMethod
 
 #: decode steps verified by default (``mps-backend export --verify-steps``)
@@ -276,21 +276,18 @@ def _eager_logits(
     path: pathlib.Path,
     params,
     tokens: list[int],
-    quantize,
-    group_size,
+    quantization: Quantization | None,
     max_seq_len: int,
     dtype: str,
     embedding=False,
-    head=None,
     keep: bool = True,
-    allow_requantize: bool = False,
 ):
     """Float32 eager logits after each of ``tokens``. A quantized export's reference quantizes the
     weights as the export did (in the export precision: scales of float16 weights differ from those of
     the float32 ones) and computes in float32 with those weights dequantized; so does a ``gguf:``
-    file's with its quantized tensors kept (``keep``, without ``quantize``: as the export keeps them)."""
-    kept = kind == "gguf" and keep and not quantize
-    load = torch.float16 if (quantize or embedding or kept) and dtype == "fp16" else torch.float32
+    file's with its quantized tensors kept (``keep``, without ``quantization``: as the export keeps them)."""
+    kept = kind == "gguf" and keep and not quantization
+    load = torch.float16 if (quantization or embedding or kept) and dtype == "fp16" else torch.float32
     if kind == "gguf":
         # the GGUF as the export loads it: its kept tensors dequantized as the device computes them
         model = load_gguf(path, load, clamp_fp16=True, keep_quantized=kept).model
@@ -305,9 +302,9 @@ def _eager_logits(
     else:
         model = load_llama(path, params, load, max_seq_len).model
         reference = "eager executorch llama float32"
-    if quantize:
-        quantize_dequantized(model, quantize, resolve_group_size(quantize, group_size), head, allow_requantize=allow_requantize)
-        reference += f" ({quantize} weights quantized alike, dequantized)"
+    if quantization:
+        quantization.dequantize_alike(model)
+        reference += f" ({quantization.scheme} weights quantized alike, dequantized)"
     if embedding:
         quantize_embeddings(model)
         reference += " (embedding quantized alike)"
@@ -407,15 +404,12 @@ def verify_llm(
     *,
     dtype: str = "fp16",
     steps: int = DEFAULT_STEPS,
-    quantize: str | None = None,
-    group_size: int | None = None,
+    quantization: Quantization | None = None,
     params: str | None = None,
     max_seq_len: int | None = None,
     bos_id: int | None = None,
     quantize_embedding: bool = False,
     prompt: tuple[list[int], str] | None = None,
-    quantize_head: str | None = None,
-    allow_requantize: bool = False,
 ) -> LLMVerification:
     """Compare the ``.pte`` (exported from ``model``, ``hf:``/``gguf:``/``llama:``) with the eager float32 model
     on the same tokens (the module docstring): BOS, the prompt's tokens (``prompt``: tokens and where
@@ -433,24 +427,12 @@ def verify_llm(
     prefix = [bos_id if bos_id is not None else 0, *ids]
     tokens, dev, rows = _pte_logits(pte, prefix, steps)
     length = max_seq_len or len(tokens)
-    ref, reference = _eager_logits(
-        kind,
-        path,
-        params,
-        tokens[:-1],
-        quantize,
-        group_size,
-        length,
-        dtype,
-        quantize_embedding,
-        quantize_head,
-        allow_requantize=allow_requantize,
-    )
+    ref, reference = _eager_logits(kind, path, params, tokens[:-1], quantization, length, dtype, quantize_embedding)
     if ref.shape[-1:] != dev.shape[-1:] or ref.shape[0] != len(tokens) - 1:
         raise CheckpointError(f"the .pte's logits {list(dev.shape)} and the eager model's {list(ref.shape)} differ in shape")
     price = None
-    if quantize or quantize_embedding:  # the float model loaded after the quantized one is released
-        floating, _ = _eager_logits(kind, path, params, tokens[:-1], None, None, length, dtype, keep=False)
+    if quantization or quantize_embedding:  # the float model loaded after the quantized one is released
+        floating, _ = _eager_logits(kind, path, params, tokens[:-1], None, length, dtype, keep=False)
         price = quantization_price(ref, floating, tokens)
         del floating
     ref = ref[rows]  # the positions the program gave logits for (a chunked prefill: each piece's last)
@@ -461,7 +443,7 @@ def verify_llm(
         steps=steps,
         max_abs_diff=float((dev - ref).abs().max()),
         scale=float(ref.abs().max()),
-        tolerance=tolerance(dtype, quantize),
+        tolerance=tolerance(dtype, quantization.scheme if quantization else None),
         tokens_agree=sum(int(a) == b for a, b in zip(top_ref[prompt_rows:], tokens[m:])),
         reference=reference,
         prompt_tokens=len(ids),
@@ -512,11 +494,8 @@ def verify_export(result, model: str, options: ExportOptions, *, export, pte: pa
     common = dict(
         dtype=precision_name(options.precision),
         steps=steps,
-        quantize=options.quantize,
-        group_size=options.group_size,
+        quantization=options.quantization,
         quantize_embedding=options.quantize_embedding,
-        quantize_head=options.quantize_head,
-        allow_requantize=options.allow_requantize,
     )
     bos = result.metadata.get("get_bos_id")
     common["prompt"] = prompt_tokens(kind, pathlib.Path(path), result.metadata.get("get_vocab_size"), result.max_seq_len - steps)

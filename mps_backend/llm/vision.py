@@ -37,7 +37,7 @@ from mps_backend.llm.options import ExportOptions
 from mps_backend.llm.spec import parse_model_spec
 from mps_backend.llm.swap import Replacements
 from mps_backend.llm.verify import LLMVerification, precision_name, tolerance
-from mps_backend.quantize import quantize_dequantized, resolve_group_size
+from mps_backend.quantize import Quantization
 
 #: the method names (extension/llm/runner/constants.h:23-26 at v1.0.0)
 VISION_METHOD, EMBEDDING_METHOD, DECODER_METHOD = "vision_encoder", "token_embedding", "text_decoder"
@@ -292,26 +292,22 @@ def eager_reference(
     batch,
     generated: list[int],
     *,
-    quantize: str | None = None,
-    group_size: int | None = None,
+    quantization: Quantization | None = None,
     dtype: str = "fp32",
-    head: str | None = None,
-    allow_requantize: bool = False,
 ) -> torch.Tensor:
     """transformers' eager float32 model on the processor's ``batch`` followed by ``generated`` (teacher-forced,
     one forward): the logits after the prompt's last token and after each generated token but the last,
-    ``[len(generated), vocab]``. With ``quantize``, the text part's weights (:func:`text_part`) are
+    ``[len(generated), vocab]``. With ``quantization``, the text part's weights (:func:`text_part`) are
     quantized as an export in ``dtype`` quantizes them (from weights in that precision) and
     dequantized, then computed in float32: the same quantized weights, eagerly."""
     import transformers  # noqa: PLC0415
 
-    load = torch.float16 if quantize and dtype == "fp16" else torch.float32
+    load = torch.float16 if quantization and dtype == "fp16" else torch.float32
     model = transformers.AutoModelForImageTextToText.from_pretrained(
         folder, dtype=load, attn_implementation="eager", local_files_only=True, trust_remote_code=False
     ).eval()
-    if quantize:
-        group = resolve_group_size(quantize, group_size)
-        quantize_dequantized(text_part(model), quantize, group, head, allow_requantize=allow_requantize)
+    if quantization:
+        quantization.dequantize_alike(text_part(model))
         model.float()
     extra = torch.tensor([generated[:-1]], dtype=torch.long)
     inputs = dict(batch)
@@ -339,13 +335,7 @@ def verify_vision(result, model: str, options: ExportOptions, *, pte=None):
     tokens = generate_ids(where, prompt_inputs(where, folder, VERIFY_PROMPT, image), steps, result=run, stop_at_eos=False)
     batch = process(load_processor(folder), VERIFY_PROMPT, image)
     dtype = precision_name(options.precision)
-    quant = dict(
-        quantize=options.quantize,
-        group_size=options.group_size,
-        head=options.quantize_head,
-        allow_requantize=options.allow_requantize,
-    )
-    ref = eager_reference(folder, batch, tokens, dtype=dtype, **quant)
+    ref = eager_reference(folder, batch, tokens, dtype=dtype, quantization=options.quantization)
     dev = torch.stack(run.logits)
     quantized = f" ({options.quantize} text weights quantized alike, dequantized)" if options.quantize else ""
     return LLMVerification(

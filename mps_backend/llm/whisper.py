@@ -38,7 +38,7 @@ from mps_backend.llm.spec import parse_model_spec
 from mps_backend.llm.swap import Replacements
 from mps_backend.llm.transcribe import transcribe_ids
 from mps_backend.llm.verify import LLMVerification, precision_name, tolerance
-from mps_backend.quantize import quantize_dequantized, resolve_group_size
+from mps_backend.quantize import Quantization
 
 #: the method names executorch's ASR runner calls (extension/asr/runner/runner.cpp:28-29 at v1.1.0)
 ENCODER_METHOD, DECODER_METHOD = "encoder", "text_decoder"
@@ -248,16 +248,7 @@ def verify_whisper(result, model: str, options: ExportOptions, *, pte=None):
     logits: list[torch.Tensor] = []
     features = verification_features(int(json_object(pathlib.Path(folder), "config.json", required=True)["num_mel_bins"]))
     tokens = transcribe_ids(pte or result.path, features, steps, stop_at_eos=False, logits=logits)
-    ref, reference = eager_logits(
-        folder,
-        features,
-        tokens[:-1],
-        options.quantize,
-        options.group_size,
-        dtype,
-        options.quantize_head,
-        allow_requantize=options.allow_requantize,
-    )
+    ref, reference = eager_logits(folder, features, tokens[:-1], options.quantization, dtype)
     dev = torch.stack(logits).float()
     agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
     return LLMVerification(
@@ -274,25 +265,20 @@ def eager_logits(
     folder,
     features: torch.Tensor,
     tokens: list[int],
-    quantize=None,
-    group_size=None,
+    quantization: Quantization | None = None,
     dtype="fp32",
-    head=None,
-    *,
-    allow_requantize: bool = False,
 ):
     """transformers' eager float32 Whisper: logits after each of ``tokens`` (the decoder's input from
     the start token on), and the reference's name. Quantized exports: the weights quantized alike
     (in the export precision) and dequantized, as :mod:`mps_backend.llm.verify` does."""
-    load = torch.float16 if quantize and dtype == "fp16" else torch.float32
+    load = torch.float16 if quantization and dtype == "fp16" else torch.float32
     # the export's own loader: its folder check (no code from the folder runs) and the tensors the export read
     model = load_hf(folder, load, clamp_fp16=True).model
     reference = "eager transformers Whisper float32"
-    if quantize:
-        group = resolve_group_size(quantize, group_size)
-        quantize_dequantized(quantize_target(model), quantize, group, head, allow_requantize=allow_requantize)
+    if quantization:
+        quantization.dequantize_alike(quantize_target(model))
         model.float()
-        reference += f" ({quantize} decoder weights quantized alike, dequantized)"
+        reference += f" ({quantization.scheme} decoder weights quantized alike, dequantized)"
     with torch.no_grad():
         out = model(input_features=features.to(model.dtype), decoder_input_ids=torch.tensor([tokens]))
     return out.logits[0].float(), reference

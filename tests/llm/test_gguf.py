@@ -36,6 +36,7 @@ import torch
 from mps_backend.llm import generate_ids
 from mps_backend.llm.generate import Tokenizer
 from mps_backend.llm.quality import compare, pte_logits
+from mps_backend.quantize import Quantization
 from tests.llm_helpers import eager_gguf, eager_logits, readme_prose, smollm2_gguf
 from tests.page_helpers import mapped_from
 
@@ -158,7 +159,9 @@ def references(files):
         dtype, quantize, group, _ = EXPORTS[name]
         file = files(name)
         if name not in built:
-            built[name] = eager_gguf(file, torch.float32, quantize, group, dtype) if quantize else eager_kept(file, dtype)
+            built[name] = (
+                eager_gguf(file, torch.float32, Quantization(quantize, group), dtype) if quantize else eager_kept(file, dtype)
+            )
         return built[name]
 
     return reference
