@@ -15,11 +15,11 @@ import torch
 
 from mps_backend import runtime
 from mps_backend.errors import MPSBackendError, MPSBackendWarning
+from mps_backend.export_scope import export_scope
 from mps_backend.operators.registry import op_key
 from mps_backend.operators.shape import as_strided_overrun
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.passes import check_fp16_constants, drop_unused_constants
-from mps_backend.provenance import shared_provenance
 from mps_backend.runtime.bundled_check import read_bundled
 from mps_backend.runtime.program_check import ProgramFormatError
 from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
@@ -215,7 +215,7 @@ def export_model(
     # that requires grad is being used in an in-place operation"); the model itself is not modified.
     with torch.no_grad(), contextlib.ExitStack() as cleanup:
         cleanup.callback(release_export_caches)
-        cleanup.enter_context(shared_provenance())  # torch's provenance records shared, not deep-copied
+        cleanup.enter_context(export_scope())  # torch's provenance shared, its operator census kept
         ep = stage("torch.export", lambda: export_program(model, example_inputs))
         if use_fp16:
             check_fp16_constants(ep)

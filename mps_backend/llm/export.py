@@ -40,6 +40,7 @@ from mps_backend._notices import quiet_reraised_failures
 from mps_backend.config import check_environment
 from mps_backend.errors import CheckpointError, MPSBackendError
 from mps_backend.export import drop_unused_constants, release_export_caches
+from mps_backend.export_scope import export_scope
 from mps_backend.files import output_target, publish_checked, staging_path, write_atomically
 from mps_backend.llm import guards
 from mps_backend.llm.checkpoint import LoadedLM
@@ -53,7 +54,6 @@ from mps_backend.llm.swap import Replacements
 from mps_backend.partitioner import MPSPartitioner, PartitionReport, backend_config, edge_compile_config
 from mps_backend.precision import Precision
 from mps_backend.progress import CountingWriter, Progress
-from mps_backend.provenance import shared_provenance
 from mps_backend.quantize import apply_plan, quantize_embeddings
 from mps_backend.runtime_kernels import DEFAULT_TARGET, check_kernels
 
@@ -338,7 +338,7 @@ def export_llm(
         model_type, weight_bytes = lm.model_type, lm.weight_bytes
         del lm  # the methods hold the model; nothing else may keep the weights alive past lowering
         partitioner = MPSPartitioner(precision=options.precision, dynamic_ok=family.dynamic(rows))
-        with torch.no_grad(), shared_provenance():  # torch's provenance records shared, not deep-copied
+        with torch.no_grad(), export_scope():  # torch's provenance shared, its operator census kept (export_scope)
             eps = {}
             with prog.stage("torch.export"):
                 for method in methods:

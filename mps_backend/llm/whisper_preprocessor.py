@@ -29,9 +29,9 @@ import pathlib
 
 import torch
 
+from mps_backend.export_scope import export_scope
 from mps_backend.files import write_atomically
 from mps_backend.partitioner import MPSPartitioner, backend_config, edge_compile_config
-from mps_backend.provenance import shared_provenance
 
 #: the method executorch's Whisper example calls (main.cpp: ``processor->execute("forward", audio)``)
 PREPROCESSOR_METHOD = "forward"
@@ -85,7 +85,7 @@ def export_preprocessor(fe, output: str | pathlib.Path) -> dict:
     module = WhisperPreprocessor(fe).eval()
     example = (torch.zeros(fe.n_samples // 2, dtype=torch.float32),)
     n = torch.export.Dim("samples", min=1, max=int(fe.n_samples))
-    with torch.no_grad(), shared_provenance():
+    with torch.no_grad(), export_scope():
         ep = torch.export.export(module, example, dynamic_shapes=({0: n},), strict=False)
         partitioner = MPSPartitioner(use_fp16=False, dynamic_ok=True)
         edge = to_edge_transform_and_lower(

@@ -1,5 +1,6 @@
-"""mps_backend.provenance: torch's provenance records shared instead of deep-copied while a lowering runs, with
-the same records and the same .pte bytes, and torch's own constructor back afterwards (also on error)."""
+"""mps_backend.export_scope: while a lowering runs, torch's provenance records shared instead of deep-copied and
+its census of composite-implicit operators kept while the dispatcher's registrations are unchanged; the same
+records, the same census, the same .pte bytes, and torch's own code back afterwards (also on error)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from torch.fx.traceback import NodeSource
 
-from mps_backend.provenance import shared_provenance
+from mps_backend.export_scope import export_scope, remembered_cia_ops, shared_provenance
 
 
 class Small(torch.nn.Module):
@@ -35,7 +36,7 @@ def _lowered(shared: bool):
 
     torch.manual_seed(0)
     ep = torch.export.export(Small().eval(), (torch.randn(3, 8),), strict=False)
-    with shared_provenance() if shared else contextlib.nullcontext():
+    with export_scope() if shared else contextlib.nullcontext():
         edge = to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner()], compile_config=edge_compile_config())
         records = [
             [_without_graph_ids(s.to_dict()) for s in n.meta.get("from_node", [])]
@@ -47,9 +48,9 @@ def _lowered(shared: bool):
     return records, program.buffer
 
 
-def test_same_records_and_bytes_as_torchs_own_copies():
+def test_same_records_and_bytes_as_torchs_own_code():
     """Every node's provenance (names, targets, passes, actions, the whole chain) and the .pte are the same as with
-    torch's deep copies."""
+    torch's deep copies and its census asked every time."""
     records, pte = _lowered(shared=False)
     shared_records, shared_pte = _lowered(shared=True)
     assert any(r and r[0]["from_node"] for r in records)  # chains of more than one pass are compared
@@ -77,9 +78,11 @@ def test_records_are_shared_inside_and_torchs_constructor_is_back_after():
     assert NodeSource.__dict__["__init__"] is own
 
 
-def test_exports_lower_with_shared_records(monkeypatch, tmp_path):
-    """export_model and export_llm lower inside the scope (what they call sees the replaced constructor)."""
+def test_exports_lower_inside_the_scope(monkeypatch, tmp_path):
+    """export_model and export_llm lower inside the scope (what they call sees the replaced constructor and
+    census)."""
     import executorch.exir
+    import torch.export.exported_program as torch_ep
 
     import mps_backend.llm.export as llm_export
     from mps_backend.export import export_model
@@ -88,7 +91,10 @@ def test_exports_lower_with_shared_records(monkeypatch, tmp_path):
     own = executorch.exir.to_edge_transform_and_lower
 
     def spy(*args, **kwargs):
-        seen.append(getattr(NodeSource.__dict__["__init__"], "__wrapped__", None) is not None)
+        seen.append(
+            getattr(NodeSource.__dict__["__init__"], "__wrapped__", None) is not None
+            and getattr(torch_ep._collect_all_valid_cia_ops, "__wrapped__", None) is not None
+        )
         return own(*args, **kwargs)
 
     monkeypatch.setattr(executorch.exir, "to_edge_transform_and_lower", spy)
@@ -100,3 +106,44 @@ def test_exports_lower_with_shared_records(monkeypatch, tmp_path):
     llm_export.export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=16)
     assert seen == [True, True]
     assert getattr(NodeSource.__dict__["__init__"], "__wrapped__", None) is None
+    assert getattr(torch_ep._collect_all_valid_cia_ops, "__wrapped__", None) is None
+
+
+def test_census_kept_until_the_dispatcher_changes():
+    """Inside the scope torch's census is asked once while nothing is registered, its answer equal to torch's
+    own; an operator registered meanwhile with a CompositeImplicitAutograd kernel is in the next answer; each
+    caller gets a set of its own; torch's census is back after, also on error."""
+    import torch._export.utils as torch_utils
+    import torch.export.decomp_utils as torch_decomp
+    import torch.export.exported_program as torch_ep
+
+    own = torch_utils._collect_all_valid_cia_ops
+    truth = own()
+    asked = []
+
+    def counted():
+        asked.append(1)
+        return own()
+
+    with pytest.MonkeyPatch.context() as mp:
+        for m in (torch_ep, torch_decomp):
+            mp.setattr(m, "_collect_all_valid_cia_ops", counted)
+        with remembered_cia_ops() as on:
+            assert on
+            first, second = torch_ep._collect_all_valid_cia_ops(), torch_decomp._collect_all_valid_cia_ops()
+            assert first == second == truth and first is not second and len(asked) == 1
+            first.clear()  # a caller's change stays its own
+            with remembered_cia_ops() as nested:  # replaced once
+                assert not nested
+            lib = torch.library.Library("mps_backend_census_test", "DEF")  # noqa: TOR901 - registered for the test
+            lib.define("twice(Tensor x) -> Tensor")
+            lib.impl("twice", lambda x: x + x, "CompositeImplicitAutograd")
+            now = torch_ep._collect_all_valid_cia_ops()
+            assert len(asked) == 2 and torch.ops.mps_backend_census_test.twice.default in now and now == own()
+            assert torch_ep._collect_all_valid_cia_ops() == now and len(asked) == 2
+            del lib
+        assert getattr(torch_ep._collect_all_valid_cia_ops, "__wrapped__", None) is None
+    assert torch_ep._collect_all_valid_cia_ops is own and torch_decomp._collect_all_valid_cia_ops is own
+    with pytest.raises(RuntimeError), remembered_cia_ops():
+        raise RuntimeError("a failed lowering")
+    assert torch_ep._collect_all_valid_cia_ops is own
