@@ -4,10 +4,13 @@ architecture family, saved with ``save_pretrained`` the way a hub checkpoint fol
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import math
 import pathlib
+import types
 
 import torch
 
@@ -54,6 +57,20 @@ ARCHS = {
         },
     ),
 }
+
+
+def run_cli(*args) -> types.SimpleNamespace:
+    """``mps-backend ARGS`` in this process (the CLI's ``main``; what a subprocess would give minus its ~6 CPU s of
+    imports): ``returncode``, and what the CLI wrote to ``stdout`` and ``stderr`` (a C++ runner's own prints go to
+    the process's file descriptors, not here: the CLI's lines come after them). The console script itself runs
+    as a process in tests/test_cli.py; exit codes, signals and one-line refusals with torch's logging in
+    tests/test_hostile_round*.py and tests/llm/test_decoder.py."""
+    from mps_backend.tools.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def train_tokenizer():

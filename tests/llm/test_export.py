@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import io
 import json
-import subprocess
 import sys
 
 import pytest
@@ -41,6 +40,7 @@ from tests.llm_helpers import (
     eager_model,
     plant_massive_activations,
     planted_figures,
+    run_cli,
     save_checkpoint,
     save_llama_checkpoint,
     save_tiktoken_model,
@@ -324,10 +324,7 @@ class _Terminal(io.StringIO):
         return True
 
 
-def _cli(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "mps_backend.tools.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600
-    )
+_cli = run_cli
 
 
 def test_cli_export_and_generate(tmp_path, tokenizer):

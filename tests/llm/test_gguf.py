@@ -27,8 +27,6 @@ from __future__ import annotations
 import contextlib
 import io
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -37,7 +35,7 @@ from mps_backend.llm import generate_ids
 from mps_backend.llm.generate import Tokenizer
 from mps_backend.llm.quality import compare, pte_logits
 from mps_backend.quantize import Quantization
-from tests.llm_helpers import eager_gguf, eager_logits, readme_prose, smollm2_gguf
+from tests.llm_helpers import eager_gguf, eager_logits, readme_prose, run_cli, smollm2_gguf
 from tests.page_helpers import mapped_from
 
 #: greedy tokens compared per prompt, and the teacher-forced text's length in tokens
@@ -332,13 +330,7 @@ def test_cli_generate_gguf_tokenizer_and_chat(gguf, tok, tmp_path):
     ids = tok.encode(chat)
     assert ids[0] == 1 and tok.decode(ids) == chat  # <|im_start|> is one token
     for runner, bos in (("python", []), ("executorch", [1])):
-        r = subprocess.run(
-            [sys.executable, "-m", "mps_backend.tools.cli", "generate", str(pte), "--tokenizer", str(gguf)]
-            + ["--prompt", prompt, "--chat", "--max-new-tokens", "6", "--runner", runner],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        r = run_cli("generate", pte, "--tokenizer", gguf, "--prompt", prompt, "--chat", "--max-new-tokens", 6, "--runner", runner)
         assert r.returncode == 0, r.stderr
         # (executorch's runner prints the text and its statistics itself before the CLI's line)
         got = r.stdout.rstrip("\n") if runner == "python" else r.stdout.splitlines()[-1]

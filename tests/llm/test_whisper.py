@@ -14,16 +14,13 @@ loading code, run on the emulated runtime by the ASR runner's loop (mps_backend.
 
 from __future__ import annotations
 
-import contextlib
-import io
-
 import numpy as np
 import pytest
 import torch
 
 from mps_backend.llm.transcribe import read_audio, transcribe_ids
 from mps_backend.llm.verify import TOLERANCE
-from mps_backend.tools.cli import main
+from tests.llm_helpers import run_cli
 from tests.whisper_helpers import (
     CONFIG,
     EOS,
@@ -52,10 +49,8 @@ VARIANTS = ("plain", "outliers")
 
 
 def _run(*args) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
+    r = run_cli(*args)
+    return r.returncode, r.stdout, r.stderr
 
 
 @pytest.fixture(scope="module")
