@@ -23,12 +23,21 @@ from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.lowered_backend_module import get_lowered_submodules
 
 from mps_backend import MPSBackend, MPSPartitioner
+from mps_backend.export_scope import export_scope
 from mps_backend.operators.registry import default_registry
 from mps_backend.runtime.interpreter import execute
 from mps_backend.serialization import read_blob
 from tests.ops.harness import assert_close
 
 aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _scope():
+    """Each lowering inside mps_backend.export_scope, as export_model's: the same programs (tests/test_export_scope.py)
+    for about half the CPU of these one-operator programs (torch's operator census asked once, not six times)."""
+    with export_scope():
+        yield
 
 
 @dataclass(frozen=True)
