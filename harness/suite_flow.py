@@ -56,6 +56,7 @@ are enforced here with SIGALRM; a timed-out test fails with :class:`SuiteTimeout
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -415,6 +416,7 @@ _REPORT_KEY = pytest.StashKey[dict]()  # config: {"path": Path | None}
 _SUBTESTS_KEY = pytest.StashKey[list]()  # item: subtest metadata of its run
 _REPORTS_KEY = pytest.StashKey[list]()  # item: its TestReports (setup, call, teardown)
 _SESSION_KEY = pytest.StashKey[bool]()  # config: True if we opened the suite's test session
+_SCOPE_KEY = pytest.StashKey[contextlib.ExitStack]()  # config: the run's remembered operator census (mps_backend.export_scope)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -453,6 +455,16 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     path = config.getoption("--mps-suite-report")
     config.stash[_REPORT_KEY] = {"path": Path(path) if path else None}
+    # torch's census of composite-implicit operators kept for the run (asked again when an operator library is
+    # registered): six censuses per lowering otherwise, the same answer (mps_backend.export_scope)
+    import torch.export.decomp_utils  # noqa: F401, PLC0415 - the census's callers, before they are looked up
+    import torch.export.exported_program  # noqa: F401, PLC0415
+
+    from mps_backend.export_scope import remembered_cia_ops  # noqa: PLC0415
+
+    scope = contextlib.ExitStack()
+    scope.enter_context(remembered_cia_ops())
+    config.stash[_SCOPE_KEY] = scope
     seed = config.getoption("--mps-seed")
     if seed is not None:
         from executorch.backends.test.suite import reporting  # noqa: PLC0415
@@ -465,6 +477,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    scope = config.stash.get(_SCOPE_KEY, None)
+    if scope is not None:
+        scope.close()
     if config.stash.get(_SESSION_KEY, False):
         from executorch.backends.test.suite import reporting  # noqa: PLC0415
 
