@@ -1,4 +1,4 @@
-"""Two costs of torch's export machinery avoided while a lowering runs (:func:`export_scope`), each scoped: torch's
+"""Three costs of torch's export machinery avoided while a lowering runs (:func:`export_scope`), each scoped: torch's
 own code is put back when the lowering ends, also when it raises, and the program is the same, byte for byte.
 
 - **Provenance copies** (:func:`shared_provenance`). Every node a pass creates records where it came from:
@@ -9,6 +9,13 @@ own code is put back when the lowering ends, also when it raises, and the progra
   ``NodeSource`` is never changed once built (passes append to a node's ``meta["from_node"]`` list, never to a
   record's ``from_node``), so a record can hold a new list of the same records instead of a deep copy: the
   same provenance and debug handles.
+- **A second functionalization** (:func:`functional_once`). ``to_edge_transform_and_lower`` runs
+  ``run_decompositions({})`` on each method (to functionalize it before asking the partitioner what to keep) right
+  after :meth:`~mps_backend.partitioner.MPSPartitioner.transform_for_pre_decomposition` gave it a program that
+  ``run_decompositions`` just made: functional already, and an empty table decomposes nothing, so the re-trace
+  (10-25 % of an export) gives the same graph. Inside the scope, ``run_decompositions`` with an empty table of a
+  program a ``run_decompositions`` of the same scope returned is that program itself; any other program is traced
+  as torch does.
 - **The composite-implicit operator census** (:func:`remembered_cia_ops`). ``run_decompositions`` and every read
   of a default decomposition table (``CustomDecompTable.materialize``) ask torch for all operators with a
   ``CompositeImplicitAutograd`` kernel (``torch._export.utils._collect_all_valid_cia_ops``): a walk over every
@@ -25,13 +32,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Iterator
+import weakref
+from typing import Any, Iterator
 
 #: the attributes torch 2.14's ``NodeSource.__init__`` sets (anything else: leave torch's constructor alone)
 _FIELDS = frozenset({"pass_name", "action", "node_info", "from_node", "_action_string", "_dict"})
 #: the modules that call the census by the name they imported it under
 _CENSUS_CALLERS = ("torch.export.exported_program", "torch.export.decomp_utils")
 _CENSUS = "_collect_all_valid_cia_ops"
+#: set on what a scope puts in torch's place (a nested scope replaces nothing)
+_MARK = "_mps_backend_export_scope"
 
 
 def _shared_init(own):
@@ -42,6 +52,7 @@ def _shared_init(own):
             self.from_node = list(node.meta.get("from_node", ()))  # the same (never changed) records
 
     __init__.__wrapped__ = own
+    setattr(__init__, _MARK, True)
     return __init__
 
 
@@ -60,7 +71,7 @@ def shared_provenance() -> Iterator[bool]:
     from torch.fx.traceback import NodeSource  # noqa: PLC0415 - torch is imported by every caller already
 
     own = NodeSource.__dict__["__init__"]
-    if getattr(own, "__wrapped__", None) is not None or not _compatible(NodeSource):
+    if getattr(own, _MARK, False) or not _compatible(NodeSource):
         yield False
         return
     NodeSource.__init__ = _shared_init(own)
@@ -89,6 +100,7 @@ def _remembering(own):
         return set(kept[key])  # a set of its own for each caller, as torch's returns
 
     census.__wrapped__ = own
+    setattr(census, _MARK, True)
     return census
 
 
@@ -102,7 +114,7 @@ def remembered_cia_ops() -> Iterator[bool]:
         yield False
         return
     owns = [getattr(m, _CENSUS) for m in modules]
-    if any(getattr(own, "__wrapped__", None) is not None for own in owns) or len({id(o) for o in owns}) != 1:
+    if any(getattr(own, _MARK, False) for own in owns) or len({id(o) for o in owns}) != 1:
         yield False
         return
     census = _remembering(owns[0])
@@ -116,11 +128,44 @@ def remembered_cia_ops() -> Iterator[bool]:
 
 
 @contextlib.contextmanager
+def functional_once() -> Iterator[bool]:
+    """While open, ``ExportedProgram.run_decompositions`` with an empty table returns a program that a
+    ``run_decompositions`` inside this scope returned as it is (module docstring); yields whether it was replaced.
+    Nested uses replace it once."""
+    from torch.export import ExportedProgram  # noqa: PLC0415
+    from torch.export.decomp_utils import CustomDecompTable  # noqa: PLC0415
+
+    own = ExportedProgram.__dict__.get("run_decompositions")
+    if own is None or getattr(own, _MARK, False):
+        yield False
+        return
+    made: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # id -> what this scope's
+    # decompositions returned, while it lives (nothing kept alive: a lowering releases its programs as it goes)
+
+    def run_decompositions(self, decomp_table=None, decompose_custom_triton_ops=False):
+        empty = decomp_table is not None and not isinstance(decomp_table, CustomDecompTable) and len(decomp_table) == 0
+        if empty and not decompose_custom_triton_ops and made.get(id(self)) is self:
+            return self  # functional already; an empty table decomposes nothing
+        out = own(self, decomp_table, decompose_custom_triton_ops)
+        made[id(out)] = out
+        return out
+
+    run_decompositions.__wrapped__ = own
+    setattr(run_decompositions, _MARK, True)
+    ExportedProgram.run_decompositions = run_decompositions
+    try:
+        yield True
+    finally:
+        ExportedProgram.run_decompositions = own
+        made.clear()
+
+
+@contextlib.contextmanager
 def export_scope() -> Iterator[None]:
-    """Both (module docstring), for one lowering: ``export_model``, ``export_llm`` and the Whisper
+    """All three (module docstring), for one lowering: ``export_model``, ``export_llm`` and the Whisper
     preprocessor lower inside it."""
     import torch.export.decomp_utils  # noqa: F401, PLC0415 - the census's callers, imported before they are looked up
     import torch.export.exported_program  # noqa: F401, PLC0415
 
-    with shared_provenance(), remembered_cia_ops():
+    with shared_provenance(), remembered_cia_ops(), functional_once():
         yield

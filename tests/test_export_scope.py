@@ -1,6 +1,7 @@
-"""mps_backend.export_scope: while a lowering runs, torch's provenance records shared instead of deep-copied and
-its census of composite-implicit operators kept while the dispatcher's registrations are unchanged; the same
-records, the same census, the same .pte bytes, and torch's own code back afterwards (also on error)."""
+"""mps_backend.export_scope: while a lowering runs, torch's provenance records shared instead of deep-copied, its
+census of composite-implicit operators kept while the dispatcher's registrations are unchanged, and executorch's
+second functionalization of a program a decomposition just made skipped; the same records, the same census, the
+same .pte bytes, and torch's own code back afterwards (also on error)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from torch.fx.traceback import NodeSource
 
-from mps_backend.export_scope import export_scope, remembered_cia_ops, shared_provenance
+from mps_backend.export_scope import _MARK, export_scope, functional_once, remembered_cia_ops, shared_provenance
 
 
 class Small(torch.nn.Module):
@@ -28,7 +29,18 @@ def _without_graph_ids(record: dict) -> dict:
     return {k: [_without_graph_ids(r) for r in v] if k == "from_node" else v for k, v in record.items() if k != "graph_id"}
 
 
-def _lowered(shared: bool):
+def _roots(record: dict) -> list:
+    """The earliest sources of a record (what debug handles and the Inspector trace a node back to)."""
+    return [r for source in record["from_node"] for r in _roots(source)] if record["from_node"] else [record["name"]]
+
+
+@contextlib.contextmanager
+def _copies_and_census():
+    with shared_provenance(), remembered_cia_ops():
+        yield
+
+
+def _lowered(scope):
     from executorch.exir import to_edge_transform_and_lower
 
     from mps_backend import MPSPartitioner
@@ -36,7 +48,7 @@ def _lowered(shared: bool):
 
     torch.manual_seed(0)
     ep = torch.export.export(Small().eval(), (torch.randn(3, 8),), strict=False)
-    with export_scope() if shared else contextlib.nullcontext():
+    with scope():
         edge = to_edge_transform_and_lower(ep, partitioner=[MPSPartitioner()], compile_config=edge_compile_config())
         records = [
             [_without_graph_ids(s.to_dict()) for s in n.meta.get("from_node", [])]
@@ -49,13 +61,18 @@ def _lowered(shared: bool):
 
 
 def test_same_records_and_bytes_as_torchs_own_code():
-    """Every node's provenance (names, targets, passes, actions, the whole chain) and the .pte are the same as with
-    torch's deep copies and its census asked every time."""
-    records, pte = _lowered(shared=False)
-    shared_records, shared_pte = _lowered(shared=True)
+    """Shared records and a kept census: every node's provenance (names, targets, passes, actions, the whole chain)
+    and the .pte are the same as with torch's deep copies and its census asked every time. The whole scope (the
+    second functionalization skipped too): the same .pte, each record one functionalization shorter, traced back to
+    the same sources."""
+    records, pte = _lowered(contextlib.nullcontext)
+    shared_records, shared_pte = _lowered(_copies_and_census)
     assert any(r and r[0]["from_node"] for r in records)  # chains of more than one pass are compared
     assert shared_records == records
     assert shared_pte == pte
+    scoped_records, scoped_pte = _lowered(export_scope)
+    assert scoped_pte == pte
+    assert [[_roots(r) for r in node] for node in scoped_records] == [[_roots(r) for r in node] for node in records]
 
 
 def test_records_are_shared_inside_and_torchs_constructor_is_back_after():
@@ -79,8 +96,8 @@ def test_records_are_shared_inside_and_torchs_constructor_is_back_after():
 
 
 def test_exports_lower_inside_the_scope(monkeypatch, tmp_path):
-    """export_model and export_llm lower inside the scope (what they call sees the replaced constructor and
-    census)."""
+    """export_model and export_llm lower inside the scope (what they call sees the replaced constructor, census and
+    decomposition)."""
     import executorch.exir
     import torch.export.exported_program as torch_ep
 
@@ -92,8 +109,9 @@ def test_exports_lower_inside_the_scope(monkeypatch, tmp_path):
 
     def spy(*args, **kwargs):
         seen.append(
-            getattr(NodeSource.__dict__["__init__"], "__wrapped__", None) is not None
-            and getattr(torch_ep._collect_all_valid_cia_ops, "__wrapped__", None) is not None
+            getattr(NodeSource.__dict__["__init__"], _MARK, False)
+            and getattr(torch_ep._collect_all_valid_cia_ops, _MARK, False)
+            and getattr(torch_ep.ExportedProgram.run_decompositions, _MARK, False)
         )
         return own(*args, **kwargs)
 
@@ -105,8 +123,9 @@ def test_exports_lower_inside_the_scope(monkeypatch, tmp_path):
     folder = save_checkpoint(tmp_path / "ckpt", "llama", layers=1)
     llm_export.export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=16)
     assert seen == [True, True]
-    assert getattr(NodeSource.__dict__["__init__"], "__wrapped__", None) is None
-    assert getattr(torch_ep._collect_all_valid_cia_ops, "__wrapped__", None) is None
+    assert not getattr(NodeSource.__dict__["__init__"], _MARK, False)
+    assert not getattr(torch_ep._collect_all_valid_cia_ops, _MARK, False)
+    assert not getattr(torch_ep.ExportedProgram.run_decompositions, _MARK, False)
 
 
 def test_census_kept_until_the_dispatcher_changes():
@@ -142,8 +161,34 @@ def test_census_kept_until_the_dispatcher_changes():
             assert len(asked) == 2 and torch.ops.mps_backend_census_test.twice.default in now and now == own()
             assert torch_ep._collect_all_valid_cia_ops() == now and len(asked) == 2
             del lib
-        assert getattr(torch_ep._collect_all_valid_cia_ops, "__wrapped__", None) is None
+        assert not getattr(torch_ep._collect_all_valid_cia_ops, _MARK, False)
     assert torch_ep._collect_all_valid_cia_ops is own and torch_decomp._collect_all_valid_cia_ops is own
     with pytest.raises(RuntimeError), remembered_cia_ops():
         raise RuntimeError("a failed lowering")
     assert torch_ep._collect_all_valid_cia_ops is own
+
+
+def test_a_decomposed_program_is_not_functionalized_again():
+    """Inside the scope, run_decompositions({}) of a program a run_decompositions of the scope returned is that
+    program; of any other program (torch.export's own), or with a non-empty table, torch traces as always. The
+    second call's graph would be the same (compared); torch's method is back after, also on error."""
+    from torch.export import ExportedProgram
+
+    own = ExportedProgram.__dict__["run_decompositions"]
+    ep = torch.export.export(Small().eval(), (torch.randn(3, 8),), strict=False)
+    outside = ep.run_decompositions({})
+    with functional_once() as on:
+        assert on
+        with functional_once() as nested:  # replaced once
+            assert not nested
+        made = ep.run_decompositions({})
+        assert made is not ep  # torch.export's program: traced
+        assert made.run_decompositions({}) is made  # functional already: itself
+        assert made.run_decompositions() is not made  # a table to apply: traced
+        assert str(made.graph_module.code) == str(outside.run_decompositions({}).graph_module.code)
+    assert ExportedProgram.__dict__["run_decompositions"] is own
+    again = outside.run_decompositions({})
+    assert again is not outside
+    with pytest.raises(RuntimeError), functional_once():
+        raise RuntimeError("a failed lowering")
+    assert ExportedProgram.__dict__["run_decompositions"] is own
