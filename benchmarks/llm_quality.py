@@ -98,9 +98,9 @@ def eager_same_weights(source: str, path: pathlib.Path, dtype: str, quantize: st
         return model.float()
     model = eager_model(path, load if quantize else torch.float32)
     if quantize:
-        from mps_backend.quantize import quantize_dequantized, resolve_group_size
+        from mps_backend.quantize import Quantization
 
-        quantize_dequantized(model, quantize, resolve_group_size(quantize, group), allow_requantize=again)
+        Quantization(quantize, group, allow_requantize=again).dequantize_alike(model)
     return model.float()
 
 

@@ -457,9 +457,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_REPORT_KEY] = {"path": Path(path) if path else None}
     # torch's census of composite-implicit operators kept for the run (asked again when an operator library is
     # registered): six censuses per lowering otherwise, the same answer (mps_backend.export_scope)
-    import torch.export.decomp_utils  # noqa: F401, PLC0415 - the census's callers, before they are looked up
-    import torch.export.exported_program  # noqa: F401, PLC0415
-
     from mps_backend.export_scope import remembered_cia_ops  # noqa: PLC0415
 
     scope = contextlib.ExitStack()

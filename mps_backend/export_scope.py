@@ -31,7 +31,7 @@ nothing is replaced.
 from __future__ import annotations
 
 import contextlib
-import sys
+import importlib
 import weakref
 from typing import Any, Iterator
 
@@ -109,8 +109,11 @@ def remembered_cia_ops() -> Iterator[bool]:
     """While open, torch's census of composite-implicit operators is answered from the last answer while
     what it depends on is unchanged (module docstring); yields whether it was replaced. Nested uses replace
     it once."""
-    modules = [sys.modules.get(name) for name in _CENSUS_CALLERS]
-    if any(m is None or not callable(getattr(m, _CENSUS, None)) for m in modules):
+    try:
+        modules = [importlib.import_module(name) for name in _CENSUS_CALLERS]
+    except ImportError:  # a torch without them: nothing to replace
+        modules = []
+    if not modules or any(not callable(getattr(m, _CENSUS, None)) for m in modules):
         yield False
         return
     owns = [getattr(m, _CENSUS) for m in modules]
@@ -164,8 +167,5 @@ def functional_once() -> Iterator[bool]:
 def export_scope() -> Iterator[None]:
     """All three (module docstring), for one lowering: ``export_model``, ``export_llm`` and the Whisper
     preprocessor lower inside it."""
-    import torch.export.decomp_utils  # noqa: F401, PLC0415 - the census's callers, imported before they are looked up
-    import torch.export.exported_program  # noqa: F401, PLC0415
-
     with shared_provenance(), remembered_cia_ops(), functional_once():
         yield

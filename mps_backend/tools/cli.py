@@ -31,7 +31,7 @@ from mps_backend.llm.whisper_preprocessor import export_preprocessor
 from mps_backend.operators import default_registry
 from mps_backend.precision import Precision
 from mps_backend.progress import Progress
-from mps_backend.quantize import apply_plan, plan_quantization, resolve_group_size, verify_tolerance
+from mps_backend.quantize import Quantization, apply_plan, verify_tolerance
 from mps_backend.runtime.bundled_check import check_bundle
 from mps_backend.runtime.core import DeviceError
 from mps_backend.runtime.emulator import program_input_specs, run_with_etdump
@@ -252,8 +252,7 @@ def cmd_export(args) -> int:
 
     model, inputs = models.load(args.model, getattr(args, "input_shape", None))
     if getattr(args, "quantize", None):
-        group = resolve_group_size(args.quantize, args.group_size)
-        plan = plan_quantization(model, args.quantize, group, head=args.quantize_head, allow_requantize=args.allow_requantize)
+        plan = Quantization(args.quantize, args.group_size, args.quantize_head, args.allow_requantize).plan(model)
         device = " (int4 needs macOS 15 / iOS 18 on the device)" if args.quantize == "int4" else ""
         _say(f"[quantize] {plan.summary()}{device}")
         apply_plan(plan)
