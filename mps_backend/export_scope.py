@@ -1,5 +1,6 @@
-"""Three costs of torch's export machinery avoided while a lowering runs (:func:`export_scope`), each scoped: torch's
-own code is put back when the lowering ends, also when it raises, and the program is the same, byte for byte.
+"""Five costs of torch's and executorch's export machinery avoided while a lowering runs (:func:`export_scope`), each
+scoped: their own code is put back when the lowering ends, also when it raises, and the program is the same, byte
+for byte.
 
 - **Provenance copies** (:func:`shared_provenance`). Every node a pass creates records where it came from:
   ``node.meta["from_node"]``, a list of ``torch.fx.traceback.NodeSource``, each holding the list of its own
@@ -23,6 +24,25 @@ own code is put back when the lowering ends, also when it raises, and the progra
   times per lowered method, the same answer each time. Inside the scope the answer is kept, and asked again
   when the dispatcher's ``CompositeImplicitAutograd`` registrations or the operator namespaces change (a
   library registered meanwhile).
+
+- **The same dtype check of the same graph, five times** (:func:`verified_once`). Every ``ExportedProgram``
+  executorch builds of an edge program is validated, and the validation interprets the whole graph on fake
+  tensors to check each edge operator's tensor arguments against the dtypes the operator allows
+  (``executorch.exir.verification.verifier._check_tensor_args_matching_op_allowed_dtype``): 7 times a lowered
+  method, 5 of them on an unchanged graph (SmolLM2's 4,719 nodes: 0.85 s each; 10 % of a small model's
+  export). Inside the scope a graph that passed is not interpreted again while it is the same graph: the same
+  nodes in the same order with the same targets, arguments and placeholder dtypes, shapes and strides, and the
+  same attribute tensors' dtypes and shapes (its fingerprint, a few ms). A graph that fails is checked (and
+  fails) each time; any other graph is checked as executorch does.
+
+- **Re-traces that rewrite nothing** (:func:`no_idle_retraces`). On the way to the edge dialect executorch runs
+  nine ``ExportPass`` passes, each re-tracing the whole graph on fake tensors (30 % of a small model's export,
+  about 1.4 s each on SmolLM2) to rewrite a few operators. Three of them rewrite only what a static graph of
+  our lowerings seldom holds: ``NormalizeTransposePass`` (``aten.t``), ``ReplaceBrokenOpsWithFunctionalOpsPass``
+  (view operators, made view-copies earlier) and ``SymToTensorPass`` (symbolic values given to tensor
+  arguments). Inside the scope each of them returns the graph unchanged when it holds none of what the pass
+  rewrites (and no nested graph); otherwise it runs as executorch wrote it. The next pass re-traces the graph
+  all the same.
 
 When torch's code is not the one this was written for (``NodeSource``'s attributes, the census's callers),
 nothing is replaced.
@@ -163,9 +183,193 @@ def functional_once() -> Iterator[bool]:
         made.clear()
 
 
+_VERIFIER = "executorch.exir.verification.verifier"
+_DTYPE_CHECK = "_check_tensor_args_matching_op_allowed_dtype"
+
+
+def _describe(value: Any, seen: dict) -> Any:
+    """What the dtype check reads of a placeholder's value or a fetched attribute."""
+    import torch  # noqa: PLC0415
+
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), str(value.device), tuple(map(str, value.shape)), tuple(map(str, value.stride())))
+    if isinstance(value, torch.fx.GraphModule):
+        return ("graph", graph_fingerprint(value, seen))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return ("value", repr(value))
+    return ("object", type(value).__qualname__, id(value))  # anything else: this very object
+
+
+def graph_fingerprint(gm: Any, seen: dict | None = None) -> bytes:
+    """A digest of everything :data:`_DTYPE_CHECK` depends on in ``gm``: each node's kind, target and arguments
+    (other nodes by position), placeholders' example values and fetched attributes (dtype, device, shape,
+    strides), nested graphs recursively."""
+    import hashlib  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    seen = {} if seen is None else seen
+    if id(gm) in seen:
+        return seen[id(gm)]
+    index: dict = {}
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return ("node", index[a])
+        if isinstance(a, (list, tuple)):
+            return (type(a).__name__, tuple(arg(x) for x in a))
+        if isinstance(a, dict):
+            return ("dict", tuple((k, arg(v)) for k, v in a.items()))
+        if isinstance(a, torch.Tensor):
+            return _describe(a, seen)
+        return (type(a).__qualname__, repr(a))
+
+    rows = []
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        target = node.target
+        row: tuple = (node.op, type(target).__module__, type(target).__qualname__, str(target), arg(node.args), arg(node.kwargs))
+        if node.op == "placeholder":
+            row += (_describe(node.meta.get("val"), seen),)
+        elif node.op in ("get_attr", "call_module"):
+            value: Any = gm
+            try:
+                for part in str(target).split("."):
+                    value = getattr(value, part)
+            except AttributeError:
+                value = None
+            row += (_describe(value, seen),)
+        rows.append(row)
+    digest = hashlib.blake2b(repr(rows).encode(), digest_size=32).digest()
+    seen[id(gm)] = digest
+    return digest
+
+
+@contextlib.contextmanager
+def verified_once() -> Iterator[bool]:
+    """While open, executorch's dtype check of an edge graph skips a graph that passed it inside this scope and
+    is still the same graph (module docstring); yields whether it was replaced. Nested uses replace it once."""
+    try:
+        module = importlib.import_module(_VERIFIER)
+    except ImportError:  # an executorch without it: nothing to replace
+        yield False
+        return
+    own = getattr(module, _DTYPE_CHECK, None)
+    if not callable(own) or getattr(own, _MARK, False):
+        yield False
+        return
+    passed: set[bytes] = set()  # fingerprints of the graphs that passed, for this scope only
+
+    def check(gm) -> None:
+        key = graph_fingerprint(gm)
+        if key in passed:
+            return
+        own(gm)  # raises on a violation: nothing remembered
+        passed.add(key)
+
+    check.__wrapped__ = own  # type: ignore[attr-defined]
+    setattr(check, _MARK, True)
+    setattr(module, _DTYPE_CHECK, check)
+    try:
+        yield True
+    finally:
+        setattr(module, _DTYPE_CHECK, own)
+        passed.clear()
+
+
+def _plain(gm: Any) -> list | None:
+    """The call_function nodes of ``gm``, or None when it holds a nested graph (then every pass runs)."""
+    import torch  # noqa: PLC0415
+
+    if any(isinstance(m, torch.fx.GraphModule) for m in gm.children()):
+        return None
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _no_transpose(gm: Any) -> bool:
+    import torch  # noqa: PLC0415
+
+    nodes = _plain(gm)
+    return nodes is not None and all(n.target is not torch.ops.aten.t.default for n in nodes)
+
+
+def _no_view(gm: Any) -> bool:
+    import torch  # noqa: PLC0415
+
+    nodes = _plain(gm)
+    return nodes is not None and not any(isinstance(n.target, torch._ops.OpOverload) and n.target.is_view for n in nodes)
+
+
+def _no_symbol(gm: Any) -> bool:
+    import torch  # noqa: PLC0415
+
+    if _plain(gm) is None:
+        return False
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            continue
+        if "val" not in n.meta:  # a value the pass would see but this cannot: let it look
+            return False
+        for v in torch.utils._pytree.tree_leaves(n.meta["val"]):
+            if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return False
+            if isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride())):
+                return False
+    return True
+
+
+#: (module, class) of an executorch pass -> when its re-trace rewrites nothing (:func:`no_idle_retraces`)
+_IDLE_WHEN = {
+    ("executorch.exir.passes.normalize_transpose_pass", "NormalizeTransposePass"): _no_transpose,
+    ("executorch.exir.passes.replace_broken_ops_with_function_ops_pass", "ReplaceBrokenOpsWithFunctionalOpsPass"): _no_view,
+    ("executorch.exir.passes.sym_to_tensor_pass", "SymToTensorPass"): _no_symbol,
+}
+
+
+def _skipping(own, idle):
+    def call(self, graph_module):
+        if idle(graph_module):
+            from torch.fx.passes.infra.pass_base import PassResult  # noqa: PLC0415
+
+            return PassResult(graph_module, False)
+        return own(self, graph_module)
+
+    call.__wrapped__ = own  # type: ignore[attr-defined]
+    setattr(call, _MARK, True)
+    return call
+
+
+@contextlib.contextmanager
+def no_idle_retraces() -> Iterator[bool]:
+    """While open, the executorch passes of :data:`_IDLE_WHEN` return a graph that holds nothing they rewrite as
+    it is (module docstring); yields whether any was replaced. Nested uses replace them once."""
+    replaced = []
+    for (name, cls_name), idle in _IDLE_WHEN.items():
+        try:
+            cls = getattr(importlib.import_module(name), cls_name)
+        except (ImportError, AttributeError):  # an executorch without it: nothing to replace
+            continue
+        own = cls.__dict__.get("call")
+        if own is None:  # ExportPass's own call: only its subclass's operators differ
+            own = cls.call
+        if getattr(own, _MARK, False):
+            continue
+        had = "call" in cls.__dict__
+        cls.call = _skipping(own, idle)
+        replaced.append((cls, own, had))
+    try:
+        yield bool(replaced)
+    finally:
+        for cls, own, had in replaced:
+            if had:
+                cls.call = own
+            else:
+                del cls.call
+
+
 @contextlib.contextmanager
 def export_scope() -> Iterator[None]:
-    """All three (module docstring), for one lowering: ``export_model``, ``export_llm`` and the Whisper
+    """All five (module docstring), for one lowering: ``export_model``, ``export_llm`` and the Whisper
     preprocessor lower inside it."""
-    with shared_provenance(), remembered_cia_ops(), functional_once():
+    with shared_provenance(), remembered_cia_ops(), functional_once(), verified_once(), no_idle_retraces():
         yield

@@ -53,8 +53,9 @@ def tokenizer():
 #: test files whose tests share a module-level cache (functools.cache) rather than a fixture -> the test
 #: parameters its key is made of (tests/test_zoo.py: one export per case and precision)
 _SHARED_CACHES = {"test_zoo.py": ("case", "precision")}
-#: xdist groups run first, by name or name prefix (``smollm2-fp16``): the real-model tests (tests/llm/test_gguf.py,
-#: one group per export of SmolLM2, so that the four exports, the most CPU of the suite, share both workers)
+#: xdist groups run first, by name or name prefix (``smollm2-whole-layers``): the real-model tests
+#: (tests/llm/test_gguf.py, one group per file SmolLM2 is exported from, so that the four exports, the most CPU of
+#: the suite, share both workers)
 EARLY_GROUPS = ("smollm2",)
 
 

@@ -1,7 +1,8 @@
 """mps_backend.export_scope: while a lowering runs, torch's provenance records shared instead of deep-copied, its
-census of composite-implicit operators kept while the dispatcher's registrations are unchanged, and executorch's
-second functionalization of a program a decomposition just made skipped; the same records, the same census, the
-same .pte bytes, and torch's own code back afterwards (also on error)."""
+census of composite-implicit operators kept while the dispatcher's registrations are unchanged, executorch's
+second functionalization of a program a decomposition just made skipped, its dtype check of an edge graph done
+once per graph, and its re-traces that would rewrite nothing skipped; the same records, the same census, the same
+.pte bytes, and torch's and executorch's own code back afterwards (also on error)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ import pytest
 import torch
 from torch.fx.traceback import NodeSource
 
-from mps_backend.export_scope import _MARK, export_scope, functional_once, remembered_cia_ops, shared_provenance
+from mps_backend.export_scope import (
+    _MARK,
+    export_scope,
+    functional_once,
+    graph_fingerprint,
+    no_idle_retraces,
+    remembered_cia_ops,
+    shared_provenance,
+    verified_once,
+)
 
 
 class Small(torch.nn.Module):
@@ -100,6 +110,8 @@ def test_exports_lower_inside_the_scope(monkeypatch, tmp_path):
     decomposition)."""
     import executorch.exir
     import torch.export.exported_program as torch_ep
+    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
+    from executorch.exir.verification import verifier
 
     import mps_backend.llm.export as llm_export
     from mps_backend.export import export_model
@@ -112,6 +124,8 @@ def test_exports_lower_inside_the_scope(monkeypatch, tmp_path):
             getattr(NodeSource.__dict__["__init__"], _MARK, False)
             and getattr(torch_ep._collect_all_valid_cia_ops, _MARK, False)
             and getattr(torch_ep.ExportedProgram.run_decompositions, _MARK, False)
+            and getattr(verifier._check_tensor_args_matching_op_allowed_dtype, _MARK, False)
+            and getattr(NormalizeTransposePass.call, _MARK, False)
         )
         return own(*args, **kwargs)
 
@@ -126,6 +140,8 @@ def test_exports_lower_inside_the_scope(monkeypatch, tmp_path):
     assert not getattr(NodeSource.__dict__["__init__"], _MARK, False)
     assert not getattr(torch_ep._collect_all_valid_cia_ops, _MARK, False)
     assert not getattr(torch_ep.ExportedProgram.run_decompositions, _MARK, False)
+    assert not getattr(verifier._check_tensor_args_matching_op_allowed_dtype, _MARK, False)
+    assert not getattr(NormalizeTransposePass.call, _MARK, False)
 
 
 def test_census_kept_until_the_dispatcher_changes():
@@ -192,3 +208,111 @@ def test_a_decomposed_program_is_not_functionalized_again():
     with pytest.raises(RuntimeError), functional_once():
         raise RuntimeError("a failed lowering")
     assert ExportedProgram.__dict__["run_decompositions"] is own
+
+
+def _edge_graph():
+    from executorch.exir import to_edge
+
+    torch.manual_seed(0)
+    return to_edge(torch.export.export(Small().eval(), (torch.randn(3, 8),), strict=False)).exported_program().graph_module
+
+
+def test_a_graph_that_passed_the_dtype_check_is_not_checked_again():
+    """Inside the scope executorch's dtype check runs once per graph that passes it: the same graph (or a copy of
+    it) again is not interpreted again; a changed argument, placeholder dtype or attribute tensor is a new graph,
+    checked; a graph that fails fails every time; executorch's check is back after, also on error."""
+    import copy
+
+    from executorch.exir.verification import verifier
+
+    gm = _edge_graph()
+    checked = []
+    real = verifier._check_tensor_args_matching_op_allowed_dtype
+
+    def counted(graph):
+        checked.append(graph)
+        if getattr(graph, "bad", False):
+            raise RuntimeError("mismatched dtypes")
+        return real(graph)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verifier, "_check_tensor_args_matching_op_allowed_dtype", counted)
+        with verified_once() as on:
+            assert on
+            with verified_once() as nested:  # replaced once
+                assert not nested
+            check = verifier._check_tensor_args_matching_op_allowed_dtype
+            check(gm)
+            check(gm)
+            check(copy.deepcopy(gm))
+            assert len(checked) == 1
+            changed = copy.deepcopy(gm)
+            node = next(n for n in changed.graph.nodes if n.op == "call_function" and "softmax" in str(n.target))
+            node.args = (node.args[0], 0, *node.args[2:])  # another dim
+            check(changed)
+            assert len(checked) == 2
+            retyped = copy.deepcopy(gm)
+            x = next(n for n in retyped.graph.nodes if n.op == "placeholder" and n.users and "val" in n.meta)
+            x.meta["val"] = x.meta["val"].to(torch.float16)
+            assert graph_fingerprint(retyped) != graph_fingerprint(gm)
+            bad = copy.deepcopy(gm)
+            bad.graph.placeholder("extra")  # another graph, that fails
+            bad.bad = True
+            for _ in range(2):
+                with pytest.raises(RuntimeError, match="mismatched"):
+                    check(bad)
+            assert len(checked) == 4
+        assert verifier._check_tensor_args_matching_op_allowed_dtype is counted
+    assert verifier._check_tensor_args_matching_op_allowed_dtype is real
+    with pytest.raises(RuntimeError), verified_once():
+        raise RuntimeError("a failed lowering")
+    assert verifier._check_tensor_args_matching_op_allowed_dtype is real
+
+
+def test_a_retrace_that_would_rewrite_nothing_is_skipped():
+    """Inside the scope NormalizeTransposePass, ReplaceBrokenOpsWithFunctionalOpsPass and SymToTensorPass return a
+    graph holding nothing they rewrite as it is; a graph with an aten.t, a view operator or a symbolic size is
+    re-traced and rewritten as executorch does; their own methods are back after, also on error."""
+    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
+    from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import ReplaceBrokenOpsWithFunctionalOpsPass
+    from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
+
+    classes = (NormalizeTransposePass, ReplaceBrokenOpsWithFunctionalOpsPass, SymToTensorPass)
+    owns = [vars(cls).get("call") for cls in classes]
+
+    class Transposed(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.aten.t.default(x) * 2
+
+    class Viewed(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.aten.view.default(x, [-1]) + 1
+
+    class Sized(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.ops.aten.sym_size.int(x, 0)
+
+    plain = torch.export.export(Small().eval(), (torch.randn(3, 8),), strict=False).run_decompositions().graph_module
+    transposed = torch.export.export(Transposed(), (torch.randn(3, 4),), strict=False).graph_module
+    viewed = torch.export.export(Viewed(), (torch.randn(3, 4),), strict=False).graph_module
+    batch = torch.export.Dim("batch", min=2, max=8)
+    sized = torch.export.export(Sized(), (torch.randn(3, 4),), dynamic_shapes=({0: batch},), strict=False).graph_module
+    arithmetic = torch.export.export(Sized(), (torch.randn(3, 4),), strict=False).graph_module  # no view, no symbol
+    with no_idle_retraces() as on:
+        assert on
+        with no_idle_retraces() as nested:  # replaced once
+            assert not nested
+        normalized = NormalizeTransposePass()(plain)
+        assert normalized.graph_module is plain and not normalized.modified
+        assert ReplaceBrokenOpsWithFunctionalOpsPass()(arithmetic).graph_module is arithmetic
+        rewritten = NormalizeTransposePass()(transposed).graph_module
+        assert rewritten is not transposed
+        assert torch.ops.aten.t_copy.default in {n.target for n in rewritten.graph.nodes}
+        copied = ReplaceBrokenOpsWithFunctionalOpsPass()(viewed).graph_module
+        assert torch.ops.aten.view_copy.default in {n.target for n in copied.graph.nodes}
+        assert SymToTensorPass()(sized).graph_module is not sized  # a symbolic size: re-traced
+        assert SymToTensorPass()(arithmetic).graph_module is arithmetic
+    assert [vars(cls).get("call") for cls in classes] == owns
+    with pytest.raises(RuntimeError), no_idle_retraces():
+        raise RuntimeError("a failed lowering")
+    assert [vars(cls).get("call") for cls in classes] == owns

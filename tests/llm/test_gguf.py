@@ -48,12 +48,13 @@ EXPORTS = {
     "int8": ("fp16", "int8", None, 14),
     "int4": ("fp16", "int4", 32, None),
 }
-#: one xdist group per export, scheduled first (tests/conftest.py, EARLY_GROUPS): both tests of a precision share
-#: its export on the worker that runs the group, the four groups spread over both workers (as one group, the
-#: file held one worker for ~1,400 CPU s: longer than the rest of the suite on the other); the session
-#: fixtures (eager references, yardsticks) are made once on each worker that needs them
+#: one xdist group per file exported (the whole model: fp16 and int4; its first 14 layers: fp32 and int8), scheduled
+#: first (tests/conftest.py, EARLY_GROUPS): both tests of a precision share its export, and the exports of one
+#: file its yardsticks (eager float32, bfloat16 and float16 of the file: ~30 CPU s a file), on the worker that
+#: runs the group; the two groups spread over both workers (as one group, the file held one worker for
+#: ~1,400 CPU s: longer than the rest of the suite on the other)
 #: (the tests of no export are grouped by the session fixtures they use, as in any file)
-PARAMS = [pytest.param(name, marks=pytest.mark.xdist_group(f"smollm2-{name}")) for name in EXPORTS]
+PARAMS = [pytest.param(name, marks=pytest.mark.xdist_group(f"smollm2-{EXPORTS[name][3] or 'whole'}-layers")) for name in EXPORTS]
 
 
 @pytest.fixture(scope="session")
