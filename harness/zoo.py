@@ -345,6 +345,7 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     from mps_backend import MPSPartitioner  # noqa: PLC0415
     from mps_backend.cost import cost_of_program  # noqa: PLC0415
     from mps_backend.export import compare, export_program  # noqa: PLC0415
+    from mps_backend.export_scope import export_scope  # noqa: PLC0415
     from mps_backend.serialization.generated.mpsgraph.MPSGraph import MPSGraph  # noqa: PLC0415
     from mps_backend.serialization.model import Header  # noqa: PLC0415
     from mps_backend.tools import models  # noqa: PLC0415
@@ -361,7 +362,8 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
 
     partitioner = MPSPartitioner(use_fp16=use_fp16)
     ep = stage("torch.export", functools.partial(export_program, model, inputs))
-    edge = stage("lower to MPS", functools.partial(to_edge_transform_and_lower, ep, partitioner=[partitioner]))
+    with export_scope():  # as export_model lowers
+        edge = stage("lower to MPS", functools.partial(to_edge_transform_and_lower, ep, partitioner=[partitioner]))
     top = edge.exported_program()
     res.weight_bytes = weight_bytes(
         ep, use_fp16, on_cpu=[*top.state_dict, *top.constants], mutated=list(top.graph_signature.buffers_to_mutate.values())
@@ -369,7 +371,8 @@ def check(spec: str, use_fp16: bool, model_and_inputs=None, *, run: bool = True)
     del ep, top
     lowered = [m for _, m, _ in get_lowered_submodules(edge.exported_program().graph_module) if m.backend_id == "MPSBackend"]
     res.casts = boundary_casts(lowered, use_fp16)
-    pte = stage("to_executorch", edge.to_executorch).buffer
+    with export_scope():
+        pte = stage("to_executorch", edge.to_executorch).buffer
     cost = cost_of_program(pte)
     res.naive_ratio, res.fused_ratio = cost.naive_ratio, cost.fused_ratio
     res.peak_rss_kib = _vm_kib("VmHWM")

@@ -35,14 +35,17 @@ for byte.
   same attribute tensors' dtypes and shapes (its fingerprint, a few ms). A graph that fails is checked (and
   fails) each time; any other graph is checked as executorch does.
 
-- **Re-traces that rewrite nothing** (:func:`no_idle_retraces`). On the way to the edge dialect executorch runs
-  nine ``ExportPass`` passes, each re-tracing the whole graph on fake tensors (30 % of a small model's export,
-  about 1.4 s each on SmolLM2) to rewrite a few operators. Three of them rewrite only what a static graph of
-  our lowerings seldom holds: ``NormalizeTransposePass`` (``aten.t``), ``ReplaceBrokenOpsWithFunctionalOpsPass``
-  (view operators, made view-copies earlier) and ``SymToTensorPass`` (symbolic values given to tensor
-  arguments). Inside the scope each of them returns the graph unchanged when it holds none of what the pass
-  rewrites (and no nested graph); otherwise it runs as executorch wrote it. The next pass re-traces the graph
-  all the same.
+- **Re-traces that rewrite nothing** (:func:`no_idle_retraces`). On the way to the edge dialect and to the
+  executorch program, executorch runs ten ``ExportPass`` passes, each re-tracing the whole graph on fake tensors
+  (30 % of a small model's export, about 1.4 s each on SmolLM2) to rewrite a few operators. Six of them rewrite
+  only what a graph of our lowerings often does not hold: ``NormalizeTransposePass`` (``aten.t``),
+  ``ReplaceBrokenOpsWithFunctionalOpsPass`` (view operators, made view-copies before it), ``SymToTensorPass``
+  (symbolic values), ``RemoveMixedTypeOperators`` (an add, mul, sub, div or minimum of mixed dtypes, or an
+  integer division), ``MemoryFormatOpsPass`` (operators taking a memory format) and
+  ``LegalizePortableDimOrderPass`` (a few portable operators on a non-contiguous input). Inside the scope each of
+  them returns the graph unchanged when it holds none of what the pass rewrites (and no nested graph); otherwise
+  it runs as executorch wrote it. The passes that always rewrite (``ScalarToTensorPass``, ``OpReplacePass``) and
+  the one that refreshes every node's metadata (``SpecPropPass``) run as always.
 
 When torch's code is not the one this was written for (``NodeSource``'s attributes, the census's callers),
 nothing is replaced.
@@ -318,11 +321,69 @@ def _no_symbol(gm: Any) -> bool:
     return True
 
 
+def _no_dim_order_op(gm: Any) -> bool:
+    """MemoryFormatOpsPass rewrites the edge operators that take a memory format (``DimOrderOpsMap``)."""
+    from executorch.exir.passes.dim_order_ops_registry import DimOrderOpsMap  # noqa: PLC0415
+
+    nodes = _plain(gm)
+    return nodes is not None and not any(n.target in DimOrderOpsMap for n in nodes)
+
+
+def _no_portable_layout_op(gm: Any) -> bool:
+    """LegalizePortableDimOrderPass rewrites the inputs of the operators of its ``_target_ops``."""
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass  # noqa: PLC0415
+
+    targets = getattr(LegalizePortableDimOrderPass, "_target_ops", None)
+    nodes = _plain(gm)
+    return isinstance(targets, (set, frozenset)) and nodes is not None and not any(n.target in targets for n in nodes)
+
+
+#: the operators RemoveMixedTypeOperators looks at (its allow list: add.Tensor, mul.Tensor, sub.Tensor, div.Tensor,
+#: div.Tensor_mode, minimum.default), by name; and the names its ``call_operator`` uses in executorch 1.5.1 (any other
+#: code: it always runs)
+_PROMOTING = frozenset({"add", "mul", "sub", "div", "minimum"})
+_MIXED_NAMES = (
+    "len", "super", "call_operator", "torch", "ops", "aten", "add", "Tensor", "ELEMENTWISE_TYPE_PROMOTION_KIND",
+    "DEFAULT", "mul", "sub", "div", "INT_TO_FLOAT", "Tensor_mode", "minimum", "default", "get", "isinstance",
+    "ProxyValue", "is_tensor", "append", "to_tensor", "data", "SymFloat", "SymInt", "SymBool", "tensor", "tuple",
+    "elementwise_dtypes", "PyTree", "Argument", "map_args",
+)  # fmt: skip
+
+
+def _no_mixed_types(gm: Any) -> bool:
+    """RemoveMixedTypeOperators casts the tensor arguments of an operator of its allow list (called with two or more
+    positional arguments) to their promoted dtype: nothing to cast when no such call mixes tensor dtypes, takes a
+    symbolic value or a python number, or divides tensors that are not floating."""
+    import torch  # noqa: PLC0415
+    from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators  # noqa: PLC0415
+
+    nodes = _plain(gm)
+    if nodes is None or RemoveMixedTypeOperators.call_operator.__code__.co_names != _MIXED_NAMES:
+        return False
+    for n in nodes:
+        name = getattr(getattr(n.target, "_schema", None), "name", "").split("::")[-1]
+        if len(n.args) <= 1 or name not in _PROMOTING:
+            continue
+        dtypes = set()
+        for a in n.args:
+            v = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+            if isinstance(v, torch.Tensor):
+                dtypes.add(v.dtype)
+            elif v is None or isinstance(v, (bool, int, float, complex, torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return False
+        if len(dtypes) > 1 or (name == "div" and not all(d.is_floating_point for d in dtypes)):
+            return False
+    return True
+
+
 #: (module, class) of an executorch pass -> when its re-trace rewrites nothing (:func:`no_idle_retraces`)
 _IDLE_WHEN = {
     ("executorch.exir.passes.normalize_transpose_pass", "NormalizeTransposePass"): _no_transpose,
     ("executorch.exir.passes.replace_broken_ops_with_function_ops_pass", "ReplaceBrokenOpsWithFunctionalOpsPass"): _no_view,
     ("executorch.exir.passes.sym_to_tensor_pass", "SymToTensorPass"): _no_symbol,
+    ("executorch.exir.passes.remove_mixed_type_operators", "RemoveMixedTypeOperators"): _no_mixed_types,
+    ("executorch.exir.passes.memory_format_ops_pass", "MemoryFormatOpsPass"): _no_dim_order_op,
+    ("executorch.exir.passes.legalize_portable_dim_order_pass", "LegalizePortableDimOrderPass"): _no_portable_layout_op,
 }
 
 

@@ -316,3 +316,73 @@ def test_a_retrace_that_would_rewrite_nothing_is_skipped():
     with pytest.raises(RuntimeError), no_idle_retraces():
         raise RuntimeError("a failed lowering")
     assert [vars(cls).get("call") for cls in classes] == owns
+
+
+def test_mixed_types_layouts_and_memory_formats_skipped_only_when_nothing_to_rewrite():
+    """RemoveMixedTypeOperators, MemoryFormatOpsPass and LegalizePortableDimOrderPass inside the scope: a graph
+    with nothing for them is returned as it is; a float16 tensor added to a float32 one, a python number given to
+    a multiplication, an integer division, a clone (memory format) and a mean over a channels-last input are
+    rewritten as executorch does (compared with the pass outside the scope)."""
+    from executorch.exir import EdgeCompileConfig, to_edge
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
+    from executorch.exir.passes.memory_format_ops_pass import MemoryFormatOpsPass
+    from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
+    from executorch.exir.passes.scalar_to_tensor_pass import ScalarToTensorPass
+
+    class Same(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.where(x > 0, x, y) + y
+
+    class Mixed(torch.nn.Module):
+        def forward(self, x, y):
+            return x + y.half()
+
+    class Number(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.ops.aten.mul.Tensor(x, 2) + y
+
+    class Integer(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.ops.aten.div.Tensor(x.long(), y.long())
+
+    class Clone(torch.nn.Module):
+        def forward(self, x, y):
+            return x.clone() + y
+
+    def aten(cls):
+        return torch.export.export(cls(), (torch.randn(3, 4), torch.randn(3, 4)), strict=False).graph_module
+
+    def edge(cls, **config):  # _skip_dim_order: memory formats left for MemoryFormatOpsPass
+        ep = torch.export.export(cls(), (torch.randn(3, 4), torch.randn(3, 4)), strict=False)
+        return to_edge(ep, compile_config=EdgeCompileConfig(**config)).exported_program().graph_module
+
+    def targets(gm):
+        return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+    def mean_channels_last():
+        gm = (
+            to_edge(torch.export.export(torch.nn.AdaptiveAvgPool2d(1), (torch.randn(1, 3, 4, 4),)))
+            .exported_program()
+            .graph_module
+        )
+        x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+        x.meta["val"] = x.meta["val"].to(memory_format=torch.channels_last)
+        return gm
+
+    rewritten = {
+        # the number made a tensor first, as executorch's passes do before this one
+        RemoveMixedTypeOperators: [aten(Mixed), ScalarToTensorPass()(aten(Number)).graph_module, aten(Integer)],
+        MemoryFormatOpsPass: [edge(Clone, _skip_dim_order=True)],
+        LegalizePortableDimOrderPass: [mean_channels_last()],
+    }
+    idle = {RemoveMixedTypeOperators: aten(Same), MemoryFormatOpsPass: edge(Same), LegalizePortableDimOrderPass: edge(Same)}
+    want = {cls: [targets(cls()(gm).graph_module) for gm in gms] for cls, gms in rewritten.items()}
+    assert all(w != targets(gm) for cls, gms in rewritten.items() for w, gm in zip(want[cls], gms))  # each rewrites
+    with no_idle_retraces():
+        for cls, gm in idle.items():
+            result = cls()(gm)
+            assert result.graph_module is gm and not result.modified, cls.__name__
+        for cls, gms in rewritten.items():
+            got = [cls()(gm).graph_module for gm in gms]
+            assert all(g is not gm for g, gm in zip(got, gms)), cls.__name__
+            assert [targets(g) for g in got] == want[cls], cls.__name__
