@@ -41,7 +41,7 @@ from mps_backend.llm.checkpoint import load_hf, load_llama
 from mps_backend.llm.folder_check import json_object, weight_files
 from mps_backend.llm.formats import read_json_object, read_safetensors_header
 from mps_backend.llm.generate import Tokenizer, read_metadata
-from mps_backend.llm.gguf import load_gguf, truncated_gguf
+from mps_backend.llm.gguf import load_gguf, one_metadata_read, truncated_gguf
 from mps_backend.llm.gguf import parameter_count as gguf_parameters
 from mps_backend.llm.greedy import GenerationStats, greedy, prefill
 from mps_backend.llm.options import ExportOptions
@@ -482,14 +482,18 @@ def verify_export(result, model: str, options: ExportOptions, *, export, pte: pa
     """Verify the export ``result`` (an ``LLMExportResult``) of ``model`` with ``options``, written to ``pte``
     (default ``result.path``); when the eager model is too large (:func:`needs_truncation`), on a truncated
     copy exported by ``export(spec, out, params)``."""
-    steps, params = options.verify_steps, options.params
 
     def release() -> None:  # an export's program and graphs, freed before what comes next is loaded
         gc.collect()
         PageReleaser().trim()
 
     release()
-    pte = result.path if pte is None else pte
+    with one_metadata_read():  # a GGUF's metadata, read by the prompt's tokenizer and the eager reference's config
+        return _verify_export(result, model, options, export=export, pte=result.path if pte is None else pte, release=release)
+
+
+def _verify_export(result, model: str, options: ExportOptions, *, export, pte: pathlib.Path, release) -> LLMVerification:
+    steps, params = options.verify_steps, options.params
     kind, path = parse_model_spec(model)
     common = dict(
         dtype=precision_name(options.precision),

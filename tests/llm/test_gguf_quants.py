@@ -175,3 +175,42 @@ def test_k_quant_offsets_from_minimums_read_every_way(tmp_path):
     swapped[:, :8], swapped[:, 8:16] = w.minimums[:, 8:16], w.minimums[:, :8]
     other = GroupQuantizedTensor(w.qdata, w.scale, w.bits, w.packed, w.dtype, None, swapped, w.minimum_scale, w.shift)
     assert not torch.equal(other.dequantize()[:, :512], w.dequantize()[:, :512])
+
+
+def test_metadata_read_once_per_file_inside_the_scope(tmp_path):
+    """``one_metadata_read``: transformers' metadata read of a GGUF (what its config and tokenizer start from)
+    is done once per file while the scope is open (the self-check asks twice), each caller getting its own copy
+    equal to transformers' answer; a rewritten file is read again; any other read is transformers' own; its
+    function is back after, also on error."""
+    import transformers
+    from transformers import modeling_gguf_pytorch_utils as utils
+
+    from mps_backend.llm.gguf import one_metadata_read
+
+    path = write_tiny_gguf(tmp_path / "t.gguf", "Q8_0")
+    real = utils.load_gguf_checkpoint
+    want = transformers.AutoConfig.from_pretrained(tmp_path, gguf_file=path.name).to_dict()
+    calls = []
+
+    def counted(p, return_tensors=False, model_to_load=None, **kwargs):
+        calls.append(return_tensors)
+        return real(p, return_tensors=return_tensors, model_to_load=model_to_load, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(utils, "load_gguf_checkpoint", counted)
+        with one_metadata_read():
+            configs = [transformers.AutoConfig.from_pretrained(tmp_path, gguf_file=path.name).to_dict() for _ in range(2)]
+            assert configs == [want, want] and calls == [False]
+            utils.load_gguf_checkpoint(str(path))["config"]["vocab_size"] = -1  # a caller's change stays its own
+            assert utils.load_gguf_checkpoint(str(path))["config"]["vocab_size"] == want["vocab_size"]
+            assert calls == [False]
+            write_tiny_gguf(path, "Q8_0", seed=1)  # rewritten: read again
+            utils.load_gguf_checkpoint(str(path))
+            assert calls == [False, False]
+            utils.load_gguf_checkpoint(str(path), torch_dtype=torch.float32)  # another read: transformers' own, each time
+            assert calls == [False, False, False]
+        assert utils.load_gguf_checkpoint is counted
+        with pytest.raises(RuntimeError), one_metadata_read():
+            raise RuntimeError("a failed self-check")
+        assert utils.load_gguf_checkpoint is counted
+    assert utils.load_gguf_checkpoint is real
