@@ -39,7 +39,10 @@ $(COMPAT_STAMP): $(STAMP) Makefile
 	done
 	@touch $(COMPAT_STAMP)
 
+# the project's modules byte-compiled first: where PYTHONDONTWRITEBYTECODE is set (CI machines), every process the
+# suite starts (CLI runs, fork servers, runtimes, fuzz workers) would compile them again from source (~0.3 CPU s each)
 test: $(STAMP) $(COMPAT_STAMP)  ## the whole test suite (with the executorch 1.3.1 and 1.4.0 runtimes for the compatibility matrix)
+	$(BIN)/python -m compileall -q -j $(TEST_WORKERS) mps_backend harness > /dev/null
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)
 
 bench: $(STAMP)  ## every benchmark in benchmarks/ (ratios to yardsticks measured in the same run); exit 1 on a missed target

@@ -97,8 +97,10 @@ def pytest_collection_modifyitems(config, items):
     - every other test: no group (spread one by one over the workers).
 
     Order (pytest-xdist hands the work out in this order, its own reorder off: ``pytest_configure``): the
-    groups of ``EARLY_GROUPS`` first, then the groups by test count, most first, then the tests of no
-    group, each in collection order: the longest units start first and the short ones fill the end.
+    groups of ``EARLY_GROUPS`` first, then the tests marked ``long`` (the longest of no group: one of them last
+    would end the run on one worker while the other waits, 41 s at 740276a), then the groups by test count, most
+    first, then the other tests of no group, each in collection order: the longest units start first and the
+    short ones fill the end.
 
     A test marked ``@pytest.mark.targets("aten.gather.default", ...)`` is selected by ``-k`` on any
     part of those names, like the op-table rows named after their target.
@@ -127,9 +129,9 @@ def pytest_collection_modifyitems(config, items):
         starts.setdefault(name, key)
 
     def order(entry) -> tuple:
-        name, key, pos, _ = entry
+        name, key, pos, item = entry
         if name is None:
-            return (2, 0, key, pos)
-        return (0 if name.split("-")[0] in EARLY_GROUPS else 1, -sizes[name], starts[name], key, pos)
+            return (1 if item.get_closest_marker("long") else 3, 0, 0, key, pos)
+        return (0 if name.split("-")[0] in EARLY_GROUPS else 2, -sizes[name], starts[name], key, pos)
 
     items[:] = [entry[-1] for entry in sorted(keyed, key=order)]

@@ -76,6 +76,7 @@ def test_found_cases_are_typed_one_line_errors(base, tmp_path, monkeypatch):
         assert message in str(e.value) and "\n" not in str(e.value), (file, values, str(e.value))
 
 
+@pytest.mark.long
 def test_seeded_campaign(tmp_path):
     report = campaign(200, seed=3, crash_dir=tmp_path)
     assert report["failures"] == [], report["failures"]
@@ -102,6 +103,7 @@ INPUT_KINDS = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("kind", list(INPUT_KINDS))
 def test_seeded_input_campaign(tmp_path, kind):
     """A seeded campaign of each input kind of #47 (GGUF files, chat templates, processor configs, images, WAV files):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from harness.fuzz_pte import _Worker, bases, campaign
 
 REGRESSIONS = Path(__file__).parent / "fixtures" / "fuzz-regressions"
@@ -31,6 +33,7 @@ def test_regression_files_end_in_typed_errors():
     assert results["seed1-case9677-cnn_fp16.pte"] == "ProgramFormatError"
 
 
+@pytest.mark.long
 def test_seeded_campaign(tmp_path):
     base = bases()
     report = campaign(400, seed=3, crash_dir=tmp_path, jobs=2, base=base)

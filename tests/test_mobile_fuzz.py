@@ -185,6 +185,7 @@ def _use(module: MobileModule, registry: set[str]) -> None:
     legacy.describe(module, "mutant", registry)
 
 
+@pytest.mark.long
 def test_fuzz_mobile_reader(tmp_path):
     base = bases(tmp_path)
     registry = {"aten::relu", "aten::linear", "aten::mean.dim"}

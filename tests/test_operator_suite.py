@@ -207,6 +207,7 @@ def pytest_runtest_call(item):
 """
 
 
+@pytest.mark.long
 def test_runner_survives_a_native_crash(tmp_path, monkeypatch):
     (tmp_path / "mps_suite_crasher.py").write_text(_CRASHER)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))

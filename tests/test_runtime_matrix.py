@@ -335,6 +335,7 @@ def _write_report(path: Path, results: dict[str, dict[str, dict]], folder: Path)
     not _runtimes(),
     reason="no older executorch runtime: `make compat` (or `make test`) installs executorch 1.3.1 and 1.4.0 under .runtime-et/",
 )
+@pytest.mark.long
 def test_programs_run_in_the_runtimes_apps_ship(tmp_path):
     cases = _cases(tmp_path)
     _check_cache_writes((tmp_path / "llm_kv_cache.pte").read_bytes())

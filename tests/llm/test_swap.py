@@ -18,6 +18,7 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from mps_backend.llm import export as llm_export
@@ -103,6 +104,7 @@ def _exported(cases: list, where: pathlib.Path) -> dict[str, str]:
     return json.loads(line[len("HASHES ") :])
 
 
+@pytest.mark.long
 def test_three_families_in_one_process_in_either_order_equal_fresh_processes(tmp_path, tokenizer):
     from tests.vlm_helpers import save_vlm
     from tests.whisper_helpers import save_whisper

@@ -605,6 +605,7 @@ FAMILIES = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_language_and_task_per_family(tmp_path, family):
     """`--language` and `--task translate` on a random multilingual checkpoint of each shape family: the
