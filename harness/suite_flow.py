@@ -416,7 +416,7 @@ _REPORT_KEY = pytest.StashKey[dict]()  # config: {"path": Path | None}
 _SUBTESTS_KEY = pytest.StashKey[list]()  # item: subtest metadata of its run
 _REPORTS_KEY = pytest.StashKey[list]()  # item: its TestReports (setup, call, teardown)
 _SESSION_KEY = pytest.StashKey[bool]()  # config: True if we opened the suite's test session
-_SCOPE_KEY = pytest.StashKey[contextlib.ExitStack]()  # config: the run's remembered operator census (mps_backend.export_scope)
+_SCOPE_KEY = pytest.StashKey[contextlib.ExitStack]()  # config: the run's mps_backend.export_scope
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -455,12 +455,13 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     path = config.getoption("--mps-suite-report")
     config.stash[_REPORT_KEY] = {"path": Path(path) if path else None}
-    # torch's census of composite-implicit operators kept for the run (asked again when an operator library is
-    # registered): six censuses per lowering otherwise, the same answer (mps_backend.export_scope)
-    from mps_backend.export_scope import remembered_cia_ops  # noqa: PLC0415
+    # every lowering of the run inside mps_backend.export_scope, as export_model's: torch's census of
+    # composite-implicit operators kept (asked again when an operator library is registered; six censuses per
+    # lowering otherwise), the dtype check once per graph, executorch's idle re-traces skipped: the same programs
+    from mps_backend.export_scope import export_scope  # noqa: PLC0415
 
     scope = contextlib.ExitStack()
-    scope.enter_context(remembered_cia_ops())
+    scope.enter_context(export_scope())
     config.stash[_SCOPE_KEY] = scope
     seed = config.getoption("--mps-seed")
     if seed is not None:

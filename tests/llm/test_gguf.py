@@ -53,7 +53,8 @@ EXPORTS = {
 #: file its yardsticks (eager float32, bfloat16 and float16 of the file: ~30 CPU s a file), on the worker that
 #: runs the group; the two groups spread over both workers (as one group, the file held one worker for
 #: ~1,400 CPU s: longer than the rest of the suite on the other)
-#: (the tests of no export are grouped by the session fixtures they use, as in any file)
+#: (of the tests of no export, the two that read eager float32 of the file or its tokenizer join the whole
+#: model's group, so those are built once; the others are grouped by the session fixtures they use, as in any file)
 PARAMS = [pytest.param(name, marks=pytest.mark.xdist_group(f"smollm2-{EXPORTS[name][3] or 'whole'}-layers")) for name in EXPORTS]
 
 
@@ -178,6 +179,7 @@ def eager_kept(gguf: pathlib.Path, dtype: str):
     return model.float().requires_grad_(False)
 
 
+@pytest.mark.xdist_group("smollm2-whole-layers")  # its eager32 / tok built once, with the whole exports
 def test_gguf_loads_as_transformers_does(gguf, eager32, tmp_path):
     """mps_backend's GGUF loading (dequantized a block of rows at a time into scratch files) gives
     transformers' own ``from_pretrained(folder, gguf_file=...)`` weights bit for bit: float32, and float16
@@ -313,6 +315,7 @@ def test_real_text_teacher_forced(exported, text_ids, float_references, referenc
         assert abs(ppl / ppl32 - 1) <= 0.002, (ppl, ppl32)
 
 
+@pytest.mark.xdist_group("smollm2-whole-layers")  # its eager32 / tok built once, with the whole exports
 def test_cli_generate_gguf_tokenizer_and_chat(gguf, tok, tmp_path):
     """`generate --tokenizer FILE.gguf --chat`: the prompt goes through the file's chat template as one
     user message, and the answer printed is the program's greedy continuation of those tokens (a
