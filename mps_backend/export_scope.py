@@ -289,18 +289,22 @@ def _plain(gm: Any) -> list | None:
     return [n for n in gm.graph.nodes if n.op == "call_function"]
 
 
+def _none_of(gm: Any, rewritten) -> bool:
+    """Whether ``gm`` holds no nested graph and no call of an operator ``rewritten(target)`` says a pass rewrites."""
+    nodes = _plain(gm)
+    return nodes is not None and not any(rewritten(n.target) for n in nodes)
+
+
 def _no_transpose(gm: Any) -> bool:
     import torch  # noqa: PLC0415
 
-    nodes = _plain(gm)
-    return nodes is not None and all(n.target is not torch.ops.aten.t.default for n in nodes)
+    return _none_of(gm, lambda t: t is torch.ops.aten.t.default)
 
 
 def _no_view(gm: Any) -> bool:
     import torch  # noqa: PLC0415
 
-    nodes = _plain(gm)
-    return nodes is not None and not any(isinstance(n.target, torch._ops.OpOverload) and n.target.is_view for n in nodes)
+    return _none_of(gm, lambda t: isinstance(t, torch._ops.OpOverload) and t.is_view)
 
 
 def _no_symbol(gm: Any) -> bool:
@@ -325,8 +329,7 @@ def _no_dim_order_op(gm: Any) -> bool:
     """MemoryFormatOpsPass rewrites the edge operators that take a memory format (``DimOrderOpsMap``)."""
     from executorch.exir.passes.dim_order_ops_registry import DimOrderOpsMap  # noqa: PLC0415
 
-    nodes = _plain(gm)
-    return nodes is not None and not any(n.target in DimOrderOpsMap for n in nodes)
+    return _none_of(gm, lambda t: t in DimOrderOpsMap)
 
 
 def _no_portable_layout_op(gm: Any) -> bool:
@@ -334,8 +337,7 @@ def _no_portable_layout_op(gm: Any) -> bool:
     from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass  # noqa: PLC0415
 
     targets = getattr(LegalizePortableDimOrderPass, "_target_ops", None)
-    nodes = _plain(gm)
-    return isinstance(targets, (set, frozenset)) and nodes is not None and not any(n.target in targets for n in nodes)
+    return isinstance(targets, (set, frozenset)) and _none_of(gm, lambda t: t in targets)
 
 
 #: the operators RemoveMixedTypeOperators looks at (its allow list: add.Tensor, mul.Tensor, sub.Tensor, div.Tensor,
@@ -388,10 +390,10 @@ _IDLE_WHEN = {
 
 
 def _skipping(own, idle):
+    from torch.fx.passes.infra.pass_base import PassResult  # noqa: PLC0415
+
     def call(self, graph_module):
         if idle(graph_module):
-            from torch.fx.passes.infra.pass_base import PassResult  # noqa: PLC0415
-
             return PassResult(graph_module, False)
         return own(self, graph_module)
 

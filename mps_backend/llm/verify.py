@@ -482,17 +482,18 @@ def verify_export(result, model: str, options: ExportOptions, *, export, pte: pa
     """Verify the export ``result`` (an ``LLMExportResult``) of ``model`` with ``options``, written to ``pte``
     (default ``result.path``); when the eager model is too large (:func:`needs_truncation`), on a truncated
     copy exported by ``export(spec, out, params)``."""
-
-    def release() -> None:  # an export's program and graphs, freed before what comes next is loaded
-        gc.collect()
-        PageReleaser().trim()
-
-    release()
+    _release()
     with one_metadata_read():  # a GGUF's metadata, read by the prompt's tokenizer and the eager reference's config
-        return _verify_export(result, model, options, export=export, pte=result.path if pte is None else pte, release=release)
+        return _verify_export(result, model, options, export=export, pte=result.path if pte is None else pte)
 
 
-def _verify_export(result, model: str, options: ExportOptions, *, export, pte: pathlib.Path, release) -> LLMVerification:
+def _release() -> None:
+    """An export's program and graphs, freed before what comes next is loaded."""
+    gc.collect()
+    PageReleaser().trim()
+
+
+def _verify_export(result, model: str, options: ExportOptions, *, export, pte: pathlib.Path) -> LLMVerification:
     steps, params = options.verify_steps, options.params
     kind, path = parse_model_spec(model)
     common = dict(
@@ -513,7 +514,7 @@ def _verify_export(result, model: str, options: ExportOptions, *, export, pte: p
         )
         out = tmp / "truncated.pte"
         export(spec, out, str(tparams) if tparams else None)
-        release()
+        _release()
         v = verify_llm(out, spec, params=str(tparams) if tparams else None, max_seq_len=result.max_seq_len, bos_id=bos, **common)
     v.truncated = (
         f"on a copy truncated to the first {min(TRUNCATED_LAYERS, old)} of {old} layers, exported separately: the full "
