@@ -797,7 +797,7 @@ def run_input_case(kind: str, path: Path, shared_paths: dict[str, str], stop: ty
             from mps_backend.llm.generate import Tokenizer  # noqa: PLC0415
 
             try:
-                export_llm(f"gguf:{path}", path.with_name("out.pte"), dtype="fp32", verify_steps=0)
+                export_llm(f"gguf:{path}", path.with_name("out.pte"), prefill_chunk=1, dtype="fp32", verify_steps=0)
                 return "UNTYPED: the export ran past its load step"
             except stop:
                 pass

@@ -135,7 +135,7 @@ def test_exports_lower_inside_the_scope(monkeypatch, tmp_path):
     from tests.llm_helpers import save_checkpoint
 
     folder = save_checkpoint(tmp_path / "ckpt", "llama", layers=1)
-    llm_export.export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=16)
+    llm_export.export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp32", max_seq_len=16)
     assert seen == [True, True]
     assert not getattr(NodeSource.__dict__["__init__"], _MARK, False)
     assert not getattr(torch_ep._collect_all_valid_cia_ops, _MARK, False)

@@ -534,7 +534,7 @@ def tiny_pte(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("pte") / "tiny.pte"
     from mps_backend.llm import export_llm
 
-    export_llm(f"hf:{tiny}", out, dtype="fp32", max_seq_len=16)
+    export_llm(f"hf:{tiny}", out, prefill_chunk=1, dtype="fp32", max_seq_len=16)
     return out
 
 
@@ -642,7 +642,7 @@ def test_stale_scratch_folders_of_dead_exports_are_removed(tiny, tmp_path):
     for d in (stale, live, other):
         d.mkdir()
     (stale / "weight.bin").write_bytes(b"x")
-    export_llm(f"hf:{tiny}", out, dtype="fp32", max_seq_len=16)
+    export_llm(f"hf:{tiny}", out, prefill_chunk=1, dtype="fp32", max_seq_len=16)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name, "x.pte"])
 
 

@@ -150,7 +150,7 @@ def tiny_pte(tiny, tmp_path_factory):
     from mps_backend.llm import export_llm
 
     out = tmp_path_factory.mktemp("pte") / "tiny.pte"
-    export_llm(f"hf:{tiny}", out, dtype="fp32", max_seq_len=32)
+    export_llm(f"hf:{tiny}", out, prefill_chunk=1, dtype="fp32", max_seq_len=32)
     return out
 
 
@@ -479,7 +479,7 @@ def test_gguf_headers_and_declared_models_are_bounded(tmp_path, case):
     path = _gguf(tmp_path / "m.gguf", edit, **shape)
     start = time.monotonic()
     with pytest.raises(GGUFError, match=re.escape(says)) as e:
-        export_llm(f"gguf:{path}", tmp_path / "x.pte")
+        export_llm(f"gguf:{path}", tmp_path / "x.pte", prefill_chunk=1)
     assert "\n" not in str(e.value) and str(path) in str(e.value) and time.monotonic() - start < 60
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
 
@@ -630,7 +630,7 @@ def test_a_254_byte_output_name(tiny, tmp_path):
 
     name = "m" * 250 + ".pte"
     assert len(name.encode()) == 254
-    result = export_llm(f"hf:{tiny}", tmp_path / name, dtype="fp32", max_seq_len=16, verify_steps=1)
+    result = export_llm(f"hf:{tiny}", tmp_path / name, prefill_chunk=1, dtype="fp32", max_seq_len=16, verify_steps=1)
     assert result.verification.ok and sorted(p.name for p in tmp_path.iterdir()) == [name]
     assert temp_stem("a" * 300) != temp_stem("a" * 299 + "b") and len(temp_stem("é" * 300).encode()) <= 160
 
@@ -676,7 +676,7 @@ def test_a_gguf_table_one_entry_short(tmp_path):
     (count,) = struct.unpack_from("<Q", raw, 8)
     path.write_bytes(raw[:8] + struct.pack("<Q", count - 1) + raw[16:])
     with pytest.raises(GGUFError, match="a tensor missing from the table"):
-        export_llm(f"gguf:{path}", tmp_path / "x.pte")
+        export_llm(f"gguf:{path}", tmp_path / "x.pte", prefill_chunk=1)
 
 
 def test_max_seq_len_beyond_a_learned_position_table(tmp_path, capsys):

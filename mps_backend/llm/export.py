@@ -96,6 +96,8 @@ class LLMExportResult:
     #: rows one delegate call computes (``--prefill-chunk``, or the family's default it became; 1: the
     #: static decode step, prompts prefilled token by token)
     prefill_chunk: int = 1
+    #: how the chunk was chosen when ``--prefill-chunk`` was not given (:class:`mps_backend.llm.chunking.ChunkChoice`)
+    chunk_choice: Any = None
     #: the model's family (mps_backend.llm.registry)
     family: str = ""
     #: the summary's line of the cache and the rows a call computes (the family's :meth:`~mps_backend.llm.family.Family.describe`)
@@ -258,6 +260,7 @@ def export_llm(
     prefill_chunk: int | None = None,
     quantize_head: str | None = None,
     allow_requantize: bool = False,
+    device: str = "any",
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER``, ``gguf:FILE.gguf``, or ``llama:CHECKPOINT.pth``
     with ``params``) to ``output``, a ``.pte`` its runner (executorch's LLM, multimodal or ASR runner) loads
@@ -272,8 +275,9 @@ def export_llm(
     writing, that many decode steps of the ``.pte`` against the eager float32 model,
     :mod:`mps_backend.llm.verify`, the CLI's default 4, into ``result.verification``),
     ``quantize_embedding`` (the embedding table int8 with a scale per row, dequantized after the lookup),
-    ``prefill_chunk`` (rows one call computes). A ``gguf:`` file without ``quantize`` keeps its quantized
-    tensors (:func:`mps_backend.llm.gguf.load_gguf`)."""
+    ``prefill_chunk`` (rows one call computes; not given: the chunk chosen for ``device``, ``any`` or an Apple
+    GPU of the cost model's table such as ``m2`` or ``a17-pro``: :mod:`mps_backend.llm.chunking`). A ``gguf:``
+    file without ``quantize`` keeps its quantized tensors (:func:`mps_backend.llm.gguf.load_gguf`)."""
     keywords = dict(
         quantize=quantize,
         group_size=group_size,
@@ -287,6 +291,7 @@ def export_llm(
         prefill_chunk=prefill_chunk,
         quantize_head=quantize_head,
         allow_requantize=allow_requantize,
+        device=device,
     )
     if options is None:
         options = ExportOptions.of(dtype, **keywords)
@@ -323,7 +328,10 @@ def export_llm(
         family.check(lm, options, seq_len)
         if note:
             notes.append(note)
-        rows = family.rows(lm, options, seq_len)
+        choice = family.chunk_choice(lm, options, seq_len)  # without --prefill-chunk: for --device
+        rows = family.rows(lm, options, seq_len) if choice is None else choice.chunk
+        if choice is not None:
+            notes.append(choice.line())
         if options.quantization:
             plan = options.quantization.plan(family.quantize_target(lm))  # the weights every decode step reads; none: an error
             notes.append(plan.summary() + family.quantize_rest)
@@ -401,6 +409,7 @@ def export_llm(
         method_delegates=method_delegates,
         signature=family.signature,
         prefill_chunk=rows,
+        chunk_choice=choice,
         family=family.name,
         length=family.describe(seq_len, rows),
     )

@@ -36,6 +36,7 @@ import torch
 from mps_backend.errors import CheckpointError
 from mps_backend.llm import guards
 from mps_backend.llm.checkpoint import LoadedLM, check_kv_cache_size, load_hf
+from mps_backend.llm.chunking import ChunkChoice, choose, model_shape
 from mps_backend.llm.decoder import cache_layout, check_chunk
 from mps_backend.llm.options import ExportOptions
 from mps_backend.llm.spec import ModelSpec
@@ -123,8 +124,21 @@ class Family(abc.ABC):
         check_transformers_model(lm, max_seq_len)
 
     def rows(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> int:
-        """The rows one call of the decode step computes (``--prefill-chunk``; 1: the static one-token step)."""
-        return chunk_rows(options, max_seq_len)
+        """The rows one call of the decode step computes (``--prefill-chunk``; 1: the static one-token step;
+        not given: the chunk :meth:`chunk_choice` chooses for ``--device``)."""
+        choice = self.chunk_choice(lm, options, max_seq_len)
+        return choice.chunk if choice is not None else chunk_rows(options, max_seq_len)
+
+    def chunk_choice(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> ChunkChoice | None:
+        """Without ``--prefill-chunk``, the chunk chosen for ``--device`` from an estimate of the model's calls
+        (:mod:`mps_backend.llm.chunking`); None when the chunk was given (or the family fixes its rows)."""
+        if options.prefill_chunk is not None:
+            return None
+        dtype_bytes = 2 if options.precision.float16 else 4
+        shape = model_shape(
+            lm.model, cache=max_seq_len, layers=lm.n_layers, element_bytes=dtype_bytes, quantization=options.quantization
+        )
+        return choose(shape, options.device)
 
     def quantize_target(self, lm: LoadedLM) -> torch.nn.Module:
         """What ``--quantize`` quantizes: the weights every decode step reads."""

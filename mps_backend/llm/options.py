@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from mps_backend.errors import CheckpointError
+from mps_backend.llm.chunking import device_named
 from mps_backend.precision import Precision
 from mps_backend.quantize import HEADS, SCHEMES, Quantization, QuantizationError
 from mps_backend.runtime_kernels import DEFAULT_TARGET
@@ -40,8 +41,12 @@ class ExportOptions:
     precision: Precision = Precision.FP16
     #: the KV cache's length (``--max-seq-len``); None: 2048 capped by the model's positions
     max_seq_len: int | None = None
-    #: rows one delegate call computes (``--prefill-chunk``); None: the family's default
+    #: rows one delegate call computes (``--prefill-chunk``); None: the family's default (a text model's: the
+    #: chunk chosen for ``device``, :mod:`mps_backend.llm.chunking`)
     prefill_chunk: int | None = None
+    #: the Apple GPU the prompt chunk is chosen for (``--device``: ``any``, or a device of the cost model's
+    #: table as :data:`mps_backend.llm.chunking.DEVICE_CHOICES` spells it, e.g. ``m2``, ``m3-pro``, ``a17-pro``)
+    device: str = "any"
     #: weight-only quantization ``int4`` / ``int8`` (``--quantize``)
     quantize: str | None = None
     #: columns sharing a scale (``--group-size``; 0: one per output channel; None: the scheme's default)
@@ -91,6 +96,10 @@ class ExportOptions:
             raise CheckpointError(f"--max-seq-len must be at least 2, got {self.max_seq_len}")
         if self.prefill_chunk is not None and (not _count(self.prefill_chunk) or self.prefill_chunk < 1):
             raise CheckpointError(f"--prefill-chunk: give a count of at least 1 rows a call, got {self.prefill_chunk!r}")
+        try:
+            device_named(self.device)
+        except ValueError as e:
+            raise CheckpointError(f"--device: {e}") from None
 
     @classmethod
     def of(cls, dtype: str | Precision = "fp16", **options) -> ExportOptions:

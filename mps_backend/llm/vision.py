@@ -365,6 +365,9 @@ class VisionLanguage(Family):
                 "method reads the float table"
             )
 
+    def chunk_choice(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> None:
+        return None  # its rows are fixed by its runner (rows below), not chosen for a device
+
     def rows(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> int:
         return check_rows(lm.model, options.prefill_chunk, max_seq_len)  # at least an image's embeddings
 

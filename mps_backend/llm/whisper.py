@@ -296,6 +296,9 @@ class Speech(Family):
         super().check(lm, options, max_seq_len)
         check_positions(lm.model, max_seq_len)
 
+    def chunk_choice(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> None:
+        return None  # its rows are fixed by its runner (rows below), not chosen for a device
+
     def rows(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> int:
         if chunk_rows(options, max_seq_len) > 1:
             raise CheckpointError("--prefill-chunk: Whisper's text_decoder reads one token a call (the ASR runner's contract)")

@@ -20,6 +20,7 @@ from mps_backend.cost import cost_of_program
 from mps_backend.errors import CheckpointError, InternalError, MPSBackendError
 from mps_backend.export import bundle, export_model, flat_outputs, is_bundled, verify
 from mps_backend.files import output_target, write_atomically
+from mps_backend.llm.chunking import ANY, DEVICE_CHOICES, device_slug
 from mps_backend.llm.export import export_llm
 from mps_backend.llm.generate import GenerationStats, Tokenizer, generate, generate_with_executorch_runner
 from mps_backend.llm.multimodal import generate_image
@@ -99,6 +100,7 @@ def cmd_export_llm(args) -> int:
             precision=Precision.of(_use_fp16(args)),
             max_seq_len=args.max_seq_len,
             prefill_chunk=args.prefill_chunk,
+            device=args.device or ANY,
             quantize=args.quantize,
             group_size=args.group_size,
             quantize_head=args.quantize_head,
@@ -244,7 +246,7 @@ def cmd_transcribe(args) -> int:
 def cmd_export(args) -> int:
     if is_llm_spec(args.model):
         return cmd_export_llm(args)
-    for flag in ("max_seq_len", "params", "prefill_chunk", "preprocessor"):
+    for flag in ("max_seq_len", "params", "prefill_chunk", "device", "preprocessor"):
         if getattr(args, flag) is not None:  # one line, exit 2 (a SystemExit of text had no "error:" and exit 1)
             raise UserError(f"--{flag.replace('_', '-')} applies to language models (--model {USAGE})")
     if args.quantize_embedding or args.no_verify:
@@ -572,8 +574,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="C",
         help="language models: prompt tokens one forward call takes, the rows the device computes per call "
-        "(default 1: the static one-token step, prompts prefilled token by token; C > 1: forward(tokens "
-        "[1, n <= C]), prompts prefilled C tokens per call, every step computing C rows: docs/llm.md)",
+        "(default: the chunk chosen for --device; 1: the static one-token step, prompts prefilled token by token; "
+        "C > 1: forward(tokens [1, n <= C]), prompts prefilled C tokens per call, every step computing C rows: "
+        "docs/llm.md)",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        type=device_slug,  # "M3 Pro", "m3_pro" and "m3-pro" alike
+        choices=DEVICE_CHOICES,
+        metavar="DEVICE",
+        help="language models: the Apple GPU the prompt chunk is chosen for when --prefill-chunk is not given: "
+        f"{', '.join(DEVICE_CHOICES)} (default any: the chunk with the best worst case over them; docs/llm.md, "
+        "The chunk for your device)",
     )
     p.add_argument("--params", default=None, help="llama:CHECKPOINT.pth: its params.json (default: beside it)")
     p.add_argument(

@@ -175,12 +175,12 @@ def test_model_type_exports_or_is_refused(tmp_path, tokenizer, case):
     out = tmp_path / "m.pte"
     if refusal is not None:
         with pytest.raises(CheckpointError) as e:
-            export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN, verify_steps=VERIFY_STEPS)
+            export_llm(f"hf:{folder}", out, prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN, verify_steps=VERIFY_STEPS)
         message = str(e.value)
         assert "\n" not in message and model_type in message and refusal in message, message
         assert not out.exists() and not list(tmp_path.glob(".m.pte.*"))
         return
-    result = export_llm(f"hf:{folder}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN, verify_steps=VERIFY_STEPS)
+    result = export_llm(f"hf:{folder}", out, prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN, verify_steps=VERIFY_STEPS)
     assert result.verification.ok and result.path == out, result.summary()
     assert result.delegates == 1 and result.report.partitions == 1 and not result.report.cpu_except_cache_writes, result.summary()
     assert generate_ids(result.path, PROMPT, STEPS) == eager_greedy(folder, PROMPT, STEPS)
@@ -204,7 +204,9 @@ def _planted_export(tmp_path, tokenizer, case: str, quantize: str | None = None)
         config=overrides,
         edit=lambda m: (EDITS.get(case, lambda _: None)(m), plant_massive_activations(m, peak)),
     )
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN, quantize=quantize)
+    result = export_llm(
+        f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp16", max_seq_len=MAX_SEQ_LEN, quantize=quantize
+    )
     assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     return folder, result, peak
 
@@ -309,7 +311,7 @@ def test_tied_router_scores_pick_the_lowest_experts(tmp_path, tokenizer, monkeyp
         assert [n for n, p in model.named_parameters() if n.endswith("router.gate.weight") and not p.any()]
 
     folder = save_checkpoint(tmp_path / "ckpt", "afmoe", tokenizer=tokenizer, layers=2, config=AFMOE, edit=tied)
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
     with monkeypatch.context() as m:
         m.setattr(torch, "topk", _lowest_index_first)
         want = eager_greedy(folder, PROMPT, STEPS)

@@ -79,7 +79,7 @@ def test_configs_exercise_what_the_architectures_need(tmp_path, tokenizer):
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_fp32_tokens_equal_transformers(tmp_path, tokenizer, arch):
     folder = save_checkpoint(tmp_path / arch, arch, tokenizer=tokenizer)
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
     assert result.delegates == 1 and result.report.partitions == 1, result.summary()
     assert not result.report.cpu_except_cache_writes, result.summary()
     meta = constant_method_values(result.path)
@@ -109,7 +109,7 @@ def test_fp16_on_trained_like_statistics(tmp_path, tokenizer, arch):
     bfloat16 (top-1 agreement, largest relative logit gap), eager float16 printed beside."""
     peak = PLANTED_PEAK[arch]
     folder = save_checkpoint(tmp_path / arch, arch, tokenizer=tokenizer, edit=lambda m: plant_massive_activations(m, peak))
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp16", max_seq_len=MAX_SEQ_LEN)
     assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     figures = planted_figures(folder, result.path)
     assert_as_close_as_bfloat16(figures, peak)
@@ -125,7 +125,9 @@ def test_uniform_float16_fails_on_massive_activations(tmp_path, tokenizer):
     from mps_backend.precision import Precision
 
     folder = save_checkpoint(tmp_path / "llama", "llama", tokenizer=tokenizer, edit=lambda m: plant_massive_activations(m, 3e4))
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype=Precision.FP16_UNIFORM, max_seq_len=MAX_SEQ_LEN)
+    result = export_llm(
+        f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype=Precision.FP16_UNIFORM, max_seq_len=MAX_SEQ_LEN
+    )
     assert result.precision == "fp16-uniform"
     with pytest.raises(AssertionError, match="further from float32 than eager bfloat16"):
         assert_as_close_as_bfloat16(planted_figures(folder, result.path), 3e4)
@@ -183,8 +185,8 @@ def test_checkpoint_in_the_export_precision_is_mapped_not_read(tmp_path, tokeniz
     assert {mapped_from(p) for p in read.parameters()} == {None}
     for (name, a), (_, b) in zip(mapped.named_parameters(), read.named_parameters()):
         assert torch.equal(a, b), name
-    a = export_llm(f"hf:{f16}", tmp_path / "a.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
-    b = export_llm(f"hf:{f32}", tmp_path / "b.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
+    a = export_llm(f"hf:{f16}", tmp_path / "a.pte", prefill_chunk=1, dtype="fp16", max_seq_len=MAX_SEQ_LEN)
+    b = export_llm(f"hf:{f32}", tmp_path / "b.pte", prefill_chunk=1, dtype="fp16", max_seq_len=MAX_SEQ_LEN)
     assert a.path.read_bytes() == b.path.read_bytes()
     assert len(generate_ids(a.path, PROMPT, 4)) == 4
 
@@ -201,7 +203,9 @@ def test_llama_checkpoint_in_the_export_precision_stays_mapped(tmp_path):
     assert {mapped_from(w) for w in weights.values()} == {str(ckpt)}
     saved = torch.load(ckpt)
     assert all(torch.equal(w, saved[name]) for name, w in weights.items())
-    result = export_llm(f"llama:{ckpt}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN, params=params)
+    result = export_llm(
+        f"llama:{ckpt}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp16", max_seq_len=MAX_SEQ_LEN, params=params
+    )
     assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     stats = GenerationStats(logits=[])
     got = generate_ids(result.path, PROMPT, 8, stats=stats)
@@ -238,14 +242,14 @@ def test_sharded_checkpoint_equals_one_file(tmp_path, tokenizer):
     for f in one.glob("tokenizer*"):
         shutil.copy(f, sharded / f.name)
     assert len(list(sharded.glob("*.safetensors"))) > 2 and (sharded / "model.safetensors.index.json").is_file()
-    a = export_llm(f"hf:{one}", tmp_path / "a.pte", max_seq_len=MAX_SEQ_LEN)
-    b = export_llm(f"hf:{sharded}", tmp_path / "b.pte", max_seq_len=MAX_SEQ_LEN)
+    a = export_llm(f"hf:{one}", tmp_path / "a.pte", prefill_chunk=1, max_seq_len=MAX_SEQ_LEN)
+    b = export_llm(f"hf:{sharded}", tmp_path / "b.pte", prefill_chunk=1, max_seq_len=MAX_SEQ_LEN)
     assert a.path.read_bytes() == b.path.read_bytes()
 
 
 def test_bfloat16_checkpoint_becomes_float16(tmp_path, tokenizer):
     folder = save_checkpoint(tmp_path / "bf16", "qwen2", tokenizer=tokenizer, dtype=torch.bfloat16)
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp16", max_seq_len=MAX_SEQ_LEN)
     assert result.delegates == 1 and not result.report.cpu_except_cache_writes
     assert any("bfloat16" in n for n in result.notes)
     blob = read_blob(delegate_blobs(result.path.read_bytes())[0].blob)
@@ -259,17 +263,21 @@ def test_weights_beyond_float16_are_an_error_or_clamped(tmp_path, tokenizer):
 
     folder = save_checkpoint(tmp_path / "big", "llama", tokenizer=tokenizer, dtype=torch.bfloat16, edit=big)
     with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.down_proj\.weight \(1 values\)"):
-        export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN)
+        export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp16", max_seq_len=MAX_SEQ_LEN)
     assert not (tmp_path / "m.pte").exists()
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=MAX_SEQ_LEN, clamp_fp16=True)
+    result = export_llm(
+        f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp16", max_seq_len=MAX_SEQ_LEN, clamp_fp16=True
+    )
     assert any("clamped" in n for n in result.notes)
     # float32 keeps the value as it is
-    export_llm(f"hf:{folder}", tmp_path / "m32.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+    export_llm(f"hf:{folder}", tmp_path / "m32.pte", prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
 
 
 def test_executorch_llama_checkpoint(tmp_path):
     ckpt, params, p = save_llama_checkpoint(tmp_path)
-    result = export_llm(f"llama:{ckpt}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN, params=params)
+    result = export_llm(
+        f"llama:{ckpt}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN, params=params
+    )
     assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     got = generate_ids(result.path, PROMPT, 16)
     # eager greedy: each token is the argmax of the logits after the one before
@@ -385,7 +393,7 @@ def test_cli_generate_with_a_tiktoken_tokenizer(tmp_path):
     vocab = save_tiktoken_model(tmp_path / "tokenizer.model")
     ckpt, params, _ = save_llama_checkpoint(tmp_path, vocab_size=vocab)
     out = tmp_path / "m.pte"
-    export_llm(f"llama:{ckpt}", out, dtype="fp32", max_seq_len=MAX_SEQ_LEN, params=params)
+    export_llm(f"llama:{ckpt}", out, prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN, params=params)
     prompt = "the quick fox"
     r = _cli("generate", out, "--tokenizer", tmp_path, "--prompt", prompt, "--max-new-tokens", 6)
     assert r.returncode == 0, r.stderr
@@ -415,7 +423,9 @@ def test_cli_errors_are_one_line(tmp_path):
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_quantized_llm(tmp_path, tokenizer, scheme):
     folder = save_checkpoint(tmp_path / "q", "qwen3", tokenizer=tokenizer)
-    result = export_llm(f"hf:{folder}", tmp_path / "q.pte", dtype="fp32", quantize=scheme, max_seq_len=MAX_SEQ_LEN)
+    result = export_llm(
+        f"hf:{folder}", tmp_path / "q.pte", prefill_chunk=1, dtype="fp32", quantize=scheme, max_seq_len=MAX_SEQ_LEN
+    )
     assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     blob = read_blob(delegate_blobs(result.path.read_bytes())[0].blob)
     kinds = {n.op for n in blob.graph.nodes}
@@ -487,10 +497,10 @@ def test_quantized_export_holds_weights_in_scratch_files(tmp_path, tokenizer, mo
     for (name, d), (_, r) in zip(deq.named_parameters(), ref.named_parameters()):
         assert type(d) is torch.nn.Parameter and torch.equal(d, r.dequantize() if hasattr(r, "qdata") else r), name
     del lm, model, ref, deq
-    a = export_llm(f"hf:{folder}", tmp_path / "a.pte", quantize="int4", max_seq_len=MAX_SEQ_LEN, verify_steps=2)
+    a = export_llm(f"hf:{folder}", tmp_path / "a.pte", prefill_chunk=1, quantize="int4", max_seq_len=MAX_SEQ_LEN, verify_steps=2)
     assert a.verification.ok, a.verification
     monkeypatch.setattr(quantize, "QUANTIZE_BLOCK_ELEMENTS", 1 << 30)  # one block: the whole weight at once
-    b = export_llm(f"hf:{folder}", tmp_path / "b.pte", quantize="int4", max_seq_len=MAX_SEQ_LEN)
+    b = export_llm(f"hf:{folder}", tmp_path / "b.pte", prefill_chunk=1, quantize="int4", max_seq_len=MAX_SEQ_LEN)
     assert a.path.read_bytes() == b.path.read_bytes()
     assert sorted(f.name for f in tmp_path.iterdir()) == ["a.pte", "b.pte", "bf16", "scratch"]
 
@@ -499,7 +509,7 @@ def test_quantized_export_holds_weights_in_scratch_files(tmp_path, tokenizer, mo
 
     monkeypatch.setattr(quantize, "affine_groups", refuse)
     with pytest.raises(RuntimeError, match="refused"):
-        export_llm(f"hf:{folder}", tmp_path / "c.pte", quantize="int4", max_seq_len=MAX_SEQ_LEN)
+        export_llm(f"hf:{folder}", tmp_path / "c.pte", prefill_chunk=1, quantize="int4", max_seq_len=MAX_SEQ_LEN)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["a.pte", "b.pte", "bf16", "scratch"]
 
 
@@ -509,7 +519,7 @@ def test_metadata_json_roundtrip(tmp_path, tokenizer):
     gen = json.loads((folder / "generation_config.json").read_text())
     gen["eos_token_id"] = [1, 7]
     (folder / "generation_config.json").write_text(json.dumps(gen))
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=16)
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp32", max_seq_len=16)
     assert constant_method_values(result.path)["get_eos_ids"] == [1, 7]
     stats = GenerationStats()
     ids = generate_ids(result.path, PROMPT, 40, stats=stats)
@@ -565,7 +575,8 @@ def test_cli_quantized_export(tmp_path, tokenizer, scheme, capsys):
 
     folder = save_checkpoint(tmp_path / "ckpt", "qwen2", tokenizer=tokenizer, config={"vocab_size": 128})
     out = tmp_path / "q.pte"
-    assert main(["export", "--model", f"hf:{folder}", "--quantize", scheme, "--max-seq-len", "16", "-o", str(out)]) == 0
+    argv = ["export", "--model", f"hf:{folder}", "--quantize", scheme, "--max-seq-len", "16", "--prefill-chunk", "1"]
+    assert main([*argv, "-o", str(out)]) == 0
     stdout = capsys.readouterr().out
     assert f"{scheme} weight-only" in stdout and "MPS delegates    1" in stdout
     assert f"quantized 14 of 15 linear layers ({scheme}, " in stdout, stdout
@@ -632,10 +643,10 @@ def test_kv_cache_beyond_the_plan_budget_is_refused_before_allocation(tmp_path, 
     """#26: --max-seq-len 10^9 asked for a 64 GB cache (a traceback); now one CheckpointError, nothing written."""
     folder = save_checkpoint(tmp_path / "hf", "llama", tokenizer=tokenizer)
     with pytest.raises(CheckpointError, match=r"KV cache would take .* GiB.*at most \d+ positions fit"):
-        export_llm(f"hf:{folder}", tmp_path / "a.pte", dtype="fp32", max_seq_len=10**9)
+        export_llm(f"hf:{folder}", tmp_path / "a.pte", prefill_chunk=1, dtype="fp32", max_seq_len=10**9)
     checkpoint, params, _ = save_llama_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match="KV cache would take"):
-        export_llm(f"llama:{checkpoint}", tmp_path / "b.pte", dtype="fp32", params=params, max_seq_len=10**9)
+        export_llm(f"llama:{checkpoint}", tmp_path / "b.pte", prefill_chunk=1, dtype="fp32", params=params, max_seq_len=10**9)
     assert not list(tmp_path.glob("*.pte*"))
 
 
@@ -654,7 +665,7 @@ def test_late_positions_exact_and_caches_read_once(tmp_path, tokenizer):
 
     folder = save_checkpoint(tmp_path / "smollm", "smollm", tokenizer=tokenizer)
     seq_len, first, tokens = 600, 540, PROMPT * 2 + [7, 11]
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp16", max_seq_len=seq_len)
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp16", max_seq_len=seq_len)
     assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     (blob,) = delegate_blobs(result.path)
     graph = read_blob(blob.blob).graph

@@ -59,7 +59,7 @@ def test_a_family_is_one_module_and_one_registration(tmp_path, tokenizer, monkey
     tagged = registry.Registration("tagged", __name__, ("hf",), ("qwen3",), "MODEL_FOR_CAUSAL_LM_MAPPING")
     monkeypatch.setattr(registry, "FAMILIES", (tagged, *registry.FAMILIES))
     assert llm_export.family_for(parse_model_spec(f"hf:{folder}")) is FAMILY
-    result = llm_export.export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=16)
+    result = llm_export.export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp32", max_seq_len=16)
     assert result.family == "tagged" and constant_method_values(result.path)["get_family_tag"] == 44
 
 

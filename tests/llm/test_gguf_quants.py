@@ -128,7 +128,7 @@ def test_kept_gguf_exports_and_verifies(tmp_path, kind):
 
     path = write_tiny_gguf(tmp_path / f"{kind}.gguf", kind)
     out = tmp_path / "m.pte"
-    result = export_llm(f"gguf:{path}", out, dtype="fp32", max_seq_len=16, verify_steps=3)
+    result = export_llm(f"gguf:{path}", out, prefill_chunk=1, dtype="fp32", max_seq_len=16, verify_steps=3)
     assert result.verification.ok and result.delegates == 1, result.summary()
     assert "as kept, dequantized" in result.verification.reference and f"{kind} (16) as int" in result.notes[0]
     blob = read_blob(delegate_blobs(out.read_bytes())[0].blob)
@@ -149,7 +149,7 @@ def test_kept_gguf_exports_and_verifies(tmp_path, kind):
         graph.values[c].constant_buffer_size for c in graph.constant_ids if graph.values[c].datatype.name != "float32"
     )
     assert quantized == sum(_stored(w) for w in kept), (quantized, [_stored(w) for w in kept])
-    requantized = export_llm(f"gguf:{path}", tmp_path / "q.pte", dtype="fp32", quantize="int4", max_seq_len=16)
+    requantized = export_llm(f"gguf:{path}", tmp_path / "q.pte", prefill_chunk=1, dtype="fp32", quantize="int4", max_seq_len=16)
     assert any("dequantized to float32 (--quantize re-quantizes the model)" in n for n in requantized.notes), requantized.notes
     summary = next(n for n in requantized.notes if n.startswith("quantized "))
     assert summary.startswith("quantized 14 of 15 linear layers (int4, group 32") and "output head int8" in summary, summary

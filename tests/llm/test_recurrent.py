@@ -34,7 +34,7 @@ def _logits(step: LoadedMethod, tokens: list[int]) -> torch.Tensor:
 def test_a_new_prompt_at_position_zero_starts_from_zero_states(tmp_path, tokenizer, family, monkeypatch):
     model_type, config = family
     folder = save_checkpoint(tmp_path / "ckpt", model_type, tokenizer=tokenizer, layers=2, config=config)
-    pte = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN).path
+    pte = export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN).path
     first, second = [5, 17, 9, 40, 3, 22], [8, 30, 12, 4]
     step = LoadedMethod(pte)
     _logits(step, first)
@@ -45,7 +45,7 @@ def test_a_new_prompt_at_position_zero_starts_from_zero_states(tmp_path, tokeniz
     from mps_backend.llm import decoder
 
     monkeypatch.setattr(decoder, "restart_at_zero", lambda *args: None)
-    leaky = export_llm(f"hf:{folder}", tmp_path / "leaky.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN).path
+    leaky = export_llm(f"hf:{folder}", tmp_path / "leaky.pte", prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN).path
     step = LoadedMethod(leaky)
     _logits(step, first)
     assert not torch.allclose(_logits(step, second), fresh, atol=1e-4)
@@ -66,7 +66,7 @@ def test_states_are_buffers_beside_a_kv_cache_only_where_layers_attend(tmp_path,
     state_bytes = sum(
         b.numel() * b.element_size() for n, b in buffers.items() if n.startswith(("conv_state", "k_cache", "v_cache"))
     )
-    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", dtype="fp32", max_seq_len=MAX_SEQ_LEN)
+    result = export_llm(f"hf:{folder}", tmp_path / "m.pte", prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN)
     assert result.delegates == 1 and not result.report.cpu_except_cache_writes, result.summary()
     cost = cost_of_program(result.path)
     assert cost.floor_parts["state"] == state_bytes  # every state once: the KV cache and the convolution's

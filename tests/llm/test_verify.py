@@ -34,7 +34,8 @@ class _OnePercentOff(torch.nn.Module):
 
 
 def _export(folder, out, *extra):
-    return main(["export", "--model", f"hf:{folder}", "--dtype", "fp32", "--max-seq-len", "16", "-o", str(out), *extra])
+    argv = ["export", "--model", f"hf:{folder}", "--dtype", "fp32", "--max-seq-len", "16", "-o", str(out), "--prefill-chunk", "1"]
+    return main([*argv, *extra])  # the one-token step: the self-check teacher-forces every prompt position
 
 
 def test_export_verifies_itself_and_fails_on_a_wrong_program(tmp_path, folder, capsys, monkeypatch):
@@ -90,7 +91,7 @@ def test_check_reads_from_bos_alone_without_a_tokenizer(tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (bare / name).unlink()
     out = tmp_path / "bare.pte"
-    result = llm_export.export_llm(f"hf:{bare}", out, dtype="fp32", max_seq_len=8, verify_steps=2)
+    result = llm_export.export_llm(f"hf:{bare}", out, prefill_chunk=1, dtype="fp32", max_seq_len=8, verify_steps=2)
     v = result.verification
     assert v.ok and v.prompt_tokens == 0 and "no tokenizer.json or tokenizer.model" in v.prompt_source, v
     assert "from BOS alone: no tokenizer.json" in str(v) and result.path == out and out.is_file()
