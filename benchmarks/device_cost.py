@@ -33,7 +33,7 @@ import tempfile
 HERE = pathlib.Path(__file__).parent
 #: (program, model, target): fused/naive ratio targets to the floor
 TARGETS = {("fp16", "naive"): 1.10, ("fp16", "fused"): 1.03, ("int4", "fused"): 1.10}
-#: the programs: the token-by-token step (--prefill-chunk 1, the default) and chunked programs at the
+#: the programs: the token-by-token step (--prefill-chunk 1) and chunked programs at the
 #: chunk issue #36's FLOP targets point to (fp16 16, int4 4: docs/llm.md, The chunk)
 EXPORT_FLAGS = {
     "fp16": ["--prefill-chunk", "1"],

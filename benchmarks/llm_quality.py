@@ -150,6 +150,9 @@ def main() -> int:
                 group_size=group,
                 allow_requantize=again,
                 max_seq_len=len(ids),
+                # teacher forcing reads one token a call: the one-token step (a chunk program, the default,
+                # would compute its C rows every call; the same weights and precision policy either way)
+                prefill_chunk=1,
             )
             dev = pte_logits(out, ids)
             out.unlink()
