@@ -42,11 +42,11 @@ MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, 
 )
 def test_the_estimate_holds_to_the_cost_model(tmp_path, tokenizer, arch, config, quantize):
     """A call's bytes within 10 % and FLOPs within 5 % of the cost model's of the exported program, at a
-    chunk of 1 (masked scores joined), 4 and 16 (the new keys joined to the cache's)."""
+    chunk of 1 (masked scores joined) and 16 (the new keys joined to the cache's)."""
     folder = save_checkpoint(tmp_path / "ckpt", arch, tokenizer=tokenizer, config=config, dtype=torch.float16)
     q = Quantization(quantize) if quantize else None
     shape = model_shape(eager_model(folder, torch.float16), cache=128, layers=2, element_bytes=2, quantization=q)
-    for chunk in (1, 4, 16):
+    for chunk in (1, 16):
         result = export_llm(f"hf:{folder}", tmp_path / f"c{chunk}.pte", max_seq_len=128, prefill_chunk=chunk, quantize=quantize)
         cost = cost_of_program(result.path)
         assert shape.call_bytes(chunk) == pytest.approx(cost.fused.total, rel=0.10), chunk
