@@ -86,6 +86,32 @@ def train_tokenizer():
     return tok
 
 
+def tiny_config(arch: str, vocab_size: int, *, layers: int = 2, config: dict | None = None):
+    """The transformers config :func:`save_checkpoint` writes for ``arch`` (hidden 64, 4 heads, 2 KV heads, 256
+    positions; ``config`` overrides its fields)."""
+    import transformers
+
+    cls, extra = ARCHS[arch] if arch in ARCHS else (None, {})
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 1,
+    }
+    extra = copy.deepcopy(extra)
+    if "layer_types" in extra:
+        extra["layer_types"] = (extra["layer_types"] * layers)[:layers]
+    # an arch outside ARCHS is a transformers model_type (tests/llm/test_decoder.py), its config from CONFIG_MAPPING
+    make = getattr(transformers, cls) if cls else transformers.CONFIG_MAPPING[arch]
+    return make(**(common | extra | (config or {})))
+
+
 def save_checkpoint(
     folder: pathlib.Path,
     arch: str,
@@ -104,25 +130,7 @@ def save_checkpoint(
     from transformers import PreTrainedTokenizerFast
 
     tok = tokenizer or train_tokenizer()
-    cls, extra = ARCHS[arch] if arch in ARCHS else (None, {})
-    common = {
-        "vocab_size": tok.get_vocab_size(),
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 256,
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-        "pad_token_id": 1,
-    }
-    extra = copy.deepcopy(extra)
-    if "layer_types" in extra:
-        extra["layer_types"] = (extra["layer_types"] * layers)[:layers]
-    # an arch outside ARCHS is a transformers model_type (tests/llm/test_decoder.py), its config from CONFIG_MAPPING
-    make = getattr(transformers, cls) if cls else transformers.CONFIG_MAPPING[arch]
-    cfg = make(**(common | extra | (config or {})))
+    cfg = tiny_config(arch, tok.get_vocab_size(), layers=layers, config=config)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():  # trained-like norm weights and biases (initialised to ones / zeros)

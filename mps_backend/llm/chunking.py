@@ -48,6 +48,9 @@ ROW_BYTES_HIDDEN, ROW_BYTES_INTERMEDIATE, ROW_BYTES_POSITION = 162.5, 16.1, 17.5
 #: bytes a float32 attention score moves (fused model): the new keys joined to the cache's before one matmul,
 #: or the masked scores joined to the new keys' (docs/device-cost.md, The chunk's attention)
 SCORE_BYTES_KEYS_JOINED, SCORE_BYTES_SCORES_JOINED = 18, 26
+#: ``layer_types`` of layers that keep a recurrent state and no KV cache (any other type attends over the cache:
+#: ``full_attention``, ``sliding_attention``, ``chunked_attention``, Falcon-H1's ``hybrid``)
+RECURRENT_LAYERS = ("linear", "conv", "mamba", "ssm", "recurrent")
 #: a mixture of experts: each row's experts are gathered from the table (read, written, read by the matmuls)
 EXPERT_PASSES = 3
 
@@ -243,6 +246,7 @@ def model_shape(model: torch.nn.Module, *, cache: int, layers: int, element_byte
         group = quantization.group
         bits = 0.5 if quantization.scheme == "int4" else 1.0
         per_param = bits + (2.0 / group if group else 0.0)  # a float16 scale a group (symmetric)
+    config_experts = _first(cfg, "num_experts", "num_local_experts", "n_routed_experts")
     weight_params = head_params = expert_params = 0
     dense = experts_b = 0.0
     seen: set[int] = set()
@@ -251,7 +255,8 @@ def model_shape(model: torch.nn.Module, *, cache: int, layers: int, element_byte
             if id(p) in seen:
                 continue
             is_head = head_w is not None and p is head_w
-            expert = p.dim() == 3 and "expert" in f"{name}.{pname}".lower()
+            # stacked experts [experts, out, in] (named so, or as many as the config's experts: JetMoE's)
+            expert = p.dim() == 3 and ("expert" in f"{name}.{pname}".lower() or p.shape[0] == config_experts > 1)
             # a matmul's weight: nn.Linear's, GPT-2's Conv1D's, any 2-d parameter but an embedding table's
             linear = p.dim() == 2 and not isinstance(module, torch.nn.Embedding)
             if not (is_head or expert or linear):
@@ -281,13 +286,13 @@ def model_shape(model: torch.nn.Module, *, cache: int, layers: int, element_byte
     kv = _first(cfg, "num_key_value_heads", "n_kv_heads", "num_kv_heads", default=heads)
     head_dim = _first(cfg, "head_dim", default=max(hidden // heads, 1))
     intermediate = _first(cfg, "intermediate_size", "hidden_dim", "ffn_hidden_size", default=4 * hidden)
-    n_experts = _first(cfg, "num_experts", "num_local_experts", "n_routed_experts") if expert_params else 0
+    n_experts = config_experts if expert_params else 0
     top_k = _first(cfg, "num_experts_per_tok", "num_activated_experts", "moe_top_k", default=1) if expert_params else 0
     if n_experts:  # a row's MLP columns: its experts'
         intermediate = top_k * _first(cfg, "moe_intermediate_size", "moe_hidden_dim", "intermediate_size", default=intermediate)
     types = getattr(cfg, "layer_types", None)
     attention = (
-        sum(1 for t in types if "attention" in str(t) and "linear" not in str(t))
+        sum(1 for t in types if not any(kind in str(t) for kind in RECURRENT_LAYERS))
         if isinstance(types, (list, tuple)) and types
         else layers
     )

@@ -138,3 +138,58 @@ def test_docs_table_is_the_choosers():
     from scripts.chunk_table import table
 
     assert table() in (ROOT / "docs" / "llm.md").read_text()
+
+
+def _every_text_model_type():
+    """(id, model type, config overrides, layers) of every text decoder the LLM tests export: the decoder table's
+    (refusals too: their model is loaded before the export refuses it), the families of test_export, and the
+    recurrent and hybrid configs of test_prefill."""
+    from tests.llm import test_decoder, test_prefill
+    from tests.llm_helpers import ARCHS
+
+    rows = {case: (mt, cfg, layers) for case, (mt, cfg, layers, _) in test_decoder.TABLE.items()}
+    prefill = test_prefill.CASES.items()
+    rows |= {f"prefill-{case}": (mt, cfg, layers) for case, (mt, cfg, layers, _, _) in prefill if mt != "llama:"}
+    rows |= {arch: (arch, {}, 2) for arch in ARCHS}
+    rows["gpt2"] = ("gpt2", {"n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 256}, 2)  # Conv1D, not nn.Linear
+    return sorted(rows.items())
+
+
+def test_every_model_type_gets_a_chunk():
+    """The chooser reads every architecture the exports take (on the meta device: no weights): the matmul
+    weights it finds are every 2-d weight but the embedding tables' (an MoE's stacked experts too), its attention
+    shape is the config's, and it chooses a chunk the cache holds. A model it could not read would fail the
+    default export (the chunk is chosen before the export)."""
+    import transformers
+
+    from tests.llm_helpers import tiny_config
+
+    for case, (model_type, overrides, layers) in _every_text_model_type():
+        config = tiny_config(model_type, 96, layers=layers, config=overrides)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        shape = model_shape(model, cache=64, layers=layers, element_bytes=2)
+        embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)} - {
+            id(getattr(model.get_output_embeddings(), "weight", None))
+        }
+        matmul = sum(p.numel() for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings and p.dim() < 4)
+        assert 0.9 * matmul <= shape.weight_params <= matmul, (case, shape.weight_params, matmul)
+        assert shape.heads >= 1 and shape.kv_heads >= 1 and shape.head_dim >= 1 and 1 <= shape.attention_layers <= layers, case
+        assert shape.call_bytes(1) > 0 and shape.call_flops(1) > 0, case
+        assert choose(shape).chunk in CANDIDATES and choose(shape).chunk <= 64, case
+
+
+def test_a_llama_checkpoint_takes_the_chosen_chunk(tmp_path):
+    """``llama:`` (executorch's example llama, its ModelArgs rather than a transformers config): the default
+    export reads its shape, takes the chosen chunk, and its greedy tokens after a prompt of two calls are those
+    of the one-token program of the same checkpoint."""
+    from mps_backend.llm import generate_ids
+    from tests.llm_helpers import save_llama_checkpoint
+
+    ckpt, params, _ = save_llama_checkpoint(tmp_path)
+    chosen = export_llm(f"llama:{ckpt}", tmp_path / "c.pte", dtype="fp32", max_seq_len=40, params=params, device="m3")
+    one = export_llm(f"llama:{ckpt}", tmp_path / "1.pte", dtype="fp32", max_seq_len=40, params=params, prefill_chunk=1)
+    shape = chosen.chunk_choice
+    assert chosen.prefill_chunk == shape.chunk > 1 and shape.device == "M3" and one.prefill_chunk == 1
+    prompt = [1, *range(5, 5 + chosen.prefill_chunk + 2)]
+    assert generate_ids(chosen.path, prompt, 3) == generate_ids(one.path, prompt, 3)
