@@ -44,6 +44,7 @@ from mps_backend.export_scope import export_scope
 from mps_backend.files import output_target, publish_checked, staging_path, write_atomically
 from mps_backend.llm import guards
 from mps_backend.llm.checkpoint import LoadedLM
+from mps_backend.llm.chunking import device_named
 from mps_backend.llm.family import Family, Method
 from mps_backend.llm.folder_check import json_object
 from mps_backend.llm.options import DEFAULT_MAX_SEQ_LEN, ExportOptions
@@ -332,6 +333,9 @@ def export_llm(
         rows = family.rows(lm, options, seq_len) if choice is None else choice.chunk
         if choice is not None:
             notes.append(choice.line())
+        elif device_named(options.device) is not None:  # named, but the rows were not chosen for it: say so
+            given = "--prefill-chunk gave them" if options.prefill_chunk is not None else f"the {family.name} runner fixes them"
+            notes.append(f"--device {options.device}: not used: {given} ({rows} rows a call)")
         if options.quantization:
             plan = options.quantization.plan(family.quantize_target(lm))  # the weights every decode step reads; none: an error
             notes.append(plan.summary() + family.quantize_rest)

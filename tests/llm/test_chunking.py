@@ -119,6 +119,7 @@ def test_an_export_without_a_chunk_takes_the_chosen_one(tmp_path, tokenizer):
     assert got and got == eager_greedy(folder, prompt, 4)[: len(got)]
     given = export_llm(f"hf:{folder}", tmp_path / "g.pte", dtype="fp32", max_seq_len=40, prefill_chunk=2, device="m2")
     assert given.prefill_chunk == 2 and given.chunk_choice is None and "prompt chunk" not in given.summary()
+    assert "--device m2: not used: --prefill-chunk gave them (2 rows a call)" in given.summary()
 
 
 def test_cli_device(tmp_path, tokenizer, capsys):
