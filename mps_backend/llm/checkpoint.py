@@ -55,6 +55,9 @@ class LoadedLM:
     weight_bytes: int  # the checkpoint's tensor bytes on disk
     tokenizer_path: pathlib.Path | None = None
     notes: list[str] = field(default_factory=list)
+    #: what a family resolved from the checkpoint for its program at load (Whisper: the decoding rules of its
+    #: generation config, :func:`mps_backend.llm.whisper_decoding.decoder_rules`); None for the others
+    decoding: Any = None
 
 
 def _ids(value: Any) -> list[int]:

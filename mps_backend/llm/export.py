@@ -262,6 +262,8 @@ def export_llm(
     quantize_head: str | None = None,
     allow_requantize: bool = False,
     device: str = "any",
+    language: str | None = None,
+    task: str | None = None,
 ) -> LLMExportResult:
     """Export a language-model checkpoint (``hf:FOLDER``, ``gguf:FILE.gguf``, or ``llama:CHECKPOINT.pth``
     with ``params``) to ``output``, a ``.pte`` its runner (executorch's LLM, multimodal or ASR runner) loads
@@ -277,7 +279,8 @@ def export_llm(
     :mod:`mps_backend.llm.verify`, the CLI's default 4, into ``result.verification``),
     ``quantize_embedding`` (the embedding table int8 with a scale per row, dequantized after the lookup),
     ``prefill_chunk`` (rows one call computes; not given: the chunk chosen for ``device``, ``any`` or an Apple
-    GPU of the cost model's table such as ``m2`` or ``a17-pro``: :mod:`mps_backend.llm.chunking`). A ``gguf:``
+    GPU of the cost model's table such as ``m2`` or ``a17-pro``: :mod:`mps_backend.llm.chunking`); Whisper's
+    ``language`` and ``task`` (the decoding executorch's ASR runner gets from the program). A ``gguf:``
     file without ``quantize`` keeps its quantized tensors (:func:`mps_backend.llm.gguf.load_gguf`)."""
     keywords = dict(
         quantize=quantize,
@@ -293,6 +296,8 @@ def export_llm(
         quantize_head=quantize_head,
         allow_requantize=allow_requantize,
         device=device,
+        language=language,
+        task=task,
     )
     if options is None:
         options = ExportOptions.of(dtype, **keywords)
@@ -304,6 +309,8 @@ def export_llm(
     guards.check_output_is_not_an_input(out, spec.kind, spec.path, options.params)  # -o FOLDER/model.safetensors...
     check_environment()  # the byte-count settings, parsed before any work (a bad one is one ConfigError)
     family = family_for(spec)
+    if (options.language is not None or options.task is not None) and not family.takes_language:
+        raise CheckpointError(f"--language and --task apply to Whisper checkpoints, not to a {family.name} model")
     prog = progress if isinstance(progress, Progress) else Progress(enabled=bool(progress))
     weights = _checkpoint_state(spec.path)  # checked again before the weights are copied and before the write
     # converted weights (bfloat16 -> float16) and quantized int8 data are written here and mapped back,

@@ -106,6 +106,8 @@ class Family(abc.ABC):
     unplanned_inputs: tuple[str, ...] = ()
     #: what ``--quantize`` leaves in float, as the summary's note adds it ("" : nothing)
     quantize_rest = ""
+    #: whether its program takes ``--language`` and ``--task`` (Whisper's decoding rules)
+    takes_language = False
 
     def load(
         self, spec: ModelSpec, options: ExportOptions, *, progress: Progress | None = None, scratch=None, keep_quantized=False

@@ -19,6 +19,7 @@ import torch
 
 from mps_backend.errors import CheckpointError
 from mps_backend.llm.chunking import device_named
+from mps_backend.llm.whisper_decoding import TASKS
 from mps_backend.precision import Precision
 from mps_backend.quantize import HEADS, SCHEMES, Quantization, QuantizationError
 from mps_backend.runtime_kernels import DEFAULT_TARGET
@@ -47,6 +48,11 @@ class ExportOptions:
     #: the Apple GPU the prompt chunk is chosen for (``--device``: ``any``, or a device of the cost model's
     #: table as :data:`mps_backend.llm.chunking.DEVICE_CHOICES` spells it, e.g. ``m2``, ``m3-pro``, ``a17-pro``)
     device: str = "any"
+    #: Whisper: the language its program's decoding forces (``--language``: a code such as ``fr`` or a name;
+    #: None: the generation config's, else detected), for executorch's ASR runner (docs/speech-vision.md)
+    language: str | None = None
+    #: Whisper: ``transcribe`` or ``translate`` (``--task``; None: the generation config's)
+    task: str | None = None
     #: weight-only quantization ``int4`` / ``int8`` (``--quantize``)
     quantize: str | None = None
     #: columns sharing a scale (``--group-size``; 0: one per output channel; None: the scheme's default)
@@ -96,6 +102,10 @@ class ExportOptions:
             raise CheckpointError(f"--max-seq-len must be at least 2, got {self.max_seq_len}")
         if self.prefill_chunk is not None and (not _count(self.prefill_chunk) or self.prefill_chunk < 1):
             raise CheckpointError(f"--prefill-chunk: give a count of at least 1 rows a call, got {self.prefill_chunk!r}")
+        if self.task is not None and self.task not in TASKS:
+            raise CheckpointError(f"--task {self.task!r}: use one of {', '.join(TASKS)}")
+        if self.language is not None and (not isinstance(self.language, str) or not self.language.strip()):
+            raise CheckpointError(f"--language {self.language!r}: give a language code such as fr, or a name")
         try:
             device_named(self.device)
         except ValueError as e:

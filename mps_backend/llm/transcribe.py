@@ -8,7 +8,7 @@ The calls are executorch's ASR runner's (``extension/asr/runner/runner.cpp`` at 
 :class:`mps_backend.runtime.LoadedMethod`: ``encoder`` once on a window's features, which must return one
 tensor (runner.cpp:216-231); then ``text_decoder(token [1, 1], that tensor, cache_position [1])`` once per
 token from cache position 0. :func:`transcribe_ids` without rules is the runner's loop: from
-``decoder_start_token_id``, the argmax of the logits (temperature 0, runner.cpp:243-298), until an id of
+``decoder_start_token_id``, the argmax of the logits' last row (temperature 0, runner.cpp:243-298), until an id of
 ``get_eos_ids`` (read as ``llm::get_eos_ids`` reads it, llm_runner_helper.cpp:153-178) or
 ``max_new_tokens`` (runner.cpp:267, 316-318); the export's self-check uses it. With the checkpoint's
 rules (:mod:`mps_backend.llm.whisper_decoding`) it is transformers' ``generate``: the prompt fed token by
@@ -200,7 +200,11 @@ class WhisperProgram:
         return outputs[0]
 
     def step(self, token: int, cross: torch.Tensor, cache_position: int) -> torch.Tensor:
-        return self.decoder([torch.tensor([[token]]), cross, torch.tensor([cache_position])])[0].reshape(-1)
+        """The step's logits rows ``[rows, vocab]``: ``[1, 2, vocab]`` from this project's exports (the model's,
+        then the generation config's rules applied: :mod:`mps_backend.llm.whisper`), ``[1, vocab]`` from
+        older ones."""
+        out = self.decoder([torch.tensor([[token]]), cross, torch.tensor([cache_position])])[0]
+        return out.reshape(-1, out.shape[-1])
 
 
 def transcribe_ids(
@@ -217,11 +221,13 @@ def transcribe_ids(
     prompt and the tokens after it.
 
     ``rules`` None: the ASR runner's loop (the module doc): from the program's ``decoder_start_token_id``,
-    the argmax of each step's logits. ``rules`` (:func:`mps_backend.llm.whisper_decoding.decoder_rules`):
+    the argmax of each step's last logits row (the rules the program was exported with applied). ``rules``
+    (:func:`mps_backend.llm.whisper_decoding.decoder_rules`):
     transformers' ``generate``: the prompt fed token by token (its language detected from the first step
     if it is to be), then the argmax of :func:`~mps_backend.llm.whisper_decoding.rule_scores` per step, until the rules'
     EOS (else the program's). ``max_new_tokens``: tokens after the prompt (default: as many as the cache
-    holds). ``logits``: a list receiving each step's logits, as the program returned them."""
+    holds). ``logits``: a list receiving each step's logits rows ``[rows, vocab]``, as the program returned them
+    (:meth:`WhisperProgram.step`)."""
     program = pte if isinstance(pte, WhisperProgram) else WhisperProgram(pte)
     prompt = list(rules.prompt) if rules is not None else [program.start]
     room = program.max_len - len(prompt) + 1  # the last token is not fed back
@@ -238,15 +244,19 @@ def transcribe_ids(
     cross = program.encode(features)
     t1 = time.perf_counter()
 
-    def step(token: int, cache_position: int) -> torch.Tensor:
-        return program.step(token, cross, cache_position)
+    # the runner's loop reads the last row (logits_to_token), the rules' loop the model's own (row 0)
+    row = -1 if rules is None else 0
 
-    stats = GenerationStats(prompt_tokens=len(prompt), logits=logits)
+    def step(token: int, cache_position: int) -> torch.Tensor:
+        out = program.step(token, cross, cache_position)
+        if logits is not None:
+            logits.append(out.float().clone())
+        return out[row]
+
+    stats = GenerationStats(prompt_tokens=len(prompt))
     fed = prompt[:1]
     out = step(fed[0], 0)
     for position in range(1, len(prompt)):  # the prompt, fed as given (its language detected)
-        if logits is not None:
-            logits.append(out.float().clone())
         given = prompt[position]
         fed.append(detect_language(rules, out) if given is None else given)
         out = step(fed[-1], position)

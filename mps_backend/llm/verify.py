@@ -106,6 +106,8 @@ class LLMVerification:
     #: a quantized export: the eager model with the quantized weights against the one with the float
     #: weights on the same tokens (:func:`quantization_price`), None otherwise
     price: str | None = None
+    #: a check of the program beside its logits that failed (Whisper: its decoding rules' row), None: none did
+    failure: str | None = None
 
     @property
     def relative(self) -> float:
@@ -113,7 +115,7 @@ class LLMVerification:
 
     @property
     def ok(self) -> bool:
-        return self.relative <= self.tolerance
+        return self.relative <= self.tolerance and self.failure is None
 
     def __str__(self) -> str:
         head = f"verify           {self.steps} decode steps on the emulated runtime vs {self.reference}"
@@ -128,6 +130,8 @@ class LLMVerification:
             head += f"\nverify           {self.truncated}"
         if self.price:
             head += f"\nverify           {self.price}"
+        if self.failure:
+            head += f"\nverify           FAILED: {self.failure}"
         return (
             f"{head}\nverify           max |logit diff| {self.max_abs_diff:.3g} = {self.relative:.3g} of the logits' "
             f"scale {self.scale:.3g} (tolerance {self.tolerance:g}); greedy tokens agree {self.tokens_agree}/{self.steps}: "

@@ -5,7 +5,7 @@ The runner (``extension/asr/runner``, ``AsrRunner`` in executorch 1.1 and ``Seq2
 docs/speech-vision.md cites the lines) calls:
 
     encoder(features: float32 [1, n_mels, 3000]) -> one tensor
-    text_decoder(token: int64 [1, 1], <that tensor>, cache_position: int64 [1]) -> logits [1, vocab]
+    text_decoder(token: int64 [1, 1], <that tensor>, cache_position: int64 [1]) -> logits [1, 2, vocab]
 
 once per utterance and once per token. It hands the decoder the encoder's output on every call and
 nothing else, so what a decode step needs from the audio must be that tensor. Here it is the
@@ -19,6 +19,14 @@ The decoder's self-attention is the language models' decode step (:mod:`mps_back
 transformers' own modeling code with a static KV cache passed as ``past_key_values``, K stored
 transposed, grouped attention over the old cache plus the new row, the rows written after the
 delegate by ``index_put_`` on CPU, the mask computed from ``cache_position``.
+
+The runner takes the argmax of the decoder's last logits row (``logits_to_token``: a rank-3 tensor's last
+row, ``extension/llm/sampler/util.h``) from the start token on, and applies no decoding rule of its own. So
+``text_decoder`` returns two rows: row 0 the model's logits, row 1 those the generation config allows at
+``cache_position`` (:func:`mps_backend.llm.whisper_decoding.runner_table`: the decoder prompt forced, the
+language detected or ``--language``'s, ``--task``, ``begin_suppress_tokens``, ``suppress_tokens``; the
+others ``-inf``): the runner decodes as transformers' ``generate`` does without timestamps, and
+``mps-backend transcribe`` reads row 0 and applies the rules itself (timestamps and long audio included).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from mps_backend.llm.spec import parse_model_spec
 from mps_backend.llm.swap import Replacements
 from mps_backend.llm.transcribe import transcribe_ids
 from mps_backend.llm.verify import LLMVerification, precision_name, tolerance
+from mps_backend.llm.whisper_decoding import WhisperRules, decoder_rules, describe_rules, generation_config, runner_table
 from mps_backend.quantize import Quantization
 
 #: the method names executorch's ASR runner calls (extension/asr/runner/runner.cpp:28-29 at v1.1.0)
@@ -116,9 +125,12 @@ def _encoder_decoder_cache(self_cache: StaticCache, cross: _CrossCache):
 
 class WhisperDecoderStep(torch.nn.Module):
     """``text_decoder``: one token at ``cache_position`` against the cross-attention keys and values
-    of :class:`WhisperEncoderStep` -> float32 logits ``[1, vocab]``."""
+    of :class:`WhisperEncoderStep` -> float32 logits ``[1, 2, vocab]``: the model's, and those ``rules``
+    allow at ``cache_position`` (the others ``-inf``; the row the ASR runner reads, the module doc)."""
 
-    def __init__(self, model: torch.nn.Module, max_seq_len: int, changes: Replacements | None = None):
+    def __init__(
+        self, model: torch.nn.Module, max_seq_len: int, changes: Replacements | None = None, rules: WhisperRules | None = None
+    ):
         super().__init__()
         config = model.config
         self.model = model
@@ -134,6 +146,13 @@ class WhisperDecoderStep(torch.nn.Module):
         dtype = next(model.parameters()).dtype
         register_kv_caches(self, int(config.decoder_layers), self.heads, self.head_dim, self.max_seq_len, dtype, grouped=True)
         self.mask_dtype = dtype
+        if rules is None:
+            rules = WhisperRules(prompt=(decoder_start_id(model),))
+        table = runner_table(rules, int(config.vocab_size))
+        self.last_row = table.shape[0] - 1
+        # [positions, 2, vocab]: row 0 keeps every logit (the model's), row 1 the rules' tokens; one where
+        # writes the output's two rows from the logits (no full -inf tensor, no concatenation)
+        self.register_buffer("allowed", torch.stack([torch.ones_like(table), table], dim=1), persistent=False)
 
     def forward(self, tokens: torch.Tensor, cross: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         k = torch.arange(self.max_seq_len, dtype=cache_position.dtype)
@@ -149,13 +168,16 @@ class WhisperDecoderStep(torch.nn.Module):
             use_cache=True,
         )
         self_cache.write_pending()  # the cache rows, after attention: index_put on CPU, in place
-        return self.model.proj_out(out.last_hidden_state[:, -1, :]).float()
+        logits = self.model.proj_out(out.last_hidden_state[:, -1:, :]).float()  # [1, 1, vocab]
+        allowed = self.allowed.index_select(0, cache_position.clamp(max=self.last_row))  # [1, 2, vocab]
+        return torch.where(allowed, logits, float("-inf"))
 
 
 #: the static signatures, as the export summary states them
 WHISPER_SIGNATURE = (
     "encoder features float32 [1, n_mels, 3000] -> cross-attention K/V; "
-    "text_decoder token [1, 1], that K/V, cache_position [1] -> logits [1, vocab]"
+    "text_decoder token [1, 1], that K/V, cache_position [1] -> logits [1, 2, vocab] (the model's; the generation "
+    "config's rules applied, the row the ASR runner reads)"
 )
 
 
@@ -169,9 +191,9 @@ def check_positions(model: torch.nn.Module, max_seq_len: int) -> None:
         )
 
 
-def whisper_methods(model: torch.nn.Module, max_seq_len: int) -> list[Method]:
+def whisper_methods(model: torch.nn.Module, max_seq_len: int, rules: WhisperRules | None = None) -> list[Method]:
     """The ASR runner's methods: ``encoder`` (the model's eager attention), ``text_decoder`` (the model
-    switched to grouped attention while it is built and exported)."""
+    switched to grouped attention while it is built and exported; its decoding ``rules``, default none)."""
     config = model.config
     dtype = next(model.parameters()).dtype
     features = torch.zeros(1, int(config.num_mel_bins), WINDOW_FRAMES, dtype=torch.float32)
@@ -179,7 +201,7 @@ def whisper_methods(model: torch.nn.Module, max_seq_len: int) -> list[Method]:
     token, position = torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
 
     def decoder(changes: Replacements):
-        return WhisperDecoderStep(model, max_seq_len, changes).eval(), (token, cross, position), None
+        return WhisperDecoderStep(model, max_seq_len, changes, rules).eval(), (token, cross, position), None
 
     return [
         Method(ENCODER_METHOD, lambda changes: (WhisperEncoderStep(model).eval(), (features,), None)),
@@ -194,6 +216,21 @@ def quantize_target(model: torch.nn.Module) -> torch.nn.Module:
     encoder's layers stay in the export's float precision: it runs once a 30-second window, bound by its
     activations (docs/speech-vision.md, Quantized Whisper: int8 encoder weights would save 1 % of its bytes)."""
     return torch.nn.ModuleDict({"decoder": model.model.decoder, "proj_out": model.proj_out})
+
+
+def runner_rules(folder, language: str | None = None, task: str | None = None) -> WhisperRules | None:
+    """The rules of the checkpoint's generation config for executorch's ASR runner: greedy, no timestamps, the
+    language and task given (else the config's; a language left to detect is detected). None without a
+    generation config (the start token and the argmax). Read from the folder's JSON, before the weights."""
+    gen = generation_config(folder)
+    if gen is None:
+        if language is not None or task is not None:
+            raise CheckpointError(f"{folder}: no generation_config.json or config.json (--language, --task)")
+        return None
+    try:
+        return decoder_rules(gen, language=language, task=task, timestamps=False)
+    except ValueError as e:
+        raise CheckpointError(f"{folder}: {e}") from None
 
 
 def decoder_start_id(model: torch.nn.Module) -> int:
@@ -249,9 +286,20 @@ def verify_whisper(result, model: str, options: ExportOptions, *, pte=None):
     features = verification_features(int(json_object(pathlib.Path(folder), "config.json", required=True)["num_mel_bins"]))
     tokens = transcribe_ids(pte or result.path, features, steps, stop_at_eos=False, logits=logits)
     ref, reference = eager_logits(folder, features, tokens[:-1], options.quantization, dtype)
-    dev = torch.stack(logits).float()
-    agree = sum(int(a) == b for a, b in zip(ref.argmax(-1).tolist(), tokens[1:]))
+    rows = torch.stack(logits).float()  # [steps, 2, vocab]: the model's logits, the rules' row
+    dev = rows[:, 0]
+    gen = generation_config(folder)
+    rules = (
+        WhisperRules(prompt=(tokens[0],))
+        if gen is None
+        else decoder_rules(gen, language=options.language, task=options.task, timestamps=False)
+    )
+    table = runner_table(rules, rows.shape[-1])
+    allowed = table[torch.arange(len(ref)).clamp(max=table.shape[0] - 1)]
+    # the tokens the runner chose (the rules' row's argmax) against eager's logits under the same rules
+    agree = sum(int(a) == b for a, b in zip(torch.where(allowed, ref, float("-inf")).argmax(-1).tolist(), tokens[1:]))
     return LLMVerification(
+        failure=rules_row_failure(rows, table, rules),
         steps=len(logits),
         max_abs_diff=float((dev - ref).abs().max()),
         scale=float(ref.abs().max()),
@@ -259,6 +307,22 @@ def verify_whisper(result, model: str, options: ExportOptions, *, pte=None):
         tokens_agree=agree,
         reference=reference,
     )
+
+
+def rules_row_failure(rows: torch.Tensor, table: torch.Tensor, rules: WhisperRules) -> str | None:
+    """Whether each step's rules row (``rows[:, -1]``, the one the ASR runner reads) is its logits row with
+    exactly the tokens of ``table`` (:func:`~mps_backend.llm.whisper_decoding.runner_table`) kept, the others
+    ``-inf``; None if so, else why not."""
+    if rows.shape[1] < 2:
+        return "text_decoder returned one logits row: no row with the generation config's rules"
+    for position, (raw, ruled) in enumerate(zip(rows[:, 0], rows[:, -1])):
+        want = torch.where(table[min(position, table.shape[0] - 1)], raw, float("-inf"))
+        if not torch.equal(ruled, want):
+            return (
+                f"text_decoder's rules row at cache position {position} is not its logits with the generation "
+                f"config's tokens allowed ({describe_rules(rules)})"
+            )
+    return None
 
 
 def eager_logits(
@@ -291,6 +355,21 @@ class Speech(Family):
     signature = WHISPER_SIGNATURE
     unplanned_inputs = (DECODER_METHOD,)  # handed the encoder's cross-attention K/V every step, used in place
     quantize_rest = "; the audio encoder stays in float"
+    takes_language = True
+
+    def load(self, spec, options: ExportOptions, **kwargs) -> LoadedLM:
+        rules = runner_rules(spec.path, options.language, options.task)  # a bad --language before the weights
+        lm = super().load(spec, options, **kwargs)
+        start = decoder_start_id(lm.model)
+        if rules is None:
+            rules = WhisperRules(prompt=(start,))
+        elif rules.prompt[0] != start:
+            raise CheckpointError(
+                f"{spec.path}: the generation config's decoder_start_token_id {rules.prompt[0]} is not the model's {start}"
+            )
+        lm.decoding = rules
+        lm.notes.append("text_decoder's last logits row, the one the ASR runner reads: " + describe_rules(lm.decoding))
+        return lm
 
     def check(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> None:
         super().check(lm, options, max_seq_len)
@@ -308,7 +387,7 @@ class Speech(Family):
         return quantize_target(lm.model)
 
     def methods(self, lm: LoadedLM, max_seq_len: int, rows: int) -> list[Method]:
-        return whisper_methods(lm.model, max_seq_len)
+        return whisper_methods(lm.model, max_seq_len, lm.decoding)
 
     def metadata(self, lm: LoadedLM, max_seq_len: int, rows: int) -> dict:
         return whisper_metadata(lm, max_seq_len)

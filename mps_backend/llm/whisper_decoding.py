@@ -210,3 +210,49 @@ def rule_scores(rules: WhisperRules, tokens: list[int], logits: torch.Tensor, be
         if logprobs[ts:].logsumexp(dim=-1) > logprobs[:ts].max():
             scores[:ts] = inf
     return scores
+
+
+def runner_table(rules: WhisperRules, vocab: int) -> torch.Tensor:
+    """The tokens executorch's ASR runner may choose at each cache position, as a bool ``[P + 1, vocab]``
+    (``P`` the prompt's length; row ``min(cache_position, P)``): the runner feeds ``decoder_start_token_id`` and
+    then the argmax of each step's logits, so the program's ``text_decoder`` keeps only these tokens in the
+    logits row it reads (:class:`mps_backend.llm.whisper.WhisperDecoderStep`) and the runner decodes as
+    ``generate`` with ``rules`` (timestamps off: the timestamp rules need the tokens so far).
+
+    - a row before the prompt's last token: the prompt's next token (the language to detect: the language
+      tokens, ``detect_language``'s argmax);
+    - the prompt's last token's row (the first generated token): all but ``begin_suppress`` and ``suppress``;
+    - the rows after: all but ``suppress``."""
+    if rules.timestamps:
+        raise ValueError("the runner's table decodes without timestamps")
+    prompt = len(rules.prompt)
+    table = torch.ones(prompt + 1, vocab, dtype=torch.bool)
+
+    def only(row: int, ids) -> None:
+        kept = [i for i in ids if 0 <= i < vocab]
+        if not kept:
+            raise ValueError(f"the decoder prompt's token {list(ids)} is outside the vocabulary of {vocab}")
+        table[row] = False
+        table[row, kept] = True
+
+    for row in range(prompt - 1):
+        nxt = rules.prompt[row + 1]
+        only(row, rules.language_ids if nxt is None else (nxt,))
+
+    def drop(row: int, ids) -> None:
+        kept = [i for i in ids if 0 <= i < vocab]
+        table[row, kept] = False
+
+    drop(prompt - 1, rules.begin_suppress)
+    drop(prompt - 1, rules.suppress)
+    drop(prompt, rules.suppress)
+    return table
+
+
+def describe_rules(rules: WhisperRules) -> str:
+    """The rules of :func:`runner_table` in a line of the export summary."""
+    prompt = " ".join("<language: detected>" if t is None else str(t) for t in rules.prompt)
+    return (
+        f"prompt [{prompt}], {len(rules.suppress)} suppressed tokens, {len(rules.begin_suppress)} more at the first "
+        "generated token, no timestamps"
+    )

@@ -101,6 +101,8 @@ def cmd_export_llm(args) -> int:
             max_seq_len=args.max_seq_len,
             prefill_chunk=args.prefill_chunk,
             device=args.device or ANY,
+            language=args.language,
+            task=args.task,
             quantize=args.quantize,
             group_size=args.group_size,
             quantize_head=args.quantize_head,
@@ -246,7 +248,7 @@ def cmd_transcribe(args) -> int:
 def cmd_export(args) -> int:
     if is_llm_spec(args.model):
         return cmd_export_llm(args)
-    for flag in ("max_seq_len", "params", "prefill_chunk", "device", "preprocessor"):
+    for flag in ("max_seq_len", "params", "prefill_chunk", "device", "preprocessor", "language", "task"):
         if getattr(args, flag) is not None:  # one line, exit 2 (a SystemExit of text had no "error:" and exit 1)
             raise UserError(f"--{flag.replace('_', '-')} applies to language models (--model {USAGE})")
     if args.quantize_embedding or args.no_verify:
@@ -587,6 +589,18 @@ def main(argv: list[str] | None = None) -> int:
         help="language models: the Apple GPU the prompt chunk is chosen for when --prefill-chunk is not given: "
         f"{', '.join(DEVICE_CHOICES)} (default any: the chunk with the best worst case over them; docs/llm.md, "
         "The chunk for your device)",
+    )
+    p.add_argument(
+        "--language",
+        default=None,
+        help="Whisper: the language the program's decoding forces for executorch's ASR runner (a code such as fr, or "
+        "a name; default: the generation config's, else detected from the audio)",
+    )
+    p.add_argument(
+        "--task",
+        choices=("transcribe", "translate"),
+        default=None,
+        help="Whisper, multilingual checkpoints: the task the program's decoding forces (default: the generation config's)",
     )
     p.add_argument("--params", default=None, help="llama:CHECKPOINT.pth: its params.json (default: beside it)")
     p.add_argument(

@@ -133,7 +133,7 @@ def test_fp16_logits_close_to_eager(checkpoints, exports, variant):
     model = eager_whisper(checkpoints[variant])
     with torch.no_grad():
         ref = model(input_features=feats, decoder_input_ids=torch.tensor([tokens[:-1]])).logits[0]
-    dev = torch.stack(logits)
+    dev = torch.stack(logits)[:, 0]  # the model's logits (row 1: the generation config's rules applied)
     assert dev.shape == ref.shape and dev.shape[0] == STEPS
     err = ((dev - ref).abs().max() / ref.abs().max()).item()
     assert err <= TOLERANCE["fp16"], f"fp16 logits off by {err:.3g} of their scale"
@@ -349,6 +349,102 @@ def test_rules_equal_transformers_generate(whisper_like, case):
     else:
         other = list(without.prompt) + _ours(pte, feats, without)
     assert other != list(rules.prompt) + got, "the rule changed nothing"
+
+
+def _argmax_loop(pte, feats, n: int) -> list[int]:
+    """The ASR runner's loop on the model's own logits (row 0): what executorch's runner decoded before the
+    program carried the rules."""
+    from mps_backend.llm.transcribe import WhisperProgram
+
+    program = WhisperProgram(pte)
+    cross = program.encode(feats)
+    tokens = [program.start]
+    for position in range(n):
+        tokens.append(int(program.step(tokens[-1], cross, position)[0].argmax()))
+        if tokens[-1] in program.eos:
+            break
+    return tokens
+
+
+@pytest.mark.parametrize("case", ["speech-30s", "translate", "english-only", "suppress"])
+def test_asr_runner_loop_decodes_as_generate(whisper_like, tmp_path, case):
+    """executorch's ASR runner feeds the start token and then the argmax of ``text_decoder``'s last logits row,
+    nothing else (``logits_to_token``; docs/speech-vision.md). That loop over the program equals transformers'
+    ``generate`` (timestamps off) token for token: the language detected on a 30-second window of speech;
+    ``--language de --task translate`` given to the export; an English-only checkpoint's prompt;
+    ``suppress_tokens`` and ``begin_suppress_tokens`` of the tokens the free decoding chooses. Each case
+    decodes differently without the rules (the loop on the model's own logits, the program's row 0), and the
+    rules' row is the logits row with only the allowed tokens kept."""
+    import json
+    import shutil
+
+    import transformers
+
+    from mps_backend.llm.whisper_decoding import decoder_rules, runner_table
+
+    folder, gen, pte = whisper_like
+    n = RULES_STEPS
+    feats = features(folder, _speech_window() if case in ("speech-30s", "suppress") else utterance())
+    kwargs, config = {}, gen
+    if case == "translate":
+        kwargs = {"language": "de", "task": "translate"}
+    elif case != "speech-30s":
+        if case == "english-only":
+            config = whisper_generation(whisper_tokenizer(), multilingual=False)
+        else:
+            free = _argmax_loop(pte, feats, n)[1:]
+            counts = sorted(set(free) - {gen["eos_token_id"]}, key=lambda t: (-free.count(t), t))
+            config = gen | {"suppress_tokens": counts[:3], "begin_suppress_tokens": [counts[3], gen["eos_token_id"]]}
+        folder = shutil.copytree(folder, tmp_path / "ckpt")
+        (folder / "generation_config.json").write_text(json.dumps(config))
+    if case != "speech-30s":
+        pte = tmp_path / "w.pte"
+        args = [a for k, v in kwargs.items() for a in (f"--{k}", v)]
+        code, _, err = _run(
+            "export", "--model", f"hf:{folder}", "--dtype", "fp32", "--max-seq-len", 48, "-o", pte, "--no-verify", *args
+        )
+        assert code == 0, err
+    rules = decoder_rules(transformers.GenerationConfig(**config), timestamps=False, **kwargs)
+    prompt = len(rules.prompt)
+    logits: list[torch.Tensor] = []
+    got = transcribe_ids(pte, feats, n + prompt - 1, logits=logits)  # the runner counts the prompt's tokens too
+    want = generate(folder, feats, n, **kwargs)
+    # the runner decodes one window, to its EOS; generate's sequence goes on from where that window's last
+    # timestamp pair moved it (the random model writes timestamp tokens), so the window is its prefix
+    text = got[prompt:-1] if got[-1] == gen["eos_token_id"] else got[prompt:]
+    assert text == want[: len(text)] and len(set(text)) >= 5, (got, want)
+    if rules.prompt[1:2] == (None,):
+        assert got[1] in rules.language_ids
+    else:
+        assert got[:prompt] == list(rules.prompt)
+    assert _argmax_loop(pte, feats, n + prompt - 1) != got, "the rules changed nothing"
+    table = runner_table(rules, logits[0].shape[-1])
+    for position, rows in enumerate(logits):
+        assert rows.shape[0] == 2
+        allowed = table[min(position, prompt)]
+        assert torch.equal(rows[1], torch.where(allowed, rows[0], float("-inf")))
+
+
+def test_export_language_and_task_refused_where_they_do_not_apply(whisper_like, tmp_path):
+    """`--language`/`--task` at export: a language the checkpoint lacks, and either flag on a model that is not
+    Whisper, are one line and exit 2 before anything is written."""
+    folder, _, _ = whisper_like
+    out = tmp_path / "x.pte"
+    code, _, err = _run("export", "--model", f"hf:{folder}", "--language", "japanese", "-o", out, "--no-verify")
+    errors = [line for line in err.splitlines() if not line.startswith("[")]  # the stage lines: "[load checkpoint] ..."
+    assert code == 2 and len(errors) == 1 and "<|ja|> is not in the checkpoint's lang_to_id" in errors[0], err
+    assert "Loading weights" not in err  # refused from the generation config, before the weights are read
+    from mps_backend.errors import CheckpointError
+    from mps_backend.llm.options import ExportOptions
+
+    with pytest.raises(CheckpointError, match="--task 'summarize': use one of translate, transcribe"):
+        ExportOptions(task="summarize")
+    from tests.llm_helpers import save_checkpoint
+
+    llama = save_checkpoint(tmp_path / "llama", "llama")
+    code, _, err = _run("export", "--model", f"hf:{llama}", "--language", "fr", "-o", out, "--no-verify")
+    assert code == 2 and err.count("\n") == 1 and "apply to Whisper checkpoints" in err, err
+    assert not out.exists()
 
 
 def test_cli_transcribe_speech_window_as_generate(whisper_like, tmp_path):
