@@ -2,7 +2,10 @@
 configs written with ``save_pretrained`` (nothing downloads): each either exports to one MPS delegate
 whose 32 greedy float32 tokens equal transformers' own ``generate``, or is refused at export, before
 anything is written, with one :class:`CheckpointError` line naming the model type and the part that
-cannot run. The seven families of tests/llm/test_export.py (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3, with
+cannot run. The exports are chunk programs, the form the default writes (issue #46: a chunk chosen for
+``--device``), of 2 rows a call, so the 5-token prompt crosses chunk and call boundaries (2 + 2 + 1) and
+every decode step is a chunk call with one row given; the planted-activation variants export the
+one-token program (``--prefill-chunk 1``), so every model type runs both. The seven families of tests/llm/test_export.py (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3, with
 float16 too) are not repeated here; docs/llm.md's table lists them all.
 
 Cost: one layer where one layer shows the architecture (two where layers differ: sliding and full,
@@ -57,6 +60,8 @@ AFMOE = {
     "global_attn_every_n_layers": 2,
     "sliding_window": 8,
 }
+#: rows a call of the exported chunk programs (test_model_type_exports_or_is_refused)
+CHUNK = 2
 #: greedy steps of the self-check every export here runs (a failed check leaves no .pte at the output path)
 VERIFY_STEPS = 4
 
@@ -180,9 +185,15 @@ def test_model_type_exports_or_is_refused(tmp_path, tokenizer, case):
         assert "\n" not in message and model_type in message and refusal in message, message
         assert not out.exists() and not list(tmp_path.glob(".m.pte.*"))
         return
-    result = export_llm(f"hf:{folder}", out, prefill_chunk=1, dtype="fp32", max_seq_len=MAX_SEQ_LEN, verify_steps=VERIFY_STEPS)
+    result = export_llm(
+        f"hf:{folder}", out, prefill_chunk=CHUNK, dtype="fp32", max_seq_len=MAX_SEQ_LEN, verify_steps=VERIFY_STEPS
+    )
     assert result.verification.ok and result.path == out, result.summary()
-    assert result.delegates == 1 and result.report.partitions == 1 and not result.report.cpu_except_cache_writes, result.summary()
+    assert result.delegates == 1 and result.report.partitions == 1, result.summary()
+    # on CPU besides the cache-row writes: the chunk's dynamic-size work (padding, positions, row slices) only;
+    # the gated delta rule's block mask is built from uint8 ranges the device cannot hold (static, before it)
+    linear = "linear_attention" in overrides.get("layer_types", ())
+    assert all(linear and "uint8" in n.reason for n in result.report.cpu_static), result.summary()
     assert generate_ids(result.path, PROMPT, STEPS) == eager_greedy(folder, PROMPT, STEPS)
 
 
