@@ -2,14 +2,17 @@
 without ``--prefill-chunk`` for each ``--device``, at three model shapes (transformers configs built on the
 meta device: no weights) in float16 and ``--quantize int4``, a 2048-row cache.
 
-    python scripts/chunk_table.py    # print the table (tests/llm/test_chunking.py checks docs/llm.md holds it)
+    python -m scripts.chunk_table    # print the table (tests/llm/test_chunking.py checks docs/llm.md holds it)
 """
 
 from __future__ import annotations
 
 import torch
 
-#: name -> LlamaConfig fields (the published shapes; their own configs name them so)
+from benchmarks.llm_scale import SHAPES as SCALE_SHAPES
+
+#: name -> LlamaConfig fields (the published shapes; their own configs name them so): the 1B and 8B are
+#: benchmarks/llm_scale.py's (the shapes its exports are measured at)
 SHAPES = {
     "SmolLM2-135M": dict(
         hidden_size=576,
@@ -20,24 +23,8 @@ SHAPES = {
         vocab_size=49152,
         tie_word_embeddings=True,
     ),
-    "Llama-3.2-1B": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=True,
-    ),
-    "Llama-3.1-8B": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-    ),
+    "Llama-3.2-1B": SCALE_SHAPES["1b-tied"],
+    "Llama-3.1-8B": SCALE_SHAPES["8b"],
 }
 CACHE = 2048
 
