@@ -5,8 +5,9 @@ anything is written, with one :class:`CheckpointError` line naming the model typ
 cannot run. The exports are chunk programs, the form the default writes (issue #46: a chunk chosen for
 ``--device``), of 2 rows a call, so the 5-token prompt crosses chunk and call boundaries (2 + 2 + 1) and
 every decode step is a chunk call with one row given; the planted-activation variants export the
-one-token program (``--prefill-chunk 1``), so every model type runs both. The seven families of tests/llm/test_export.py (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3, with
-float16 too) are not repeated here; docs/llm.md's table lists them all.
+one-token program (``--prefill-chunk 1``), so every model type runs both. The seven families of
+tests/llm/test_export.py (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3, with float16 too) are not repeated
+here; docs/llm.md's table lists them all.
 
 Cost: one layer where one layer shows the architecture (two where layers differ: sliding and full,
 NoPE and rope), hidden 64, float32 only.
