@@ -24,10 +24,13 @@ import pytest
 import torch
 
 from mps_backend.llm import CheckpointError, export_llm, generate_ids
+from mps_backend.llm.verify import TOLERANCE
+from mps_backend.runtime import LoadedMethod
 from tests.llm_helpers import (
     MLA,
     assert_as_close_as_bfloat16,
     eager_greedy,
+    eager_model,
     plant_massive_activations,
     planted_figures,
     save_checkpoint,
@@ -61,7 +64,7 @@ AFMOE = {
     "global_attn_every_n_layers": 2,
     "sliding_window": 8,
 }
-#: rows a call of the exported chunk programs (test_model_type_exports_or_is_refused)
+#: rows a call of the exported chunk programs (test_model_type_exports_or_is_refused); the 5-token PROMPT is 2C + 1
 CHUNK = 2
 #: greedy steps of the self-check every export here runs (a failed check leaves no .pte at the output path)
 VERIFY_STEPS = 4
@@ -195,6 +198,16 @@ def test_model_type_exports_or_is_refused(tmp_path, tokenizer, case):
     # the gated delta rule's block mask is built from uint8 ranges the device cannot hold (static, before it)
     linear = "linear_attention" in overrides.get("layer_types", ())
     assert all(linear and "uint8" in n.reason for n in result.report.cpu_static), result.summary()
+    # every prompt length 1 .. 2C + 1 read as the runner reads it (calls of C, the last one shorter): the last
+    # call's logits equal eager's at that position (the self-check's float32 tolerance)
+    step = LoadedMethod(out, "forward")
+    with torch.no_grad():
+        ref = eager_model(folder, torch.float32)(input_ids=torch.tensor([PROMPT])).logits[0]
+    for n in range(1, 2 * CHUNK + 2):
+        for start in range(0, n, CHUNK):
+            got = step([torch.tensor([PROMPT[start : min(start + CHUNK, n)]]), torch.tensor([start])])[0].reshape(-1)
+        gap = float((got - ref[n - 1]).abs().max() / ref[n - 1].abs().max())
+        assert gap <= TOLERANCE["fp32"], (n, gap)  # the self-check's, a fraction of the logits' scale
     assert generate_ids(result.path, PROMPT, STEPS) == eager_greedy(folder, PROMPT, STEPS)
 
 
