@@ -262,6 +262,24 @@ def _call_nodes(ep: ExportedProgram) -> list[Node]:
     return [n for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
 
 
+#: why an operator inside a control-flow body (``torch.cond``, ``map``, ``scan``, ``while_loop``) stays on CPU
+BODY_REASON = (
+    "inside a control-flow body ({op}): a delegate there would take the weights it reads as inputs on every "
+    "call, which the MPS runtime of executorch 1.0-1.4 cannot take safely (docs/device-cost.md, One delegate "
+    "in a loop)"
+)
+
+
+def _body_nodes(ep: ExportedProgram) -> list[tuple[Node, str]]:
+    """The operator nodes of ``ep``'s control-flow bodies, each with its control-flow op's name (executorch's
+    ``get_control_flow_submodules``: the bodies of the top graph's cond, map and scan nodes)."""
+    out = []
+    for _, body, node in get_control_flow_submodules(ep.graph_module):
+        op = getattr(node.target, "__name__", str(node.target))
+        out += [(n, op) for n in body.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    return out
+
+
 def _target_name(target) -> str:
     return str(getattr(op_key(target), "_name", None) or getattr(target, "__name__", target))
 
@@ -360,6 +378,8 @@ class MPSPartitioner(Partitioner):
             else:
                 reason = reasons.get(node) or registry.check(node) or "not connected to a supported region"
                 report.on_cpu.append(CpuNode(node.name, _target_name(node.target), reason))
+        for node, op in _body_nodes(exported_program):  # on CPU, said (executorch runs them there)
+            report.on_cpu.append(CpuNode(node.name, _target_name(node.target), BODY_REASON.format(op=op)))
         if self.use_fp16:
             report.fp16_notes = [note for n in gm.graph.nodes if n in delegated for note in [_fp16_cast_note(n)] if note]
         self._reports.append(report)
@@ -384,7 +404,8 @@ class MPSPartitioner(Partitioner):
         preserved node is already one we cannot lower: executorch's filter path decomposes it anyway."""
         registry = default_registry()
         keep = set(registry.preserved)
-        if any(n.target in keep and registry.check(n) is not None for n in _call_nodes(exported_program)):
+        top = exported_program.graph_module.graph
+        if any(n.target in keep and (n.graph is not top or registry.check(n) is not None) for n in _call_nodes(exported_program)):
             return exported_program
         return exported_program.run_decompositions(_decompositions_but(keep))
 
@@ -407,8 +428,11 @@ class MPSPartitioner(Partitioner):
         if not keep:
             return keep, None
 
+        top = ep.graph_module.graph
+
         def check(node: Node) -> bool:
-            return registry.check(node) is None
+            # a control-flow body's nodes stay on CPU (BODY_REASON): decomposed as executorch's table says
+            return node.graph is top and registry.check(node) is None
 
         nodes = _call_nodes(ep)
         wanted = set(keep)

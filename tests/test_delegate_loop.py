@@ -150,3 +150,54 @@ def test_a_delegate_in_the_body_runs_each_iteration_but_takes_its_weights_as_inp
             model.cache.zero_()
             want = model(x, torch.tensor(0))
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5, rtol=1e-5), n
+
+
+@pytest.mark.parametrize("flow", ["scan", "cond"])
+def test_a_model_with_control_flow_exports_its_bodies_on_cpu(flow):
+    """``MPSPartitioner`` on a program whose ``scan`` or ``cond`` bodies hold supported operators (a linear
+    layer): before, executorch refused the program (the partitioner kept ``aten.linear`` whole everywhere but
+    tagged the top graph only: "was not decomposed or delegated"); now the bodies are decomposed and run on
+    CPU, each of their nodes in the report with the reason, the top graph's supported nodes delegated, and
+    the program's outputs equal eager in executorch's runtime."""
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+
+    from mps_backend import MPSPartitioner
+    from mps_backend.partitioner import BODY_REASON
+    from mps_backend.runtime import LoadedMethod
+
+    if flow == "scan":
+        model = _toy(in_place=False)
+        ep = _export(model)
+        inputs = [[torch.randn(n, C, D), torch.tensor(0)] for n in (1, 3)]
+    else:
+
+        class Branches(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+
+            def forward(self, x):
+                x = torch.tanh(x) * 3.0  # supported, in the top graph
+                return torch.cond(x.sum() > 0, lambda t: self.a(t), lambda t: torch.relu(self.b(t)), (x,))
+
+        torch.manual_seed(0)
+        model = Branches().eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        with torch.no_grad():
+            ep = torch.export.export(model, (torch.randn(2, D),))
+        inputs = [[torch.randn(2, D) + 2.0], [torch.randn(2, D) - 2.0]]  # both branches taken
+    partitioner = MPSPartitioner(use_fp16=False)
+    edge = to_edge_transform_and_lower(ep, partitioner=[partitioner])
+    report = partitioner.report()
+    body = [n for n in report.on_cpu if n.reason == BODY_REASON.format(op=flow)]
+    assert any("addmm" in n.target or "linear" in n.target for n in body), str(report)
+    assert report.partitions >= 1 and report.delegated, str(report)
+    pte = edge.to_executorch(ExecutorchBackendConfig()).buffer
+    for args in inputs:
+        got = LoadedMethod(pte, "forward")(args)[0]
+        with torch.no_grad():
+            if flow == "scan":
+                model.cache.zero_()
+            want = model(*args)
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
