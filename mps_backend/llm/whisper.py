@@ -348,6 +348,27 @@ def eager_logits(
     return out.logits[0].float(), reference
 
 
+def _namer(lm: LoadedLM):
+    """A token id -> its text in the checkpoint's tokenizer (the id itself without one, or for one it cannot
+    decode: the summary's note only)."""
+    if lm.tokenizer_path is None:
+        return str
+    from mps_backend.llm.generate import Tokenizer  # noqa: PLC0415
+
+    try:
+        tok = Tokenizer(lm.tokenizer_path)
+    except (OSError, ValueError):
+        return str
+
+    def name(token: int) -> str:
+        try:
+            return tok.decode([token]) or str(token)
+        except (OSError, ValueError):
+            return str(token)
+
+    return name
+
+
 class Speech(Family):
     """Whisper for executorch's ASR runner (the module doc)."""
 
@@ -368,7 +389,7 @@ class Speech(Family):
                 f"{spec.path}: the generation config's decoder_start_token_id {rules.prompt[0]} is not the model's {start}"
             )
         lm.decoding = rules
-        lm.notes.append("text_decoder's last logits row, the one the ASR runner reads: " + describe_rules(lm.decoding))
+        lm.notes.append("text_decoder's last logits row, the one the ASR runner reads: " + describe_rules(rules, _namer(lm)))
         return lm
 
     def check(self, lm: LoadedLM, options: ExportOptions, max_seq_len: int) -> None:

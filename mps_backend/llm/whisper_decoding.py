@@ -249,9 +249,9 @@ def runner_table(rules: WhisperRules, vocab: int) -> torch.Tensor:
     return table
 
 
-def describe_rules(rules: WhisperRules) -> str:
-    """The rules of :func:`runner_table` in a line of the export summary."""
-    prompt = " ".join("<language: detected>" if t is None else str(t) for t in rules.prompt)
+def describe_rules(rules: WhisperRules, name=str) -> str:
+    """The rules of :func:`runner_table` in a line of the export summary; ``name``: a token id's text."""
+    prompt = " ".join("<language: detected>" if t is None else name(t) for t in rules.prompt)
     return (
         f"prompt [{prompt}], {len(rules.suppress)} suppressed tokens, {len(rules.begin_suppress)} more at the first "
         "generated token, no timestamps"

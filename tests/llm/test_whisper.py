@@ -400,10 +400,12 @@ def test_asr_runner_loop_decodes_as_generate(whisper_like, tmp_path, case):
     if case != "speech-30s":
         pte = tmp_path / "w.pte"
         args = [a for k, v in kwargs.items() for a in (f"--{k}", v)]
-        code, _, err = _run(
+        code, out, err = _run(
             "export", "--model", f"hf:{folder}", "--dtype", "fp32", "--max-seq-len", 48, "-o", pte, "--no-verify", *args
         )
         assert code == 0, err
+        if case == "translate":  # the summary names the prompt the program forces
+            assert "prompt [<|startoftranscript|> <|de|> <|translate|> <|notimestamps|>]" in out, out
     rules = decoder_rules(transformers.GenerationConfig(**config), timestamps=False, **kwargs)
     prompt = len(rules.prompt)
     logits: list[torch.Tensor] = []
