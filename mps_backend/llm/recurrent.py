@@ -23,6 +23,7 @@ shapes it computes with:
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch
@@ -71,10 +72,17 @@ def probe_states(model: torch.nn.Module) -> States:
 
 def _gated_delta_scan(scan, keep: torch.Tensor):
     """``torch_chunk_gated_delta_rule`` with the padding rows' decay ``g`` and write strength ``beta`` zero:
-    ``S = exp(0) S + 0``, the state after the prompt's last row."""
+    ``S = exp(0) S + 0``, the state after the prompt's last row; and its block the call's C rows, not the 64
+    transformers' callers leave it at (the algorithm is exact for any block: a C-row call then computes C rows,
+    not 64 rows of which 64 - C are padding; docs/llm.md, Recurrent layers)."""
+    default = inspect.signature(scan).parameters.get("chunk_size")
+    block = default.default if default is not None and isinstance(default.default, int) else None
 
     def masked(query, key, value, g, beta, *args, **kwargs):
         m = keep.view(1, -1, 1)
+        rows = int(query.shape[1])
+        if block is not None and not args and "chunk_size" not in kwargs and rows < block:
+            kwargs["chunk_size"] = rows
         return scan(query, key, value, g * m.to(g.dtype), beta * m.to(beta.dtype), *args, **kwargs)
 
     return masked
@@ -82,9 +90,14 @@ def _gated_delta_scan(scan, keep: torch.Tensor):
 
 def _mamba2_scan(scan, keep: torch.Tensor):
     """``mamba2_chunk_scan`` with the padding rows' step ``dt`` zero (before the softplus, a large negative
-    value): the decay ``exp(A dt)`` is 1 and the input ``dt B x`` 0, so the state stays the prompt's."""
+    value): the decay ``exp(A dt)`` is 1 and the input ``dt B x`` 0, so the state stays the prompt's; and its
+    block the call's C rows when its callers' (the config's ``mamba_chunk_size``, 256 by default) is longer
+    (the scan is exact for any block, as the gated delta rule's)."""
 
     def masked(hidden_states, dt, *args, **kwargs):
+        rows = int(hidden_states.shape[1])
+        if isinstance(kwargs.get("chunk_size"), int) and rows < kwargs["chunk_size"]:
+            kwargs["chunk_size"] = rows
         zero = -1e4 if kwargs.get("dt_softplus") else 0.0
         return scan(hidden_states, torch.where(keep.view(1, -1, 1), dt, torch.full_like(dt, zero)), *args, **kwargs)
 
