@@ -41,6 +41,7 @@ from mps_backend.llm.checkpoint import LoadedLM, load_hf
 from mps_backend.llm.decoder import StaticCache, additive_mask, register_kv_caches
 from mps_backend.llm.family import Family, Method, chunk_rows
 from mps_backend.llm.folder_check import json_object
+from mps_backend.llm.generate import Tokenizer
 from mps_backend.llm.options import ExportOptions
 from mps_backend.llm.spec import parse_model_spec
 from mps_backend.llm.swap import Replacements
@@ -353,8 +354,6 @@ def _namer(lm: LoadedLM):
     decode: the summary's note only)."""
     if lm.tokenizer_path is None:
         return str
-    from mps_backend.llm.generate import Tokenizer  # noqa: PLC0415
-
     try:
         tok = Tokenizer(lm.tokenizer_path)
     except (OSError, ValueError):
