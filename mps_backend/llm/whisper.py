@@ -289,18 +289,14 @@ def verify_whisper(result, model: str, options: ExportOptions, *, pte=None):
     ref, reference = eager_logits(folder, features, tokens[:-1], options.quantization, dtype)
     rows = torch.stack(logits).float()  # [steps, 2, vocab]: the model's logits, the rules' row
     dev = rows[:, 0]
-    gen = generation_config(folder)
-    rules = (
-        WhisperRules(prompt=(tokens[0],))
-        if gen is None
-        else decoder_rules(gen, language=options.language, task=options.task, timestamps=False)
-    )
+    # the rules the export applied (runner_rules, as Speech.load resolves them)
+    rules = runner_rules(folder, options.language, options.task) or WhisperRules(prompt=(tokens[0],))
     table = runner_table(rules, rows.shape[-1])
-    allowed = table[torch.arange(len(ref)).clamp(max=table.shape[0] - 1)]
+    allowed = table[torch.arange(len(ref)).clamp(max=table.shape[0] - 1)]  # each step's row
     # the tokens the runner chose (the rules' row's argmax) against eager's logits under the same rules
     agree = sum(int(a) == b for a, b in zip(torch.where(allowed, ref, float("-inf")).argmax(-1).tolist(), tokens[1:]))
     return LLMVerification(
-        failure=rules_row_failure(rows, table, rules),
+        failure=rules_row_failure(rows, allowed, rules),
         steps=len(logits),
         max_abs_diff=float((dev - ref).abs().max()),
         scale=float(ref.abs().max()),
@@ -310,15 +306,14 @@ def verify_whisper(result, model: str, options: ExportOptions, *, pte=None):
     )
 
 
-def rules_row_failure(rows: torch.Tensor, table: torch.Tensor, rules: WhisperRules) -> str | None:
+def rules_row_failure(rows: torch.Tensor, allowed: torch.Tensor, rules: WhisperRules) -> str | None:
     """Whether each step's rules row (``rows[:, -1]``, the one the ASR runner reads) is its logits row with
-    exactly the tokens of ``table`` (:func:`~mps_backend.llm.whisper_decoding.runner_table`) kept, the others
-    ``-inf``; None if so, else why not."""
+    exactly the tokens ``allowed`` at its step (rows of :func:`~mps_backend.llm.whisper_decoding.runner_table`)
+    kept, the others ``-inf``; None if so, else why not."""
     if rows.shape[1] < 2:
         return "text_decoder returned one logits row: no row with the generation config's rules"
-    for position, (raw, ruled) in enumerate(zip(rows[:, 0], rows[:, -1])):
-        want = torch.where(table[min(position, table.shape[0] - 1)], raw, float("-inf"))
-        if not torch.equal(ruled, want):
+    for position, (raw, ruled, keep) in enumerate(zip(rows[:, 0], rows[:, -1], allowed)):
+        if not torch.equal(ruled, torch.where(keep, raw, float("-inf"))):
             return (
                 f"text_decoder's rules row at cache position {position} is not its logits with the generation "
                 f"config's tokens allowed ({describe_rules(rules)})"

@@ -846,3 +846,23 @@ def test_quantized_decoder_self_check_cost_and_wer(whisper_like, tmp_path):
         assert fused[scheme] < fused["fp16"], fused
     enc = {k: c[1].floor_parts["constants"] for k, c in costs.items()}
     assert enc["int8"] >= 0.9 * enc["fp16"] and enc["int4"] >= 0.9 * enc["fp16"], enc  # the encoder stays float
+
+
+def test_self_check_fails_a_wrong_rules_row():
+    """The self-check's check of the rules row (`rules_row_failure`): a row that keeps a token the table drops,
+    or a program with one logits row, is a failure with its cache position; the right row is none."""
+    from mps_backend.llm.whisper import rules_row_failure
+    from mps_backend.llm.whisper_decoding import WhisperRules, runner_table
+
+    rules = WhisperRules(prompt=(3, 5), suppress=(7,), begin_suppress=(1,))
+    table = runner_table(rules, 10)
+    allowed = table[torch.arange(4).clamp(max=table.shape[0] - 1)]
+    raw = torch.randn(4, 10)
+    rows = torch.stack([raw, torch.where(allowed, raw, float("-inf"))], dim=1)
+    assert rules_row_failure(rows, allowed, rules) is None
+    assert allowed[0].tolist() == [i == 5 for i in range(10)]  # the prompt's next token forced
+    assert not allowed[1][1] and not allowed[1][7] and allowed[2][1] and not allowed[3][7]
+    bad = rows.clone()
+    bad[2, 1, 7] = raw[2, 7]  # a suppressed token kept
+    assert "cache position 2" in rules_row_failure(bad, allowed, rules)
+    assert "one logits row" in rules_row_failure(rows[:, :1], allowed, rules)
