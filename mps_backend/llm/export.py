@@ -47,6 +47,7 @@ from mps_backend.llm.checkpoint import LoadedLM
 from mps_backend.llm.chunking import device_named
 from mps_backend.llm.family import Family, Method
 from mps_backend.llm.folder_check import json_object
+from mps_backend.llm.gguf import one_metadata_read
 from mps_backend.llm.options import DEFAULT_MAX_SEQ_LEN, ExportOptions
 from mps_backend.llm.registry import registration
 from mps_backend.llm.routers import sort_unsorted_topk
@@ -327,6 +328,9 @@ def export_llm(
         cleanup.callback(release_export_caches)  # first out: the cache keeps the weights mapped
         # a model's code torch cannot trace is refused in one line (_refusal), not after torch's own traceback
         cleanup.enter_context(quiet_reraised_failures())
+        # a GGUF's metadata (its whole vocabulary: 2.8 CPU s for SmolLM2's) read once by the load's config and
+        # the self-check's tokenizer and eager reference
+        cleanup.enter_context(one_metadata_read())
         with prog.stage("load checkpoint", ticker=False):
             lm = family.load(spec, options, progress=prog, scratch=pathlib.Path(scratch), keep_quantized=not options.quantize)
         notes = list(lm.notes)

@@ -354,8 +354,9 @@ def _kept_note(kind: str, size: list[int]) -> str:
 def one_metadata_read() -> Iterator[None]:
     """While it is open, transformers reads each GGUF file's metadata once: ``load_gguf_checkpoint(path,
     return_tensors=False)`` (what a config and a tokenizer of the file start from) parses every field, the whole
-    vocabulary included (2.8 CPU s for SmolLM2's 49,152 tokens), and the self-check asks for it twice (the
-    prompt's tokenizer, the eager reference's config). A file is the same while its path, size and modification
+    vocabulary included (2.8 CPU s for SmolLM2's 49,152 tokens), and an export asks for it three times (the
+    loaded model's config, the self-check's prompt tokenizer and its eager reference's config: ``export_llm``
+    holds this scope open). A file is the same while its path, size and modification
     time are; each caller gets a copy of its own. Reads of tensors are transformers' own; the function is restored
     on exit, also on error."""
     import copy  # noqa: PLC0415

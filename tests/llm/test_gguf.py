@@ -5,10 +5,10 @@ per precision) and run on the emulated runtime.
 
 Per precision (fp16, the default, and fp32, both keeping the file's Q4_1/Q8_0 tensors as int4/int8 groups;
 int8 per channel and int4 groups of 32 re-quantized from the dequantized weights, both in the default fp16
-precision). The default (fp16) and int4 export the whole model; fp32 and int8 its first 14 of 30 layers
+precision). The default (fp16) exports the whole model; fp32, int8 and int4 its first 14 of 30 layers
 (``truncated_gguf``: the file's blocks as stored), which hold the trained statistics the precisions are held
 to (the residual stream's massive activation, 22,552, appears at the 12th layer's output), at half the
-suite time of two more whole exports:
+suite time of three more whole exports:
 - greedy text on 3 real prompts for 24 tokens is eager float32's with the same weights (the file's kept
   tensors dequantized as the device computes them, #43; int8/int4: the same quantized weights): fed the
   export's tokens, eager ranks each first or within one rounding step of the export's compute dtype;
@@ -46,9 +46,9 @@ EXPORTS = {
     "fp16": ("fp16", None, None, None),
     "fp32": ("fp32", None, None, 14),
     "int8": ("fp16", "int8", None, 14),
-    "int4": ("fp16", "int4", 32, None),
+    "int4": ("fp16", "int4", 32, 14),
 }
-#: one xdist group per file exported (the whole model: fp16 and int4; its first 14 layers: fp32 and int8), scheduled
+#: one xdist group per file exported (the whole model: fp16; its first 14 layers: fp32, int8 and int4), scheduled
 #: first (tests/conftest.py, EARLY_GROUPS): both tests of a precision share its export, and the exports of one
 #: file its yardsticks (eager float32, bfloat16 and float16 of the file: ~30 CPU s a file), on the worker that
 #: runs the group; the two groups spread over both workers (as one group, the file held one worker for
