@@ -18,7 +18,8 @@ What a call moves and computes is **estimated** from the eager model (:func:`mod
 exported (an export per candidate would cost minutes at 1B scale): the weights as they will be stored, the KV
 cache, every row's activations, and each attention row's scores over the whole cache, as
 :func:`mps_backend.llm.attention.grouped_attention` moves them (18 bytes a score when the new keys join the
-cache's, 26 otherwise). The per-row constants were fitted to ``mps-backend cost`` of exported Llama graphs
+cache's, 26 otherwise), and a recurrent layer's scan (its state read, updated and written, a chunk's C x C matrices:
+:data:`SCAN_BYTES`). The per-row and per-scan constants were fitted to ``mps-backend cost`` of exported Llama graphs
 (docs/llm.md, The chunk for your device); tests/llm/test_chunking.py holds the estimate to the cost model of
 exported programs. It is a model, not a device measurement, and so is the roofline the export prints.
 """
@@ -53,6 +54,18 @@ SCORE_BYTES_KEYS_JOINED, SCORE_BYTES_SCORES_JOINED = 18, 26
 RECURRENT_LAYERS = ("linear", "conv", "mamba", "ssm", "recurrent")
 #: a mixture of experts: each row's experts are gathered from the table (read, written, read by the matmuls)
 EXPERT_PASSES = 3
+#: bytes a recurrent layer's scan moves a call beyond its projections, as multiples of its float32 state ``S``
+#: (value heads x key x value columns for the gated delta rule of Qwen3-Next, Qwen3.5 and OLMo hybrid; heads x
+#: head columns x state columns for Mamba-2 of Granite 4 hybrid and Falcon-H1): ``one`` for the one-row step (the
+#: recurrent update), ``a + b C + c C^2`` for a chunk of C rows (the chunked scan over the C rows as its block:
+#: the state read, decayed, updated and written, the block's C x C matrices). Fitted to ``mps-backend cost`` of
+#: exported fp16 programs of one recurrent and one attention layer (hidden 512 and 1024, 128-column key and value
+#: heads, Mamba-2 heads of 64 with a state of 128; C = 1, 2, 4, 8, 16, 32): within 6 % of those programs' scan
+#: bytes for C >= 2 (tests/llm/test_chunking.py holds whole programs to the cost model)
+SCAN_BYTES = {"gated delta rule": (13.2, 10.72, 0.374, 0.0086), "mamba-2": (9.2, 17.4, 0.02, 0.0016)}
+#: FLOPs of the scan's matmuls (the state's products, the block's C x C ones) a call, per element of the state, in
+#: the same form and fitted to the same programs (within 5 % for C = 2 .. 64; 0.77x-1.33x at C = 128)
+SCAN_FLOPS = {"gated delta rule": (0.24, 0.0, 6.59, 0.0646), "mamba-2": (2.14, 8.69, 3.99, 0.0575)}
 
 
 def device_slug(name: str) -> str:
@@ -100,6 +113,8 @@ class ModelShape:
     cache: int
     #: bytes of a cached element
     cache_element: int
+    #: the recurrent layers' scans: (kind of :data:`SCAN_BYTES`, the float32 bytes of their states together)
+    scans: tuple[tuple[str, float], ...] = ()
 
     @property
     def active_params(self) -> float:
@@ -127,7 +142,19 @@ class ModelShape:
         row = self.layers * (
             ROW_BYTES_HIDDEN * self.hidden + ROW_BYTES_INTERMEDIATE * self.intermediate + ROW_BYTES_POSITION * self.cache
         )
-        return self.dense_bytes + experts + cache + rows * row + self.score_bytes(rows)
+        return self.dense_bytes + experts + cache + rows * row + self.score_bytes(rows) + self.scan_bytes(rows)
+
+    def scan_bytes(self, rows: int) -> float:
+        """Bytes the recurrent layers' scans move a call of ``rows`` rows (:data:`SCAN_BYTES`)."""
+        return self._scan(SCAN_BYTES, rows, 1.0)
+
+    def _scan(self, table: dict, rows: int, per: float) -> float:
+        """``table``'s fit over the recurrent layers' states (``per``: bytes an element of the fit's unit)."""
+        total = 0.0
+        for kind, state in self.scans:
+            one, a, b, c = table[kind]
+            total += state / per * (one if rows == 1 else a + b * rows + c * rows * rows)
+        return total
 
     def call_flops(self, rows: int) -> float:
         """FLOPs of one call: every row through the dense weights and its experts, the lm_head once, and the
@@ -136,7 +163,7 @@ class ModelShape:
         experts = self.expert_params / self.experts * self.top_k if self.experts else 0.0
         # scores and values of every row over the cache and the call's own rows
         attention = self.attention_layers * 2 * 2 * self.heads * self.head_dim * (self.cache + rows)
-        return 2 * rows * (dense + experts) + 2 * self.head_params + rows * attention
+        return 2 * rows * (dense + experts) + 2 * self.head_params + rows * attention + self._scan(SCAN_FLOPS, rows, 4.0)
 
 
 @dataclass(frozen=True)
@@ -290,6 +317,15 @@ def model_shape(model: torch.nn.Module, *, cache: int, layers: int, element_byte
     top_k = _first(cfg, "num_experts_per_tok", "num_activated_experts", "moe_top_k", default=1) if expert_params else 0
     if n_experts:  # a row's MLP columns: its experts'
         intermediate = top_k * _first(cfg, "moe_intermediate_size", "moe_hidden_dim", "intermediate_size", default=intermediate)
+    scans: dict[str, float] = {}
+    for module in model.modules():  # transformers' recurrent mixers, by the attributes their scans read
+        if all(hasattr(module, a) for a in ("num_v_heads", "head_k_dim", "head_v_dim")):
+            kind, state = "gated delta rule", module.num_v_heads * module.head_k_dim * module.head_v_dim * 4.0
+        elif all(hasattr(module, a) for a in ("num_heads", "head_dim", "ssm_state_size")):
+            kind, state = "mamba-2", module.num_heads * module.head_dim * module.ssm_state_size * 4.0
+        else:
+            continue
+        scans[kind] = scans.get(kind, 0.0) + state
     types = getattr(cfg, "layer_types", None)
     attention = (
         sum(1 for t in types if not any(kind in str(t) for kind in RECURRENT_LAYERS))
@@ -313,6 +349,7 @@ def model_shape(model: torch.nn.Module, *, cache: int, layers: int, element_byte
         intermediate=intermediate,
         cache=cache,
         cache_element=element_bytes,
+        scans=tuple(sorted(scans.items())),
     )
 
 
