@@ -596,6 +596,35 @@ def test_recurrent_state_size_is_bounded_before_allocation():
 # ---------------------------------------------------------------- 5. minor
 
 
+def test_a_signal_a_finalizer_swallowed_still_ends_the_command(capsys):
+    """A SIGTERM whose KeyboardInterrupt is raised inside a finalizer (Python reports it to sys.unraisablehook and
+    goes on) is sent again once the hook has returned, and ends the command: exit 143, one line. It was sent from
+    the hook itself, handled there, and ignored a second time: the command went on to exit 0 (what
+    test_sigterm_is_one_line_and_leaves_nothing met under load, the signal landing in a finalizer during the
+    self-check)."""
+    import time
+
+    from mps_backend.tools import cli
+
+    class Finalized:
+        def __del__(self):
+            raise KeyboardInterrupt(cli.SIGTERM_NOTE)  # as _terminate raises it when the signal comes here
+
+    def command(_args) -> int:
+        finalized = Finalized()
+        del finalized
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the rest of the command: the signal must end it
+            time.sleep(0.01)
+        return 0
+
+    started = time.monotonic()
+    assert cli._run(command, None) == 143
+    assert time.monotonic() - started < 5
+    err = capsys.readouterr().err
+    assert "error: terminated (SIGTERM)" in err, err
+
+
 def test_sigterm_is_one_line_and_leaves_nothing(tiny, tmp_path):
     """SIGTERM left the scratch folder (or, during the self-check, the unverified program) beside -o: it now runs
     the clean-up SIGINT runs: one line, exit 143, nothing left, whether it comes while lowering or while the

@@ -9,6 +9,7 @@ import os
 import pathlib
 import signal
 import sys
+import threading
 import zipfile
 
 import numpy as np
@@ -818,6 +819,8 @@ def main(argv: list[str] | None = None) -> int:
 
 #: the KeyboardInterrupt argument that tells SIGTERM from SIGINT
 SIGTERM_NOTE = "SIGTERM"
+#: seconds after a finalizer swallowed a SIGINT/SIGTERM until it is sent again (from another thread: see ``_run``)
+REDELIVERY_DELAY_S = 0.05
 
 
 def _terminate(signum, frame) -> None:
@@ -834,7 +837,9 @@ def _run(fn, args) -> int:
     """``fn(args)``, any error of mps_backend (or the file system) told in one line; SIGTERM handled as SIGINT
     for the duration (its previous handler put back after). A SIGINT or SIGTERM whose exception was raised
     inside a finalizer (a weakref callback, a ``__del__``: Python prints "Exception ignored" and goes on) is
-    delivered again, so that it ends the command all the same."""
+    delivered again, so that it ends the command all the same: sent from another thread once the hook has
+    returned (a signal sent from the hook itself is handled inside it, where Python ignores the exception too,
+    and the command went on to exit 0)."""
     try:
         previous = signal.signal(signal.SIGTERM, _terminate)
     except ValueError:  # not the main thread: no handler
@@ -843,7 +848,8 @@ def _run(fn, args) -> int:
 
     def redeliver(info) -> None:
         if previous is not None and isinstance(info.exc_value, KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGTERM if _is_sigterm(info.exc_value) else signal.SIGINT)
+            again = signal.SIGTERM if _is_sigterm(info.exc_value) else signal.SIGINT
+            threading.Timer(REDELIVERY_DELAY_S, os.kill, (os.getpid(), again)).start()
             return
         unraisable(info)
 
